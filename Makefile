@@ -1,0 +1,54 @@
+# elasticjob: `make demo` runs the main job, `make test` passes the tests.
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+CACHE ?= $(HOME)/.cache/elasticjob
+export ELASTICJOB_CACHE := $(CACHE)
+VENV := $(CACHE)/venv
+export PATH := $(VENV)/bin:$(CACHE)/tools:$(PATH)
+DEVCLUSTER_DIR := $(CURDIR)/.devcluster
+PYTEST_ARGS ?=
+
+.PHONY: setup lint format test test-unit test-integration test-e2e cluster cluster-down crds demo bench kind-e2e
+
+setup:
+	@scripts/bootstrap.sh
+
+lint: setup
+	ruff check .
+	ruff format --check .
+	mypy
+
+format: setup
+	ruff check --fix .
+	ruff format .
+
+# Every suite runs; pytest's "no tests collected" (exit 5) is a failure, not a pass.
+test: lint
+	scripts/pytest-strict tests $(PYTEST_ARGS)
+
+test-unit: setup
+	scripts/pytest-strict tests/unit $(PYTEST_ARGS)
+
+test-integration: setup
+	scripts/pytest-strict tests/integration $(PYTEST_ARGS)
+
+test-e2e: setup
+	scripts/pytest-strict tests/e2e $(PYTEST_ARGS)
+
+cluster: setup
+	elasticjob-devcluster up --dir $(DEVCLUSTER_DIR)
+
+cluster-down:
+	@if [ -x $(VENV)/bin/elasticjob-devcluster ]; then elasticjob-devcluster down --dir $(DEVCLUSTER_DIR); fi
+
+crds: setup
+	python -m elasticjob_operator.crd --write crds/elasticjob.yaml charts/elasticjob-operator/crds/elasticjob.yaml
+
+demo: setup
+	python -m examples.demo
+
+bench: setup
+	python -m bench.run
+
+kind-e2e:
+	scripts/kind-e2e.sh

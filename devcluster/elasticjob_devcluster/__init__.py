@@ -1,0 +1,1 @@
+"""A local Kubernetes control plane whose node agent runs pods as local processes."""

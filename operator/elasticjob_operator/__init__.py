@@ -1,0 +1,1 @@
+"""The ElasticJob operator (kopf). Never imports torch."""

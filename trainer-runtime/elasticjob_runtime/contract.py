@@ -1,0 +1,42 @@
+"""The names the operator injects into worker pods and the runtime reads.
+
+Defined once here, torch-free, so the operator imports the same constants the
+launcher uses. The ``PET_*`` names are torchrun's own, so a plain ``torchrun``
+in a pod works with what the operator injects.
+"""
+
+from typing import Final
+
+# torchrun's variables (torch.distributed.run reads PET_<OPTION>).
+RDZV_ID: Final = "PET_RDZV_ID"
+RDZV_BACKEND: Final = "PET_RDZV_BACKEND"
+RDZV_ENDPOINT: Final = "PET_RDZV_ENDPOINT"
+RDZV_CONF: Final = "PET_RDZV_CONF"
+NNODES: Final = "PET_NNODES"
+NPROC_PER_NODE: Final = "PET_NPROC_PER_NODE"
+MAX_RESTARTS: Final = "PET_MAX_RESTARTS"
+
+# Ours alone.
+CHECKPOINT_DIR: Final = "ELASTICJOB_CHECKPOINT_DIR"
+JOB_NAME: Final = "ELASTICJOB_JOB_NAME"
+JOB_NAMESPACE: Final = "ELASTICJOB_NAMESPACE"
+POD_NAME: Final = "ELASTICJOB_POD_NAME"
+POD_IP: Final = "ELASTICJOB_POD_IP"
+NODE_NAME: Final = "ELASTICJOB_NODE_NAME"
+HEALTH_PORT: Final = "ELASTICJOB_HEALTH_PORT"
+PROGRESS: Final = "ELASTICJOB_PROGRESS"  # "1" (default) publishes progress to etcd
+
+DEFAULT_RDZV_BACKEND: Final = "etcd-v3"
+RDZV_BACKENDS: Final = ("etcd-v3", "c10d", "etcd")
+DEFAULT_ETCD_PORT: Final = 2379
+DEFAULT_HEALTH_PORT: Final = 8090
+
+
+def progress_key(run_id: str) -> str:
+    """etcd key under which a run's progress is published (read by the operator)."""
+    return f"/elasticjob/{run_id}/progress"
+
+
+def run_prefix(run_id: str) -> str:
+    """etcd key prefix holding all of one run's rendezvous state."""
+    return f"/elasticjob/{run_id}/"
