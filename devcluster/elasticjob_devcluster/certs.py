@@ -1,0 +1,222 @@
+"""The devcluster's PKI: one CA, serving certs for the API server and node agents,
+client certs for each component, and the service-account signing key pair.
+
+Generated once per cluster directory with the ``cryptography`` library, so no
+openssl invocation or config file is involved and every name is visible here.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+_VALIDITY = dt.timedelta(days=365)
+APISERVER_DNS_NAMES = (
+    "localhost",
+    "kubernetes",
+    "kubernetes.default",
+    "kubernetes.default.svc",
+    "kubernetes.default.svc.cluster.local",
+)
+APISERVER_IPS = ("127.0.0.1", "10.96.0.1")
+
+
+@dataclass(frozen=True)
+class KeyPair:
+    """Paths of a PEM certificate and its private key."""
+
+    cert: Path
+    key: Path
+
+
+@dataclass(frozen=True)
+class ClusterPKI:
+    """Every credential file of one devcluster, under ``<dir>/pki``."""
+
+    dir: Path
+
+    @property
+    def ca(self) -> KeyPair:
+        return KeyPair(self.dir / "ca.crt", self.dir / "ca.key")
+
+    @property
+    def apiserver(self) -> KeyPair:
+        return KeyPair(self.dir / "apiserver.crt", self.dir / "apiserver.key")
+
+    @property
+    def apiserver_kubelet_client(self) -> KeyPair:
+        return KeyPair(
+            self.dir / "apiserver-kubelet-client.crt", self.dir / "apiserver-kubelet-client.key"
+        )
+
+    @property
+    def kubelet(self) -> KeyPair:
+        """Serving cert shared by the node agents (all listen on 127.0.0.1)."""
+        return KeyPair(self.dir / "kubelet.crt", self.dir / "kubelet.key")
+
+    @property
+    def admin(self) -> KeyPair:
+        return KeyPair(self.dir / "admin.crt", self.dir / "admin.key")
+
+    @property
+    def controller_manager(self) -> KeyPair:
+        return KeyPair(self.dir / "controller-manager.crt", self.dir / "controller-manager.key")
+
+    def node_agent(self, node: str) -> KeyPair:
+        return KeyPair(self.dir / f"node-{node}.crt", self.dir / f"node-{node}.key")
+
+    @property
+    def service_account_key(self) -> Path:
+        return self.dir / "sa.key"
+
+    @property
+    def service_account_pub(self) -> Path:
+        return self.dir / "sa.pub"
+
+
+def _write_key(key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey, path: Path) -> None:
+    path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    path.chmod(0o600)
+
+
+def _name(common_name: str, organization: str | None = None) -> x509.Name:
+    attrs = [x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
+    if organization:
+        attrs.append(x509.NameAttribute(NameOID.ORGANIZATION_NAME, organization))
+    return x509.Name(attrs)
+
+
+def _load_ca(pki: ClusterPKI) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    cert = x509.load_pem_x509_certificate(pki.ca.cert.read_bytes())
+    key = serialization.load_pem_private_key(pki.ca.key.read_bytes(), password=None)
+    assert isinstance(key, ec.EllipticCurvePrivateKey)
+    return cert, key
+
+
+def _issue(
+    pki: ClusterPKI,
+    pair: KeyPair,
+    subject: x509.Name,
+    *,
+    server: bool = False,
+    client: bool = False,
+    dns_names: tuple[str, ...] = (),
+    ips: tuple[str, ...] = (),
+) -> None:
+    ca_cert, ca_key = _load_ca(pki)
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = dt.datetime.now(dt.UTC)
+    usages = ([ExtendedKeyUsageOID.SERVER_AUTH] if server else []) + (
+        [ExtendedKeyUsageOID.CLIENT_AUTH] if client else []
+    )
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + _VALIDITY)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
+    )
+    alt_names: list[x509.GeneralName] = [x509.DNSName(n) for n in dns_names]
+    alt_names += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]
+    if alt_names:
+        builder = builder.add_extension(x509.SubjectAlternativeName(alt_names), critical=False)
+    cert = builder.sign(ca_key, hashes.SHA256())
+    _write_key(key, pair.key)
+    pair.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+
+
+def _create_ca(pki: ClusterPKI) -> None:
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = dt.datetime.now(dt.UTC)
+    subject = _name("elasticjob-devcluster-ca")
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + _VALIDITY)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .sign(key, hashes.SHA256())
+    )
+    _write_key(key, pki.ca.key)
+    pki.ca.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+
+
+def ensure_node_agent_cert(pki: ClusterPKI, node: str) -> KeyPair:
+    """Client cert a node agent uses; it binds pods and mints tokens, so it is an admin."""
+    pair = pki.node_agent(node)
+    if not pair.cert.exists():
+        _issue(pki, pair, _name(f"elasticjob-node-agent:{node}", "system:masters"), client=True)
+    return pair
+
+
+def ensure_pki(directory: Path) -> ClusterPKI:
+    """Create the PKI under ``directory`` unless it already exists; idempotent."""
+    pki = ClusterPKI(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    if not pki.ca.cert.exists():
+        _create_ca(pki)
+    if not pki.apiserver.cert.exists():
+        _issue(
+            pki,
+            pki.apiserver,
+            _name("kube-apiserver"),
+            server=True,
+            dns_names=APISERVER_DNS_NAMES,
+            ips=APISERVER_IPS,
+        )
+    if not pki.apiserver_kubelet_client.cert.exists():
+        _issue(
+            pki,
+            pki.apiserver_kubelet_client,
+            _name("kube-apiserver-kubelet-client", "system:masters"),
+            client=True,
+        )
+    if not pki.kubelet.cert.exists():
+        _issue(pki, pki.kubelet, _name("elasticjob-node-agent"), server=True, ips=("127.0.0.1",))
+    if not pki.admin.cert.exists():
+        _issue(pki, pki.admin, _name("kubernetes-admin", "system:masters"), client=True)
+    if not pki.controller_manager.cert.exists():
+        _issue(pki, pki.controller_manager, _name("system:kube-controller-manager"), client=True)
+    if not pki.service_account_key.exists():
+        sa = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        _write_key(sa, pki.service_account_key)
+        pki.service_account_pub.write_bytes(
+            sa.public_key().public_bytes(
+                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+            )
+        )
+    return pki

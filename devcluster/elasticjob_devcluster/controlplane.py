@@ -1,0 +1,388 @@
+"""Start and stop one devcluster: etcd 3.6, kube-apiserver, kube-controller-manager
+and one node agent per node, all on loopback, all recorded for a clean ``down``.
+
+The layout of a cluster directory::
+
+    cluster.json        ports, binaries, nodes
+    processes.json      every control-plane and agent process (pid + start time)
+    kubeconfig          admin kubeconfig (what users and tests use)
+    pki/                CA, serving and client certs, service-account keys
+    logs/               one log per component
+    nodes/<name>/       each node agent's state (pods, volumes, logs, its own records)
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import yaml
+
+from elasticjob_devcluster import procs
+from elasticjob_devcluster.certs import ClusterPKI, KeyPair, ensure_node_agent_cert, ensure_pki
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+BUILD_SCRIPT = REPO_ROOT / "devcluster" / "build-binaries.sh"
+CLUSTER_NETWORK = "ej-net"
+SERVICE_CIDR = "10.96.0.0/16"
+POD_CIDR_PREFIX = "10.244"
+
+
+class ClusterError(RuntimeError):
+    """A devcluster component did not come up; the message names it and its log."""
+
+
+@dataclass
+class ClusterConfig:
+    """What ``up`` decided, saved so ``down``/``status`` and tests can find it again."""
+
+    dir: str
+    bin_dir: str
+    etcd_port: int
+    etcd_peer_port: int
+    apiserver_port: int
+    controller_manager_port: int
+    nodes: dict[str, int] = field(default_factory=dict)  # node name -> kubelet port
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.apiserver_port}"
+
+
+def free_port() -> int:
+    """A port on 127.0.0.1 nobody listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def build_binaries() -> Path:
+    """Build (or find cached) kube-apiserver, kube-controller-manager and etcd."""
+    out = subprocess.run([str(BUILD_SCRIPT)], check=True, stdout=subprocess.PIPE, text=True)
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
+def _b64(path: Path) -> str:
+    return base64.b64encode(path.read_bytes()).decode()
+
+
+def kubeconfig_yaml(server: str, ca: Path, user: str, client: KeyPair) -> str:
+    """A kubeconfig with the certificates embedded, so it works from any directory."""
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "devcluster",
+                "cluster": {"server": server, "certificate-authority-data": _b64(ca)},
+            }
+        ],
+        "users": [
+            {
+                "name": user,
+                "user": {
+                    "client-certificate-data": _b64(client.cert),
+                    "client-key-data": _b64(client.key),
+                },
+            }
+        ],
+        "contexts": [{"name": "devcluster", "context": {"cluster": "devcluster", "user": user}}],
+        "current-context": "devcluster",
+    }
+    return yaml.safe_dump(config, sort_keys=False)
+
+
+def etcd_args(cfg: ClusterConfig, data_dir: Path) -> list[str]:
+    peer = f"http://127.0.0.1:{cfg.etcd_peer_port}"
+    client = f"http://127.0.0.1:{cfg.etcd_port}"
+    return [
+        str(Path(cfg.bin_dir) / "etcd"),
+        "--name=devcluster",
+        f"--data-dir={data_dir}",
+        f"--listen-client-urls={client}",
+        f"--advertise-client-urls={client}",
+        f"--listen-peer-urls={peer}",
+        f"--initial-advertise-peer-urls={peer}",
+        f"--initial-cluster=devcluster={peer}",
+        "--listen-metrics-urls=",
+        # a throwaway dev store on a 2-core machine: durability matters less than latency
+        "--unsafe-no-fsync",
+        "--log-level=warn",
+    ]
+
+
+def apiserver_args(cfg: ClusterConfig, pki: ClusterPKI) -> list[str]:
+    return [
+        str(Path(cfg.bin_dir) / "kube-apiserver"),
+        f"--etcd-servers=http://127.0.0.1:{cfg.etcd_port}",
+        "--bind-address=127.0.0.1",
+        "--advertise-address=127.0.0.1",
+        f"--secure-port={cfg.apiserver_port}",
+        f"--tls-cert-file={pki.apiserver.cert}",
+        f"--tls-private-key-file={pki.apiserver.key}",
+        f"--client-ca-file={pki.ca.cert}",
+        "--authorization-mode=RBAC",
+        "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+        f"--service-account-key-file={pki.service_account_pub}",
+        f"--service-account-signing-key-file={pki.service_account_key}",
+        f"--service-cluster-ip-range={SERVICE_CIDR}",
+        f"--kubelet-client-certificate={pki.apiserver_kubelet_client.cert}",
+        f"--kubelet-client-key={pki.apiserver_kubelet_client.key}",
+        f"--kubelet-certificate-authority={pki.ca.cert}",
+        "--kubelet-preferred-address-types=InternalIP",
+        "--allow-privileged=true",
+        "--profiling=false",
+        "--v=1",
+    ]
+
+
+def controller_manager_args(cfg: ClusterConfig, pki: ClusterPKI, kubeconfig: Path) -> list[str]:
+    return [
+        str(Path(cfg.bin_dir) / "kube-controller-manager"),
+        f"--kubeconfig={kubeconfig}",
+        f"--authentication-kubeconfig={kubeconfig}",
+        f"--authorization-kubeconfig={kubeconfig}",
+        "--bind-address=127.0.0.1",
+        f"--secure-port={cfg.controller_manager_port}",
+        f"--service-account-private-key-file={pki.service_account_key}",
+        f"--root-ca-file={pki.ca.cert}",
+        "--use-service-account-credentials=true",
+        "--controllers=*",
+        "--leader-elect=false",
+        f"--service-cluster-ip-range={SERVICE_CIDR}",
+        # a lost node should be noticed in seconds, not the production 40 s
+        "--node-monitor-period=2s",
+        "--node-monitor-grace-period=12s",
+        "--profiling=false",
+        "--v=1",
+    ]
+
+
+def node_agent_args(cfg: ClusterConfig, pki: ClusterPKI, node: str, index: int) -> list[str]:
+    cluster_dir = Path(cfg.dir)
+    return [
+        sys.executable,
+        "-m",
+        "elasticjob_devcluster.node_agent",
+        f"--kubeconfig={cluster_dir / f'kubeconfig-node-{node}'}",
+        f"--node={node}",
+        f"--state-dir={cluster_dir / 'nodes' / node}",
+        f"--kubelet-port={cfg.nodes[node]}",
+        f"--pod-cidr={POD_CIDR_PREFIX}.{index}.0/24",
+        f"--cluster-network={CLUSTER_NETWORK}",
+        f"--apiserver-port={cfg.apiserver_port}",
+        f"--ca-file={pki.ca.cert}",
+        f"--serving-cert={pki.kubelet.cert}",
+        f"--serving-key={pki.kubelet.key}",
+        f"--client-ca-file={pki.ca.cert}",
+    ]
+
+
+def _wait(what: str, check: Callable[[], bool], timeout: float, log: Path | None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.25)
+    hint = f"; see {log}" if log else ""
+    raise ClusterError(f"{what} did not become ready within {timeout:.0f}s{hint}")
+
+
+def _http_ok(url: str, context: ssl.SSLContext | None = None) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2, context=context) as resp:
+            return bool(resp.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _admin_ssl_context(pki: ClusterPKI) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cafile=str(pki.ca.cert))
+    ctx.load_cert_chain(str(pki.admin.cert), str(pki.admin.key))
+    return ctx
+
+
+class DevCluster:
+    """One devcluster living in a directory; ``up`` and ``down`` are idempotent."""
+
+    def __init__(self, directory: Path) -> None:
+        self.dir = directory.resolve()
+        self.pki = ClusterPKI(self.dir / "pki")
+        self.kubeconfig = self.dir / "kubeconfig"
+        self._records_path = self.dir / "processes.json"
+        self._config_path = self.dir / "cluster.json"
+
+    # -- state ---------------------------------------------------------------------------
+    def config(self) -> ClusterConfig | None:
+        try:
+            return ClusterConfig(**json.loads(self._config_path.read_text()))
+        except FileNotFoundError:
+            return None
+
+    def records(self) -> list[procs.ProcessRecord]:
+        return procs.load_records(self._records_path)
+
+    def _record(self, record: procs.ProcessRecord) -> None:
+        procs.save_records(self._records_path, [*self.records(), record])
+
+    def is_running(self) -> bool:
+        return bool(self.records()) and all(procs.is_alive(r) for r in self.records())
+
+    # -- up ------------------------------------------------------------------------------
+    def up(self, nodes: Sequence[str] = ("node-1",), timeout: float = 180.0) -> ClusterConfig:
+        """Start every component and wait until the nodes are Ready."""
+        existing = self.config()
+        if existing is not None and self.is_running():
+            return existing
+        self.down()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        procs.save_records(self._records_path, [])
+        ensure_pki(self.pki.dir)
+        cfg = ClusterConfig(
+            dir=str(self.dir),
+            bin_dir=str(build_binaries()),
+            etcd_port=free_port(),
+            etcd_peer_port=free_port(),
+            apiserver_port=free_port(),
+            controller_manager_port=free_port(),
+            nodes={name: free_port() for name in nodes},
+        )
+        self._config_path.write_text(json.dumps(asdict(cfg), indent=1))
+        logs = self.dir / "logs"
+        try:
+            self._start_control_plane(cfg, logs, timeout)
+            self._start_nodes(cfg, logs, timeout)
+        except BaseException:
+            self.down()
+            raise
+        return cfg
+
+    def _start(self, name: str, argv: list[str], logs: Path) -> None:
+        _, record = procs.spawn(name, argv, logs / f"{name}.log")
+        self._record(record)
+
+    def _start_control_plane(self, cfg: ClusterConfig, logs: Path, timeout: float) -> None:
+        data_dir = self.dir / "etcd-data"
+        shutil.rmtree(data_dir, ignore_errors=True)
+        self._start("etcd", etcd_args(cfg, data_dir), logs)
+        _wait(
+            "etcd",
+            lambda: _http_ok(f"http://127.0.0.1:{cfg.etcd_port}/health"),
+            timeout,
+            logs / "etcd.log",
+        )
+        self._start("kube-apiserver", apiserver_args(cfg, self.pki), logs)
+        ctx = _admin_ssl_context(self.pki)
+        _wait(
+            "kube-apiserver",
+            lambda: _http_ok(f"{cfg.server}/readyz", ctx),
+            timeout,
+            logs / "kube-apiserver.log",
+        )
+        self.kubeconfig.write_text(
+            kubeconfig_yaml(cfg.server, self.pki.ca.cert, "admin", self.pki.admin)
+        )
+        self.kubeconfig.chmod(0o600)
+        cm_kubeconfig = self.dir / "kubeconfig-controller-manager"
+        cm_kubeconfig.write_text(
+            kubeconfig_yaml(
+                cfg.server,
+                self.pki.ca.cert,
+                "system:kube-controller-manager",
+                self.pki.controller_manager,
+            )
+        )
+        self._start(
+            "kube-controller-manager",
+            controller_manager_args(cfg, self.pki, cm_kubeconfig),
+            logs,
+        )
+
+    def _start_nodes(self, cfg: ClusterConfig, logs: Path, timeout: float) -> None:
+        from elasticjob_devcluster import network
+
+        network.ensure_cluster_network(CLUSTER_NETWORK)
+        for index, node in enumerate(cfg.nodes, start=1):
+            pair = ensure_node_agent_cert(self.pki, node)
+            path = self.dir / f"kubeconfig-node-{node}"
+            path.write_text(kubeconfig_yaml(cfg.server, self.pki.ca.cert, node, pair))
+            (self.dir / "nodes" / node).mkdir(parents=True, exist_ok=True)
+            self._start(f"node-agent-{node}", node_agent_args(cfg, self.pki, node, index), logs)
+        _wait(
+            f"nodes {', '.join(cfg.nodes)} (Ready) and the default ServiceAccount",
+            lambda: self._nodes_ready(cfg) and self._default_service_account(),
+            timeout,
+            logs,
+        )
+
+    def _kubectl_json(self, *args: str) -> dict[str, object] | None:
+        out = subprocess.run(
+            ["kubectl", f"--kubeconfig={self.kubeconfig}", *args, "-o", "json"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        if out.returncode != 0:
+            return None
+        parsed: dict[str, object] = json.loads(out.stdout)
+        return parsed
+
+    def _nodes_ready(self, cfg: ClusterConfig) -> bool:
+        nodes = self._kubectl_json("get", "nodes")
+        if nodes is None:
+            return False
+        ready = set()
+        items = nodes.get("items", [])
+        assert isinstance(items, list)
+        for node in items:
+            for cond in node.get("status", {}).get("conditions", []):
+                if cond.get("type") == "Ready" and cond.get("status") == "True":
+                    ready.add(node["metadata"]["name"])
+        return set(cfg.nodes) <= ready
+
+    def _default_service_account(self) -> bool:
+        return self._kubectl_json("-n", "default", "get", "serviceaccount", "default") is not None
+
+    # -- down ----------------------------------------------------------------------------
+    def down(self) -> None:
+        """Stop every recorded process: node agents first (they stop their pods).
+
+        The records stay, so :meth:`leftover_processes` can prove nothing survived.
+        """
+        records = self.records()
+        agents = [r for r in records if r.name.startswith("node-agent-")]
+        rest = [r for r in records if r not in agents]
+        procs.stop(agents, grace_seconds=30)
+        for node_dir in sorted((self.dir / "nodes").glob("*")):
+            # pods an agent started but could not stop (e.g. the agent was SIGKILLed)
+            procs.stop(procs.load_records(node_dir / "processes.json"), grace_seconds=5)
+        procs.stop(list(reversed(rest)), grace_seconds=15)
+        if records or (self.dir / "nodes").exists():
+            from elasticjob_devcluster import network
+
+            network.remove_cluster_network(CLUSTER_NETWORK)
+
+    def leftover_processes(self) -> list[procs.ProcessRecord]:
+        """Recorded processes (control plane, agents, pods) that are still alive."""
+        records = list(self.records())
+        for node_dir in sorted((self.dir / "nodes").glob("*")):
+            records += procs.load_records(node_dir / "processes.json")
+        return procs.alive_groups(records)
+
+
+def environment_with_kubeconfig(kubeconfig: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["KUBECONFIG"] = str(kubeconfig)
+    return env
