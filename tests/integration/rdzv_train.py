@@ -1,0 +1,52 @@
+"""A tiny elastic training loop for the rendezvous tests (run by the launchers under test).
+
+Every step all-reduces a one over gloo (so the sum is the world size every rank
+really sees) and appends one JSON line per rank to ``$RDZV_TEST_OUT/steps.jsonl``.
+Rank 0 records the next step in ``$RDZV_TEST_OUT/step`` so a restarted group
+resumes where the last one stopped instead of from zero.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+
+def main() -> None:
+    out = Path(os.environ["RDZV_TEST_OUT"])
+    steps = int(os.environ.get("RDZV_TEST_STEPS", "30"))
+    pause = float(os.environ.get("RDZV_TEST_PAUSE", "0.2"))
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    marker = out / "step"
+    start = int(marker.read_text()) if marker.exists() else 0
+    for step in range(start, steps):
+        ones = torch.ones(1)
+        dist.all_reduce(ones)
+        line = {
+            "t": time.time(),
+            "rank": rank,
+            "world": world,
+            "seen": int(ones.item()),
+            "step": step,
+            "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+            "agent": os.getppid(),
+        }
+        with (out / "steps.jsonl").open("a") as f:
+            f.write(json.dumps(line) + "\n")
+        if rank == 0:
+            tmp = out / f"step.{os.getpid()}"
+            tmp.write_text(str(step + 1))
+            tmp.replace(marker)
+        time.sleep(pause)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

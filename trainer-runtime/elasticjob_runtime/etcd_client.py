@@ -1,0 +1,221 @@
+"""The one place that talks to etcd's v3 API.
+
+Everything else in the runtime goes through :class:`EtcdClient`, so the client
+library (``etcd-sdk-python``, imported as ``pyetcd``: python-etcd3's API, kept
+working with current protobuf) can be swapped without touching the rendezvous.
+Errors leave this module as :class:`EtcdError` with one readable line.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import pyetcd
+import pyetcd.exceptions
+
+
+class EtcdError(RuntimeError):
+    """An etcd request failed; the message names the endpoint and what to check."""
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+def parse_endpoint(text: str, default_port: int = 2379) -> Endpoint:
+    """Parse ``host[:port]`` (an ``http://`` scheme and a trailing ``/`` are tolerated)."""
+    raw = text.strip()
+    for scheme in ("http://", "https://"):
+        if raw.startswith(scheme):
+            raw = raw[len(scheme) :]
+    raw = raw.rstrip("/")
+    if "," in raw:
+        raw = raw.split(",", 1)[0]
+    if not raw:
+        raise ValueError("the etcd endpoint is empty; pass host:port, e.g. 127.0.0.1:2379")
+    host, sep, port_text = raw.rpartition(":")
+    if not sep:
+        return Endpoint(raw, default_port)
+    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise ValueError(f"bad etcd endpoint {text!r}: the port must be a number from 1 to 65535")
+    return Endpoint(host.strip("[]") or "127.0.0.1", int(port_text))
+
+
+@dataclass(frozen=True)
+class KeyValue:
+    key: str
+    value: bytes
+    mod_revision: int
+    lease: int
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """All keys under a prefix as of one store revision."""
+
+    revision: int
+    items: dict[str, KeyValue]
+
+
+def _kv(raw: Any) -> KeyValue:
+    return KeyValue(
+        key=raw.key.decode(), value=bytes(raw.value), mod_revision=raw.mod_revision, lease=raw.lease
+    )
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, grpc.RpcError):
+        details = exc.details() if hasattr(exc, "details") else ""
+        return f"{exc.code().name}: {details}" if hasattr(exc, "code") else str(exc)
+    return str(exc) or type(exc).__name__
+
+
+class EtcdClient:
+    """A thin, typed face over ``pyetcd`` with the few operations the runtime needs."""
+
+    def __init__(self, endpoint: Endpoint, timeout: float = 5.0) -> None:
+        self.endpoint = endpoint
+        self._client: Any = pyetcd.client(host=endpoint.host, port=endpoint.port, timeout=timeout)
+
+    def _fail(self, what: str, exc: BaseException) -> EtcdError:
+        return EtcdError(f"etcd at {self.endpoint}: {what} failed ({_describe(exc)})")
+
+    def check(self) -> str:
+        """Return the server version; raise a one-line error if etcd is unreachable."""
+        try:
+            return str(self._client.status().version)
+        except (pyetcd.exceptions.Etcd3Exception, grpc.RpcError) as exc:
+            raise EtcdError(
+                f"cannot reach etcd at {self.endpoint} ({_describe(exc)}); start etcd there "
+                "or point --rdzv-endpoint / PET_RDZV_ENDPOINT at a running etcd"
+            ) from exc
+
+    def get(self, key: str) -> KeyValue | None:
+        try:
+            resp = self._client.get_response(key)
+        except (pyetcd.exceptions.Etcd3Exception, grpc.RpcError) as exc:
+            raise self._fail(f"get {key}", exc) from exc
+        return _kv(resp.kvs[0]) if resp.kvs else None
+
+    def snapshot(self, prefix: str) -> Snapshot:
+        try:
+            resp = self._client.get_prefix_response(prefix)
+        except (pyetcd.exceptions.Etcd3Exception, grpc.RpcError) as exc:
+            raise self._fail(f"read {prefix}", exc) from exc
+        kvs = [_kv(kv) for kv in resp.kvs]
+        return Snapshot(revision=resp.header.revision, items={kv.key: kv for kv in kvs})
+
+    def put(self, key: str, value: bytes, lease: int | None = None) -> None:
+        try:
+            self._client.put(key, value, lease=lease)
+        except (pyetcd.exceptions.Etcd3Exception, grpc.RpcError) as exc:
+            raise self._fail(f"put {key}", exc) from exc
+
+    def compare_and_set(
+        self, key: str, value: bytes, mod_revision: int | None, lease: int | None = None
+    ) -> tuple[bool, KeyValue | None]:
+        """Write ``value`` only if ``key`` is still at ``mod_revision`` (None: absent).
+
+        One transaction: on success returns the key as written, on failure the
+        key as it is now (None if it does not exist), so a loser never needs a
+        second round trip.
+        """
+        t = self._client.transactions
+        cond = t.create(key) == 0 if mod_revision is None else t.mod(key) == mod_revision
+        try:
+            ok, responses = self._client.transaction(
+                compare=[cond], success=[t.put(key, value, lease), t.get(key)], failure=[t.get(key)]
+            )
+        except (pyetcd.exceptions.Etcd3Exception, grpc.RpcError) as exc:
+            raise self._fail(f"compare-and-set {key}", exc) from exc
+        current = responses[-1]
+        if not current:
+            return bool(ok), None
+        _, meta = current[0]
+        return bool(ok), KeyValue(
+            key=key, value=bytes(current[0][0]), mod_revision=meta.mod_revision, lease=meta.lease_id
+        )
+
+    def delete(self, key: str) -> bool:
+        try:
+            return bool(self._client.delete(key))
+        except (pyetcd.exceptions.Etcd3Exception, grpc.RpcError) as exc:
+            raise self._fail(f"delete {key}", exc) from exc
+
+    def delete_prefix(self, prefix: str) -> None:
+        try:
+            self._client.delete_prefix(prefix)
+        except (pyetcd.exceptions.Etcd3Exception, grpc.RpcError) as exc:
+            raise self._fail(f"delete {prefix}*", exc) from exc
+
+    def grant(self, ttl: int) -> int:
+        """Grant a lease; keys put with it vanish ``ttl`` seconds after the last refresh."""
+        try:
+            return int(self._client.lease(ttl).id)
+        except (pyetcd.exceptions.Etcd3Exception, grpc.RpcError) as exc:
+            raise self._fail("lease grant", exc) from exc
+
+    def refresh(self, lease: int) -> bool:
+        """Keep a lease alive; False if it has already expired."""
+        try:
+            responses = list(self._client.refresh_lease(lease))
+        except (pyetcd.exceptions.Etcd3Exception, grpc.RpcError) as exc:
+            raise self._fail("lease keep-alive", exc) from exc
+        return bool(responses) and responses[-1].TTL > 0
+
+    def revoke(self, lease: int) -> None:
+        try:
+            self._client.revoke_lease(lease)
+        except (pyetcd.exceptions.Etcd3Exception, grpc.RpcError) as exc:
+            raise self._fail("lease revoke", exc) from exc
+
+    def watch_prefix(
+        self, prefix: str, start_revision: int, on_change: Callable[[], None]
+    ) -> Callable[[], None]:
+        """Call ``on_change`` on every change under ``prefix`` from ``start_revision``.
+
+        Errors (a lost stream, a compacted revision) also call it, so callers
+        re-read and never miss a change. Returns a function that cancels the watch.
+        """
+
+        def callback(_: object) -> None:
+            on_change()
+
+        try:
+            watch_id = self._client.add_watch_prefix_callback(
+                prefix, callback, start_revision=start_revision
+            )
+        except (pyetcd.exceptions.Etcd3Exception, grpc.RpcError) as exc:
+            raise self._fail(f"watch {prefix}", exc) from exc
+
+        def cancel() -> None:
+            try:
+                self._client.cancel_watch(watch_id)
+            except (pyetcd.exceptions.Etcd3Exception, grpc.RpcError, ValueError):
+                pass
+
+        return cancel
+
+    def wait_for_change(self, prefix: str, after_revision: int, timeout: float) -> bool:
+        """Block until something under ``prefix`` changes after ``after_revision``."""
+        changed = threading.Event()
+        cancel = self.watch_prefix(prefix, after_revision + 1, changed.set)
+        try:
+            return changed.wait(max(timeout, 0.0))
+        finally:
+            cancel()
+
+    def close(self) -> None:
+        try:
+            self._client.close()
+        except Exception:  # closing a broken channel must not mask the real error
+            pass

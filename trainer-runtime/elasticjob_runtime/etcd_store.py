@@ -1,0 +1,124 @@
+"""A ``torch.distributed.Store`` kept in etcd's v3 API.
+
+torch's own ``EtcdStore`` needs the v2 API, which etcd 3.4 turns off and 3.6
+removed. The agent uses this store for the per-round bookkeeping (rank
+assignment, the master address, exit barrier); training traffic never goes
+through it. Keys live under one prefix per round and carry the job's lease, so
+they go away with the job.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from datetime import timedelta
+
+import torch.distributed as dist
+
+from elasticjob_runtime.etcd_client import EtcdClient
+
+
+def _bytes(value: str | bytes | Sequence[int]) -> bytes:
+    if isinstance(value, str):
+        return value.encode()
+    return bytes(value)
+
+
+class EtcdV3Store(dist.Store):
+    """Store semantics (blocking ``get``/``wait``, atomic ``add``/``compare_set``) on etcd."""
+
+    def __init__(
+        self,
+        client: EtcdClient,
+        prefix: str,
+        lease: int | None = None,
+        timeout: timedelta = timedelta(seconds=300),
+    ) -> None:
+        super().__init__()
+        self._client = client
+        self._prefix = prefix
+        self._lease = lease
+        super().set_timeout(timeout)
+
+    def _key(self, key: str) -> str:
+        return self._prefix + key
+
+    def set_timeout(self, timeout: timedelta) -> None:
+        super().set_timeout(timeout)
+
+    def set(self, key: str, value: str | bytes) -> None:  # type: ignore[override]
+        self._client.put(self._key(key), _bytes(value), lease=self._lease)
+
+    def get(self, key: str) -> bytes:  # type: ignore[override]
+        return self._wait_all([key], self.timeout)[0]
+
+    def multi_get(self, keys: list[str]) -> list[bytes]:  # type: ignore[override]
+        return self._wait_all(keys, self.timeout)
+
+    def multi_set(self, keys: list[str], values: list[str | bytes]) -> None:  # type: ignore[override]
+        for key, value in zip(keys, values, strict=True):
+            self.set(key, value)
+
+    def add(self, key: str, amount: int) -> int:  # type: ignore[override]
+        full = self._key(key)
+        current = self._client.get(full)
+        while True:
+            base = int(current.value) if current is not None else 0
+            ok, now = self._client.compare_and_set(
+                full,
+                str(base + amount).encode(),
+                None if current is None else current.mod_revision,
+                self._lease,
+            )
+            if ok:
+                return base + amount
+            current = now
+
+    def compare_set(  # type: ignore[override]
+        self, key: str, expected_value: str | bytes, desired_value: str | bytes
+    ) -> bytes:
+        """c10d semantics: set if the value equals ``expected`` (or is absent and ``expected`` is empty)."""
+        full = self._key(key)
+        expected = _bytes(expected_value)
+        desired = _bytes(desired_value)
+        current = self._client.get(full)
+        while True:
+            if current is None:
+                if expected:
+                    return expected
+            elif current.value != expected:
+                return current.value
+            ok, now = self._client.compare_and_set(
+                full, desired, None if current is None else current.mod_revision, self._lease
+            )
+            if ok:
+                return desired
+            current = now
+
+    def check(self, keys: list[str]) -> bool:  # type: ignore[override]
+        return all(self._client.get(self._key(k)) is not None for k in keys)
+
+    def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:  # type: ignore[override]
+        self._wait_all(keys, timeout if timeout is not None else self.timeout)
+
+    def delete_key(self, key: str) -> bool:
+        return self._client.delete(self._key(key))
+
+    def num_keys(self) -> int:
+        return len(self._client.snapshot(self._prefix).items)
+
+    def _wait_all(self, keys: Sequence[str], timeout: timedelta) -> list[bytes]:
+        deadline = time.monotonic() + timeout.total_seconds()
+        wanted = [self._key(k) for k in keys]
+        while True:
+            snap = self._client.snapshot(self._prefix)
+            missing = [k for k in wanted if k not in snap.items]
+            if not missing:
+                return [snap.items[k].value for k in wanted]
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise dist.DistStoreError(
+                    f"timed out after {timeout.total_seconds():.0f}s waiting for etcd keys "
+                    f"{', '.join(missing)}"
+                )
+            self._client.wait_for_change(self._prefix, snap.revision, left)

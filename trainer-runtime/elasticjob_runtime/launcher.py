@@ -1,0 +1,134 @@
+"""``elasticjob-run``: torchrun with the operator's defaults and one-line errors.
+
+It is torchrun itself (same parser, same ``PET_*`` variables, flags win over the
+environment, torch's ``LocalElasticAgent`` runs the workers), with three changes:
+
+* the rendezvous backend defaults to ``etcd-v3`` (``PET_RDZV_BACKEND`` still wins);
+* the pod IP the operator injects is the default ``--local-addr``;
+* bad configuration (a node range with min > max, an unknown backend, an etcd that
+  does not answer) stops before anything starts, with one line saying what to fix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from importlib.metadata import entry_points
+
+from elasticjob_runtime import contract
+
+PROG = "elasticjob-run"
+# torch's own backends; entry-point backends (ours included) are discovered.
+BUILTIN_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
+
+
+def known_backends() -> list[str]:
+    found = {ep.name for ep in entry_points(group="torchrun.handlers")}
+    return sorted(set(BUILTIN_BACKENDS) | set(contract.RDZV_BACKENDS) | found)
+
+
+def parse_nnodes(text: str) -> tuple[int, int]:
+    """``N`` or ``MIN:MAX`` -> (min, max); ValueError with a fix-it message otherwise."""
+    parts = text.strip().split(":")
+    hint = "use --nnodes N or --nnodes MIN:MAX (or PET_NNODES) with 1 <= MIN <= MAX"
+    if len(parts) not in (1, 2) or not all(p.strip().isdigit() for p in parts):
+        raise ValueError(f"--nnodes={text!r} is not a node count; {hint}")
+    lo, hi = int(parts[0]), int(parts[-1])
+    if lo < 1:
+        raise ValueError(f"--nnodes={text}: the minimum must be at least 1; {hint}")
+    if lo > hi:
+        raise ValueError(f"--nnodes={text}: min ({lo}) is greater than max ({hi}); {hint}")
+    return lo, hi
+
+
+def config_problem(args: argparse.Namespace, backends: Sequence[str]) -> str | None:
+    """The first thing wrong with the parsed options, as one line, or None."""
+    try:
+        parse_nnodes(args.nnodes)
+    except ValueError as exc:
+        return str(exc)
+    if args.standalone:
+        return None
+    if args.rdzv_backend not in backends:
+        return (
+            f"unknown rendezvous backend {args.rdzv_backend!r} (--rdzv-backend / "
+            f"{contract.RDZV_BACKEND}); choose one of: {', '.join(backends)}"
+        )
+    if args.max_restarts < 0:
+        return f"--max-restarts={args.max_restarts}: must be 0 or more"
+    if args.rdzv_backend != "static":
+        if not args.rdzv_endpoint:
+            return (
+                f"the {args.rdzv_backend} rendezvous needs an endpoint; pass --rdzv-endpoint "
+                f"host:port or set {contract.RDZV_ENDPOINT}"
+            )
+        if args.rdzv_id in ("", "none"):
+            return (
+                f"the {args.rdzv_backend} rendezvous needs a run id; pass --rdzv-id or set "
+                f"{contract.RDZV_ID} (unique per job run)"
+            )
+    return None
+
+
+def _fail(message: str, code: int = 2) -> None:
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    raise SystemExit(code)
+
+
+def _check_etcd(endpoint: str) -> None:
+    from elasticjob_runtime.etcd_client import EtcdClient, EtcdError, parse_endpoint
+
+    try:
+        client = EtcdClient(parse_endpoint(endpoint), timeout=5)
+    except ValueError as exc:
+        _fail(str(exc))
+        return
+    try:
+        client.check()
+    except EtcdError as exc:
+        _fail(str(exc))
+    finally:
+        client.close()
+
+
+def parser() -> argparse.ArgumentParser:
+    from torch.distributed.run import get_args_parser
+
+    p = get_args_parser()
+    p.prog = PROG
+    p.description = "Elastic, fault-tolerant PyTorch launcher (torchrun-compatible)."
+    p.set_defaults(
+        rdzv_backend=os.environ.get(contract.RDZV_BACKEND, contract.DEFAULT_RDZV_BACKEND)
+    )
+    if os.environ.get(contract.POD_IP) and not os.environ.get("PET_LOCAL_ADDR"):
+        p.set_defaults(local_addr=os.environ[contract.POD_IP])
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parser().parse_args(list(argv) if argv is not None else None)
+    problem = config_problem(args, known_backends())
+    if problem:
+        _fail(problem)
+    if not args.standalone and args.rdzv_backend == "etcd-v3":
+        _check_etcd(args.rdzv_endpoint)
+    # torch 2.13's agent-shared TCPStore crashed c10d scale-up (DESIGN.md); ours never shares.
+    os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous import RendezvousError
+    from torch.distributed.run import run
+
+    try:
+        run(args)
+    except ChildFailedError as exc:
+        print(f"{PROG}: workers failed and no restarts are left\n{exc}", file=sys.stderr)
+        raise SystemExit(1) from None
+    except RendezvousError as exc:
+        _fail(f"rendezvous failed: {exc}", code=1)
+
+
+if __name__ == "__main__":
+    main()

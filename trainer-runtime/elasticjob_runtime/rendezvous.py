@@ -1,0 +1,382 @@
+"""The ``etcd-v3`` rendezvous: torch elastic's handler interface on etcd's v3 API.
+
+Two pieces, both on :class:`~elasticjob_runtime.etcd_client.EtcdClient`:
+
+* :class:`EtcdV3RendezvousBackend`, torch's ``RendezvousBackend`` contract
+  (state bytes plus a token; compare-and-set on the key's ``mod_revision`` in one
+  transaction), so it also plugs into torch's ``DynamicRendezvousHandler``.
+* :class:`EtcdV3RendezvousHandler`, which the ``etcd-v3`` name resolves to. It
+  writes its rounds through that backend, but membership comes from etcd leases:
+  every agent keeps a member key alive under its own short lease and watches the
+  run's prefix. A peer that dies loses its key within the lease TTL; a newcomer
+  opens a new round; either way the watch fires and ``num_nodes_waiting()`` tells
+  the agent to restart its workers into the next round at once. torch's dynamic
+  handler instead waits out heartbeats (15 s by default), a 30 s last call and,
+  for a peer that died silently, the collective timeout (pytorch#111646).
+
+All keys sit under :func:`~elasticjob_runtime.contract.run_prefix` and carry leases,
+so they vanish with the job.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+# The .api submodule, not the package: torch loads this entry point while the
+# package itself is still initialising.
+from torch.distributed.elastic.rendezvous.api import (
+    RendezvousClosedError,
+    RendezvousConnectionError,
+    RendezvousError,
+    RendezvousHandler,
+    RendezvousInfo,
+    RendezvousParameters,
+    RendezvousStoreInfo,
+    RendezvousTimeoutError,
+)
+from torch.distributed.elastic.rendezvous.dynamic_rendezvous import RendezvousBackend
+
+from elasticjob_runtime import contract
+from elasticjob_runtime.etcd_client import EtcdClient, EtcdError, KeyValue, parse_endpoint
+from elasticjob_runtime.etcd_store import EtcdV3Store
+from elasticjob_runtime.membership import (
+    Closed,
+    Joined,
+    Limits,
+    Round,
+    Wait,
+    Write,
+    decide_join,
+    restart_reason,
+)
+
+log = logging.getLogger(__name__)
+
+BACKEND_NAME = "etcd-v3"
+
+
+def state_key(run_id: str) -> str:
+    return contract.run_prefix(run_id) + "rdzv/state"
+
+
+def members_prefix(run_id: str) -> str:
+    return contract.run_prefix(run_id) + "rdzv/members/"
+
+
+class EtcdV3RendezvousBackend(RendezvousBackend):
+    """Rendezvous state in one etcd key; the token is the key's ``mod_revision``."""
+
+    def __init__(self, client: EtcdClient, run_id: str, lease: int | None = None) -> None:
+        if not run_id:
+            raise ValueError("the run id must be a non-empty string (set --rdzv-id / PET_RDZV_ID)")
+        self._client = client
+        self._key = state_key(run_id)
+        self.lease = lease
+
+    @property
+    def name(self) -> str:
+        return BACKEND_NAME
+
+    def get_state(self) -> tuple[bytes, Any] | None:
+        kv = self._client.get(self._key)
+        return None if kv is None else (kv.value, kv.mod_revision)
+
+    def set_state(self, state: bytes, token: Any | None = None) -> tuple[bytes, Any, bool] | None:
+        """Write ``state`` if nobody wrote since ``token``; return what is stored now.
+
+        A token that is not one of ours (or None) means "only if the key is absent",
+        which is what a node that has never read the state wants.
+        """
+        revision = token if isinstance(token, int) and not isinstance(token, bool) else None
+        try:
+            ok, kv = self._client.compare_and_set(self._key, state, revision, self.lease)
+        except EtcdError as exc:
+            raise RendezvousConnectionError(str(exc)) from exc
+        if kv is None:
+            return None
+        return kv.value, kv.mod_revision, ok
+
+
+class EtcdV3RendezvousHandler(RendezvousHandler):
+    """Lease-and-watch rendezvous; see the module docstring for why."""
+
+    def __init__(
+        self,
+        client: EtcdClient,
+        run_id: str,
+        limits: Limits,
+        local_addr: str | None = None,
+        join_timeout: float = 600.0,
+        lease_ttl: int = 2,
+        job_ttl: int = 3600,
+    ) -> None:
+        if limits.min_nodes < 1 or limits.max_nodes < limits.min_nodes:
+            raise ValueError(
+                f"bad node range {limits.min_nodes}:{limits.max_nodes}; use MIN:MAX with "
+                "1 <= MIN <= MAX"
+            )
+        self._client = client
+        self._run_id = run_id
+        self._limits = limits
+        self._addr = local_addr or os.environ.get(contract.POD_IP) or socket.getfqdn()
+        self._join_timeout = join_timeout
+        self._lease_ttl = lease_ttl
+        self._prefix = contract.run_prefix(run_id) + "rdzv/"
+        self._members = members_prefix(run_id)
+        self._state_key = state_key(run_id)
+        self.node = f"{self._addr}_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+        self._job_lease = client.grant(job_ttl)
+        self._backend = EtcdV3RendezvousBackend(client, run_id, self._job_lease)
+        self._member_lease = 0
+        self._register()
+        self._round = 0
+        self._changed = threading.Event()
+        self._restart_why: str | None = None
+        self._cancel_watch: Callable[[], None] | None = None
+        self._stop = threading.Event()
+        self._keeper = threading.Thread(
+            target=_keep_alive, args=(weakref.ref(self), self._stop), daemon=True
+        )
+        self._keeper.name = f"etcd-v3-lease-{self.node}"
+        self._keeper.start()
+        atexit.register(_leave_weak, weakref.ref(self))
+
+    # -- leases -----------------------------------------------------------------
+
+    def _register(self) -> None:
+        """Take a fresh member lease and announce this node under it."""
+        self._member_lease = self._client.grant(self._lease_ttl)
+        value = json.dumps({"addr": self._addr, "pid": os.getpid()}).encode()
+        self._client.put(self._members + self.node, value, lease=self._member_lease)
+
+    def keep_alive(self) -> None:
+        if not self._client.refresh(self._member_lease):
+            log.warning("etcd-v3: node %s lost its lease; registering again", self.node)
+            self._register()
+        self._client.refresh(self._job_lease)
+
+    def _leave(self) -> None:
+        """Drop the member key now so peers learn at once, not after the lease TTL."""
+        self._stop.set()
+        if self._cancel_watch is not None:
+            self._cancel_watch()
+            self._cancel_watch = None
+        try:
+            self._client.revoke(self._member_lease)
+        except EtcdError as exc:
+            log.warning("etcd-v3: could not revoke the lease of %s: %s", self.node, exc)
+
+    # -- reading ------------------------------------------------------------------
+
+    def _read(self) -> tuple[int, Round | None, KeyValue | None, frozenset[str]]:
+        snap = self._client.snapshot(self._prefix)
+        kv = snap.items.get(self._state_key)
+        current = Round.decode(kv.value) if kv is not None else None
+        live = frozenset(k[len(self._members) :] for k in snap.items if k.startswith(self._members))
+        return snap.revision, current, kv, live
+
+    def _write(self, new: Round, kv: KeyValue | None) -> bool:
+        result = self._backend.set_state(new.encode(), None if kv is None else kv.mod_revision)
+        return result is not None and result[2]
+
+    # -- RendezvousHandler --------------------------------------------------------
+
+    def get_backend(self) -> str:
+        return BACKEND_NAME
+
+    @property
+    def use_agent_store(self) -> bool:
+        # Workers start their own TCPStore on rank 0 each round; a store shared with
+        # the agent broke scale-up with torch 2.13 (see DESIGN.md).
+        return False
+
+    def next_rendezvous(self) -> RendezvousInfo:
+        if self._cancel_watch is not None:
+            self._cancel_watch()
+            self._cancel_watch = None
+        self._changed.clear()
+        self._restart_why = None
+        deadline = time.monotonic() + self._join_timeout
+        why = ""
+        try:
+            while True:
+                revision, current, kv, live = self._read()
+                if self.node not in live:
+                    self._register()
+                    continue
+                decision = decide_join(
+                    current, live, self.node, self._limits, self._round, time.time()
+                )
+                if isinstance(decision, Joined):
+                    break
+                if isinstance(decision, Closed):
+                    raise RendezvousClosedError(
+                        f"the rendezvous of run {self._run_id} is closed (the job finished); "
+                        "a new run needs a new --rdzv-id"
+                    )
+                if isinstance(decision, Write):
+                    if self._write(decision.round, kv):
+                        log.info("etcd-v3: %s: %s", self.node, decision.why)
+                    continue
+                assert isinstance(decision, Wait)
+                why = decision.why
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise RendezvousTimeoutError(
+                        f"no rendezvous within {self._join_timeout:.0f}s for run "
+                        f"{self._run_id}: {why}"
+                    )
+                if decision.until is not None:
+                    left = min(left, max(decision.until - time.time(), 0.0) + 0.05)
+                self._client.wait_for_change(self._prefix, revision, left)
+        except EtcdError as exc:
+            raise RendezvousConnectionError(str(exc)) from exc
+
+        self._round = decision.number
+        self._cancel_watch = self._client.watch_prefix(
+            self._prefix, revision + 1, self._changed.set
+        )
+        store = EtcdV3Store(
+            self._client,
+            f"{contract.run_prefix(self._run_id)}store/{decision.number}/",
+            lease=self._job_lease,
+        )
+        bootstrap = RendezvousStoreInfo.build(decision.rank, store, local_addr=self._addr)
+        log.info(
+            "etcd-v3: %s joined round %d as rank %d of %d",
+            self.node,
+            decision.number,
+            decision.rank,
+            decision.world_size,
+        )
+        return RendezvousInfo(store, decision.rank, decision.world_size, bootstrap)
+
+    def num_nodes_waiting(self) -> int:
+        """Non-zero when this node must restart into a new round (a peer left or came)."""
+        if self._restart_why is not None:
+            return 1
+        if not self._changed.is_set():
+            return 0
+        self._changed.clear()
+        try:
+            _, current, _, live = self._read()
+        except EtcdError as exc:
+            log.warning("etcd-v3: cannot check membership: %s", exc)
+            self._changed.set()
+            return 0
+        self._restart_why = restart_reason(current, live, self._round)
+        if self._restart_why is None:
+            return 0
+        log.info("etcd-v3: %s restarts its workers: %s", self.node, self._restart_why)
+        return 1
+
+    def is_closed(self) -> bool:
+        try:
+            _, current, _, _ = self._read()
+        except EtcdError as exc:
+            raise RendezvousConnectionError(str(exc)) from exc
+        return current is not None and current.closed
+
+    def set_closed(self) -> None:
+        try:
+            while True:
+                _, current, kv, _ = self._read()
+                if current is not None and current.closed:
+                    return
+                base = current if current is not None else Round(number=self._round)
+                if self._write(Round(base.number, base.participants, base.complete, True), kv):
+                    return
+        except EtcdError as exc:
+            raise RendezvousConnectionError(str(exc)) from exc
+
+    def get_run_id(self) -> str:
+        return self._run_id
+
+    def shutdown(self) -> bool:
+        try:
+            self.set_closed()
+        except RendezvousError as exc:
+            log.warning("etcd-v3: could not close run %s: %s", self._run_id, exc)
+            return False
+        finally:
+            self._leave()
+        return True
+
+
+def _keep_alive(ref: weakref.ref[EtcdV3RendezvousHandler], stop: threading.Event) -> None:
+    """Refresh the leases a few times per TTL; exits when the handler is gone."""
+    while True:
+        handler = ref()
+        if handler is None:
+            return
+        interval = max(handler._lease_ttl / 4, 0.2)
+        try:
+            handler.keep_alive()
+        except EtcdError as exc:
+            log.warning("etcd-v3: lease keep-alive failed: %s", exc)
+        del handler
+        if stop.wait(interval):
+            return
+
+
+def _leave_weak(ref: weakref.ref[EtcdV3RendezvousHandler]) -> None:
+    handler = ref()
+    if handler is not None and not handler._stop.is_set():
+        handler._leave()
+
+
+def _conf_seconds(params: RendezvousParameters, key: str, default: int) -> int:
+    value = params.get_as_int(key, default)
+    if value is None or value <= 0:
+        raise ValueError(f"--rdzv-conf {key}={params.get(key)!r}: must be a positive integer")
+    return value
+
+
+def handler_from_params(params: RendezvousParameters) -> EtcdV3RendezvousHandler:
+    """Build the handler from torchrun's parameters (``--rdzv-conf`` keys below).
+
+    ``join_timeout`` (600 s), ``last_call_timeout`` (15 s; only used while a live
+    node has not joined), ``lease_ttl`` (2 s: how fast a lost node is noticed),
+    ``job_ttl`` (3600 s: how long keys outlive the last agent), ``read_timeout`` (5 s).
+    """
+    try:
+        endpoint = parse_endpoint(params.endpoint)
+    except ValueError as exc:
+        raise RendezvousConnectionError(str(exc)) from exc
+    client = EtcdClient(endpoint, timeout=_conf_seconds(params, "read_timeout", 5))
+    try:
+        client.check()
+    except EtcdError as exc:
+        client.close()
+        raise RendezvousConnectionError(str(exc)) from exc
+    limits = Limits(
+        params.min_nodes, params.max_nodes, _conf_seconds(params, "last_call_timeout", 15)
+    )
+    try:
+        return EtcdV3RendezvousHandler(
+            client,
+            params.run_id,
+            limits,
+            local_addr=params.local_addr,
+            join_timeout=_conf_seconds(params, "join_timeout", 600),
+            lease_ttl=_conf_seconds(params, "lease_ttl", 2),
+            job_ttl=_conf_seconds(params, "job_ttl", 3600),
+        )
+    except EtcdError as exc:
+        raise RendezvousConnectionError(str(exc)) from exc
+
+
+def create_handler() -> Callable[[RendezvousParameters], RendezvousHandler]:
+    """The ``torchrun.handlers`` entry point: torch calls it once for the factory."""
+    return handler_from_params
+
