@@ -18,6 +18,8 @@ MAX_RESTARTS: Final = "PET_MAX_RESTARTS"
 
 # Ours alone.
 CHECKPOINT_DIR: Final = "ELASTICJOB_CHECKPOINT_DIR"
+# root of the node-memory checkpoint copy (default /dev/shm; "off" disables it)
+CHECKPOINT_MEMORY_DIR: Final = "ELASTICJOB_CHECKPOINT_MEMORY_DIR"
 JOB_NAME: Final = "ELASTICJOB_JOB_NAME"
 JOB_NAMESPACE: Final = "ELASTICJOB_NAMESPACE"
 POD_NAME: Final = "ELASTICJOB_POD_NAME"

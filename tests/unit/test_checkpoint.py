@@ -1,0 +1,309 @@
+"""Checkpoints: atomic, verified, pruned, asynchronous, in node memory, fetched from a peer."""
+
+from __future__ import annotations
+
+import logging
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from elasticjob_runtime.checkpoint import (
+    CheckpointError,
+    CheckpointManager,
+    checkpoint_name,
+    committed_steps,
+    fetch_from_peer,
+)
+from elasticjob_runtime.health import HealthServer
+from elasticjob_runtime.sampler import ElasticSampler
+
+
+@dataclass
+class Extra:
+    """Picklable extra state that the safe (weights_only) loader cannot read."""
+
+    note: str
+    losses: list[float]
+
+
+def make_model(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+
+
+def train_step(model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+    loss = model(torch.randn(16, 4)).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+
+
+def manager(tmp_path: Path, **kw: object) -> CheckpointManager:
+    kw.setdefault("memory_dir", tmp_path / "shm")
+    return CheckpointManager(tmp_path / "ckpt", writer=True, memory_writer=True, **kw)  # type: ignore[arg-type]
+
+
+def same_params(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    pairs = zip(a.state_dict().values(), b.state_dict().values(), strict=True)
+    return all(torch.equal(x, y) for x, y in pairs)
+
+
+def test_restore_brings_back_model_optimizer_sampler_and_extra_state(tmp_path: Path) -> None:
+    model = make_model()
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    sampler = ElasticSampler(100, 0, 1, seed=3)
+    for _ in range(3):
+        train_step(model, opt)
+    sampler.advance(48)
+    mgr = manager(tmp_path, memory=False)
+    mgr.save({"model": model, "optim": opt, "sampler": sampler, "extra": Extra("hi", [1.5])}, 3)
+
+    model2, sampler2 = make_model(seed=1), ElasticSampler(100, 0, 1, seed=3)
+    opt2 = torch.optim.Adam(model2.parameters(), lr=0.01)
+    ckpt = manager(tmp_path, memory=False).restore(
+        {"model": model2, "optim": opt2, "sampler": sampler2}
+    )
+    assert ckpt is not None and ckpt.step == 3
+    assert same_params(model, model2)
+    assert opt2.state_dict()["state"][0]["step"] == 3
+    assert sampler2.consumed == 48
+    assert ckpt.state["extra"] == Extra("hi", [1.5])
+
+
+def test_ddp_module_is_saved_unwrapped_and_restores_into_ddp_or_plain(tmp_path: Path) -> None:
+    store = torch.distributed.FileStore(str(tmp_path / "store"), 1)  # type: ignore[attr-defined]
+    torch.distributed.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        ddp = torch.nn.parallel.DistributedDataParallel(make_model())
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        train_step(ddp, opt)
+        manager(tmp_path, memory=False).save({"model": ddp}, 1)
+        ckpt = manager(tmp_path, memory=False).load_latest()
+        assert ckpt is not None
+        assert not any(k.startswith("module.") for k in ckpt.state["model"])
+        plain = make_model(seed=5)
+        manager(tmp_path, memory=False).restore({"model": plain})
+        assert same_params(ddp.module, plain)
+        other = torch.nn.parallel.DistributedDataParallel(make_model(seed=6))
+        manager(tmp_path, memory=False).restore({"model": other})
+        assert same_params(ddp.module, other.module)
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_only_the_last_k_checkpoints_are_kept(tmp_path: Path) -> None:
+    mgr = manager(tmp_path, keep=2)
+    for step in range(1, 6):
+        mgr.save({"x": torch.tensor(step)}, step)
+    assert committed_steps(tmp_path / "ckpt") == [4, 5]
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == [
+        checkpoint_name(4),
+        checkpoint_name(4) + ".commit",
+        checkpoint_name(5),
+        checkpoint_name(5) + ".commit",
+    ]
+    assert committed_steps(tmp_path / "shm") == [5]  # node memory keeps only the newest
+
+
+def _save_three(tmp_path: Path) -> CheckpointManager:
+    mgr = manager(tmp_path, memory=False)
+    for step in (1, 2, 3):
+        mgr.save({"x": torch.full((1000,), float(step))}, step)
+    return mgr
+
+
+def _newest(tmp_path: Path) -> Path:
+    return tmp_path / "ckpt" / checkpoint_name(3)
+
+
+def test_truncated_newest_checkpoint_falls_back_to_previous_and_says_why(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    mgr = _save_three(tmp_path)
+    newest = _newest(tmp_path)
+    with newest.open("r+b") as f:
+        f.truncate(newest.stat().st_size // 2)
+    with caplog.at_level(logging.WARNING, logger="elasticjob_runtime.checkpoint"):
+        ckpt = mgr.load_latest()
+    assert ckpt is not None and ckpt.step == 2
+    assert float(ckpt.state["x"][0]) == 2.0
+    skipped = [r.getMessage() for r in caplog.records]
+    assert len(skipped) == 1
+    assert str(newest) in skipped[0] and "truncated" in skipped[0]
+
+
+def test_flipped_bytes_in_newest_checkpoint_fail_the_checksum(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    mgr = _save_three(tmp_path)
+    newest = _newest(tmp_path)
+    raw = bytearray(newest.read_bytes())
+    for i in range(len(raw) // 2, len(raw) // 2 + 8):
+        raw[i] ^= 0xFF
+    newest.write_bytes(bytes(raw))
+    with caplog.at_level(logging.WARNING, logger="elasticjob_runtime.checkpoint"):
+        ckpt = mgr.load_latest()
+    assert ckpt is not None and ckpt.step == 2
+    assert [r.getMessage() for r in caplog.records] == [
+        f"skipping checkpoint {newest}: checksum mismatch (file corrupted)"
+    ]
+
+
+def test_checkpoint_without_commit_marker_is_skipped(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    mgr = _save_three(tmp_path)
+    (tmp_path / "ckpt" / (checkpoint_name(3) + ".commit")).unlink()
+    with caplog.at_level(logging.WARNING, logger="elasticjob_runtime.checkpoint"):
+        ckpt = mgr.load_latest()
+    assert ckpt is not None and ckpt.step == 2
+    assert "no commit marker" in caplog.records[0].getMessage()
+
+
+def test_no_checkpoint_yet_gives_none_and_restore_changes_nothing(tmp_path: Path) -> None:
+    model = make_model()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    assert manager(tmp_path).restore({"model": model}) is None
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_async_save_snapshots_so_training_can_go_on(tmp_path: Path) -> None:
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    mgr = manager(tmp_path, async_save=True)
+    at_save = {k: v.clone() for k, v in model.state_dict().items()}
+    mgr.save({"model": model}, 1)
+    for _ in range(5):  # changes the live tensors while the save may still be running
+        train_step(model, opt)
+    mgr.close()
+    ckpt = CheckpointManager(tmp_path / "ckpt", memory=False).load_latest()
+    assert ckpt is not None and ckpt.step == 1
+    assert all(torch.equal(at_save[k], v) for k, v in ckpt.state["model"].items())
+    assert not same_params(model, make_model())  # the model did move on
+
+
+def test_async_save_error_is_raised_on_the_next_call(tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the checkpoint directory should be")
+    mgr = CheckpointManager(blocker / "ckpt", async_save=True, memory=False, writer=True)
+    mgr.save({"x": torch.zeros(3)}, 1)  # returns at once; the write fails in the background
+    with pytest.raises(
+        CheckpointError, match=r"saving checkpoint step 1 to .*not-a-dir/ckpt failed"
+    ):
+        mgr.save({"x": torch.zeros(3)}, 2)
+
+
+def test_async_save_error_is_raised_at_close(tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    mgr = CheckpointManager(blocker / "ckpt", async_save=True, memory=False, writer=True)
+    mgr.save({"x": torch.zeros(3)}, 7)
+    with pytest.raises(CheckpointError, match="step 7"):
+        mgr.close()
+
+
+def test_restarted_worker_reloads_from_node_memory_without_disk(tmp_path: Path) -> None:
+    mgr = manager(tmp_path)
+    mgr.save({"x": torch.tensor([1.0])}, 1)
+    mgr.save({"x": torch.tensor([2.0])}, 2)
+    for f in (tmp_path / "ckpt").iterdir():  # the disk copy is gone (or slow, or remote)
+        f.unlink()
+    ckpt = manager(tmp_path).load_latest()  # a fresh manager, as in a restarted process
+    assert ckpt is not None and ckpt.step == 2
+    assert ckpt.path.parent == tmp_path / "shm"
+
+
+def test_node_memory_copy_is_preferred_at_equal_step(tmp_path: Path) -> None:
+    manager(tmp_path).save({"x": torch.tensor([2.0])}, 2)
+    ckpt = manager(tmp_path).load_latest()
+    assert ckpt is not None and ckpt.path == tmp_path / "shm" / checkpoint_name(2)
+
+
+def test_newer_disk_checkpoint_wins_over_older_memory_copy(tmp_path: Path) -> None:
+    manager(tmp_path).save({"x": torch.tensor([1.0])}, 1)
+    CheckpointManager(tmp_path / "ckpt", memory=False, writer=True).save({"x": torch.ones(1)}, 5)
+    ckpt = manager(tmp_path).load_latest()
+    assert ckpt is not None and ckpt.step == 5
+
+
+def test_non_writer_rank_writes_nothing(tmp_path: Path) -> None:
+    mgr = CheckpointManager(tmp_path / "ckpt", writer=False, memory_writer=False)
+    mgr.save({"x": torch.zeros(1)}, 1)
+    assert not (tmp_path / "ckpt").exists()
+
+
+def test_missing_directory_is_one_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ELASTICJOB_CHECKPOINT_DIR", raising=False)
+    with pytest.raises(CheckpointError, match="set ELASTICJOB_CHECKPOINT_DIR"):
+        CheckpointManager()
+
+
+def test_directory_comes_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ELASTICJOB_CHECKPOINT_DIR", str(tmp_path / "env-ckpt"))
+    monkeypatch.setenv("ELASTICJOB_CHECKPOINT_MEMORY_DIR", "off")
+    mgr = CheckpointManager(writer=True)
+    assert mgr.memory_dir is None
+    mgr.save({"x": torch.zeros(1)}, 4)
+    assert committed_steps(tmp_path / "env-ckpt") == [4]
+
+
+def test_joining_node_fetches_newest_checkpoint_from_a_peer(tmp_path: Path) -> None:
+    peer_dir, joiner_dir = tmp_path / "peer", tmp_path / "joiner"
+    peer = CheckpointManager(peer_dir, memory=False, writer=True)
+    model = make_model()
+    for step in (10, 20):
+        peer.save({"model": model}, step)
+    with HealthServer("127.0.0.1", 0, checkpoint_dir=peer_dir) as server:
+        assert fetch_from_peer(server.url, joiner_dir) == 20
+        assert fetch_from_peer(server.url, joiner_dir) is None  # already up to date
+    ckpt = CheckpointManager(joiner_dir, memory=False).load_latest()
+    assert ckpt is not None and ckpt.step == 20
+    restored = make_model(seed=9)
+    restored.load_state_dict(ckpt.state["model"])
+    assert same_params(model, restored)
+
+
+def test_peer_with_no_checkpoint_gives_nothing(tmp_path: Path) -> None:
+    with HealthServer("127.0.0.1", 0, checkpoint_dir=tmp_path / "empty") as server:
+        assert fetch_from_peer(server.url, tmp_path / "joiner") is None
+    assert not (tmp_path / "joiner").exists()
+
+
+def test_health_endpoints_report_live_then_ready(tmp_path: Path) -> None:
+    def get(url: str) -> int:
+        try:
+            with urllib.request.urlopen(url, timeout=10) as resp:
+                return int(resp.status)
+        except urllib.error.HTTPError as err:
+            return err.code
+
+    with HealthServer("127.0.0.1", 0) as server:
+        assert server.host == "127.0.0.1"
+        assert get(f"{server.url}/healthz") == 200
+        assert get(f"{server.url}/readyz") == 503
+        server.mark_ready()
+        assert get(f"{server.url}/readyz") == 200
+        assert get(f"{server.url}/checkpoint/file/../../etc/passwd") == 404
+        assert get(f"{server.url}/nope") == 404
+
+
+def test_health_address_defaults_to_loopback_and_contract_port(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from elasticjob_runtime.health import health_address_from_env
+
+    monkeypatch.delenv("ELASTICJOB_POD_IP", raising=False)
+    monkeypatch.delenv("ELASTICJOB_HEALTH_PORT", raising=False)
+    assert health_address_from_env() == ("127.0.0.1", 8090)
+    monkeypatch.setenv("ELASTICJOB_POD_IP", "10.1.2.3")
+    monkeypatch.setenv("ELASTICJOB_HEALTH_PORT", "x")
+    with pytest.raises(ValueError, match="ELASTICJOB_HEALTH_PORT='x' is not a port number"):
+        health_address_from_env()
+    monkeypatch.setenv("ELASTICJOB_HEALTH_PORT", "9000")
+    assert health_address_from_env() == ("10.1.2.3", 9000)

@@ -1,0 +1,619 @@
+"""Checkpoints for elastic training scripts: atomic, verified, kept in node memory too.
+
+On disk a checkpoint is ``step-<step>.pt`` (``torch.save`` bytes) plus
+``step-<step>.pt.commit``, a small JSON marker with the size and SHA-256 of the
+data file. Both are written as temp file, fsync, rename, fsync of the directory,
+and the marker only after the data file is durable, so a checkpoint without its
+marker is a save that did not finish. ``load_latest`` walks the checkpoints from
+the newest and skips (logging one line naming the file and the reason) any that
+has no marker, is truncated, fails its checksum or cannot be unpickled.
+
+Node memory: the newest checkpoint is also written to a directory on ``/dev/shm``
+keyed by run id and pod. tmpfs is RAM, it outlives the worker process (the agent
+and the pod keep it) and it needs no server, so a worker restarted by the agent
+reloads without touching the (maybe network) disk; ``load_latest`` prefers the
+memory copy when it is at least as new. A server inside the agent would work as
+well but adds a protocol and a process to keep alive for no gain. On Kubernetes
+``/dev/shm`` is 64 MiB unless the pod mounts an ``emptyDir: {medium: Memory}``
+there; when the memory copy does not fit, the save logs one line and the disk
+copy still stands.
+
+Typical use in a DDP script::
+
+    ckpt = CheckpointManager("/ckpt", keep=3, async_save=True)
+    ckpt.install_sigterm_handler()
+    state = {"model": ddp_model, "optim": optimizer, "sampler": sampler}
+    ckpt.track(state)
+    resumed = ckpt.restore(state)            # None on a fresh start
+    step = resumed.step if resumed else 0
+    while ...:
+        ...one optimizer step...
+        step += 1
+        ckpt.mark_step(step)                 # saves and exits here after SIGTERM
+        if step % 100 == 0:
+            ckpt.save(state, step)
+    ckpt.close()
+
+Values with a ``state_dict()`` (modules, optimizers, samplers, schedulers) are
+saved through it, DDP/DataParallel wrappers are unwrapped to ``.module`` so the
+checkpoint loads into an unwrapped model too; anything else must be picklable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import hashlib
+import io
+import json
+import logging
+import os
+import pickle
+import re
+import shutil
+import signal
+import socket
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import torch
+
+from elasticjob_runtime import contract
+
+log = logging.getLogger(__name__)
+
+_DATA_RE = re.compile(r"^step-(\d+)\.pt$")
+MARKER_SUFFIX = ".commit"
+SIGTERM_EXIT_CODE = 128 + int(signal.SIGTERM)
+DEFAULT_MEMORY_ROOT = "/dev/shm"
+
+StateSource = Mapping[str, Any] | Callable[[], Mapping[str, Any]]
+
+
+class CheckpointError(RuntimeError):
+    """A save or restore that cannot go on; the message says what to fix."""
+
+
+def checkpoint_name(step: int) -> str:
+    """File name of the checkpoint for ``step`` (zero-padded so names sort by step)."""
+    if step < 0:
+        raise ValueError(f"step must be >= 0, got {step}")
+    return f"step-{step:010d}.pt"
+
+
+@dataclass(frozen=True)
+class CommitRecord:
+    """The commit marker's content: what a complete data file looks like."""
+
+    step: int
+    file: str
+    size: int
+    sha256: str
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(asdict(self), sort_keys=True).encode()
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> CommitRecord:
+        doc = json.loads(raw)
+        record = cls(
+            step=int(doc["step"]),
+            file=str(doc["file"]),
+            size=int(doc["size"]),
+            sha256=doc["sha256"],
+        )
+        if record.file != checkpoint_name(record.step):
+            raise ValueError(f"marker names {record.file!r} for step {record.step}")
+        return record
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A loaded checkpoint: its step, the saved mapping and where it came from."""
+
+    step: int
+    state: dict[str, Any]
+    path: Path
+
+
+# ---------------------------------------------------------------- pure helpers
+
+
+def unwrap(obj: Any) -> Any:
+    """The module inside a DDP/DataParallel wrapper, else ``obj`` itself."""
+    wrappers = (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)
+    return obj.module if isinstance(obj, wrappers) else obj
+
+
+def state_to_save(state: Mapping[str, Any]) -> dict[str, Any]:
+    """Turn live objects into what is saved: ``state_dict()`` where there is one."""
+    out: dict[str, Any] = {}
+    for key, value in state.items():
+        inner = unwrap(value)
+        method = getattr(inner, "state_dict", None)
+        out[key] = method() if callable(method) else value
+    return out
+
+
+def snapshot(obj: Any) -> Any:
+    """A deep copy with every tensor copied to CPU, so training can change the original."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return type(obj)((k, snapshot(v)) for k, v in obj.items())
+    if isinstance(obj, list):
+        return [snapshot(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(snapshot(v) for v in obj)
+    return copy.deepcopy(obj)
+
+
+def serialize(state: Mapping[str, Any]) -> bytes:
+    buf = io.BytesIO()
+    torch.save(dict(state), buf)
+    return buf.getvalue()
+
+
+def deserialize(
+    data: bytes, weights_only: bool | None = None, map_location: str = "cpu"
+) -> dict[str, Any]:
+    """``torch.load`` the bytes; ``weights_only=None`` tries the safe loader first.
+
+    The fallback to full unpickling is for picklable extra state; the files come
+    from this job's own directory or a peer found through its own rendezvous store.
+    """
+    if weights_only is None:
+        try:
+            return deserialize(data, True, map_location)
+        except pickle.UnpicklingError:
+            return deserialize(data, False, map_location)
+    loaded = torch.load(io.BytesIO(data), map_location=map_location, weights_only=weights_only)
+    if not isinstance(loaded, dict):
+        raise CheckpointError(f"checkpoint holds a {type(loaded).__name__}, expected a dict")
+    return loaded
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(directory: Path, name: str, data: bytes) -> Path:
+    """Write ``directory/name`` so that it is either absent or complete, and durable."""
+    target = directory / name
+    tmp = directory / f".{name}.tmp.{os.getpid()}.{threading.get_ident()}"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    _fsync_dir(directory)
+    return target
+
+
+def commit(directory: Path, step: int, data: bytes) -> Path:
+    """Write one checkpoint: data file, then its marker. Returns the data file's path."""
+    directory.mkdir(parents=True, exist_ok=True)
+    name = checkpoint_name(step)
+    path = write_atomic(directory, name, data)
+    record = CommitRecord(step, name, len(data), hashlib.sha256(data).hexdigest())
+    write_atomic(directory, name + MARKER_SUFFIX, record.to_bytes())
+    return path
+
+
+def _steps_on_disk(directory: Path) -> dict[int, bool]:
+    """Every step with a data file or a marker, mapped to whether it has a marker."""
+    steps: dict[int, bool] = {}
+    if not directory.is_dir():
+        return steps
+    for entry in directory.iterdir():
+        name = entry.name
+        marked = name.endswith(MARKER_SUFFIX)
+        match = _DATA_RE.match(name.removesuffix(MARKER_SUFFIX) if marked else name)
+        if match:
+            step = int(match.group(1))
+            steps[step] = steps.get(step, False) or marked
+    return steps
+
+
+def committed_steps(directory: Path) -> list[int]:
+    """Steps with a commit marker, oldest first (not verified: see ``read_verified``)."""
+    return sorted(s for s, marked in _steps_on_disk(directory).items() if marked)
+
+
+def read_record(directory: Path, step: int) -> CommitRecord:
+    return CommitRecord.from_bytes(
+        (directory / (checkpoint_name(step) + MARKER_SUFFIX)).read_bytes()
+    )
+
+
+def read_verified(directory: Path, step: int) -> tuple[bytes | None, str]:
+    """The checkpoint's bytes if complete and intact, else ``(None, reason)``."""
+    path = directory / checkpoint_name(step)
+    try:
+        record = read_record(directory, step)
+    except FileNotFoundError:
+        return None, "no commit marker (the save did not finish)"
+    except (OSError, ValueError, KeyError) as exc:
+        return None, f"unreadable commit marker ({exc})"
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None, "data file missing"
+    except OSError as exc:
+        return None, f"data file unreadable ({exc})"
+    if len(data) != record.size:
+        return None, f"truncated or resized ({len(data)} bytes, marker says {record.size})"
+    if hashlib.sha256(data).hexdigest() != record.sha256:
+        return None, "checksum mismatch (file corrupted)"
+    return data, ""
+
+
+def prune(directory: Path, keep: int) -> None:
+    """Keep the newest ``keep`` committed checkpoints; drop older ones and dead partial saves."""
+    steps = _steps_on_disk(directory)
+    committed = sorted((s for s, marked in steps.items() if marked), reverse=True)
+    doomed = committed[keep:]
+    if committed:  # a data file without marker older than a commit is an abandoned save
+        doomed += [s for s, marked in steps.items() if not marked and s < committed[0]]
+    for step in doomed:
+        for name in (checkpoint_name(step) + MARKER_SUFFIX, checkpoint_name(step)):
+            with contextlib.suppress(FileNotFoundError):
+                (directory / name).unlink()
+
+
+def latest_committed(directory: Path) -> CommitRecord | None:
+    """The newest checkpoint whose marker parses and whose file has the right size."""
+    for step in reversed(committed_steps(directory)):
+        try:
+            record = read_record(directory, step)
+            if (directory / record.file).stat().st_size == record.size:
+                return record
+        except (OSError, ValueError, KeyError):
+            continue
+    return None
+
+
+def fetch_from_peer(
+    base_url: str, directory: str | os.PathLike[str], timeout: float = 60.0
+) -> int | None:
+    """Copy a peer's newest checkpoint into ``directory`` if it is newer than ours.
+
+    ``base_url`` is the peer's health server (``http://host:port``, see
+    :mod:`elasticjob_runtime.health`). The copy is verified against the peer's
+    checksum and committed like a local save. Returns the step fetched, or None when
+    the peer has nothing newer. Call it on a joining node before its workers load
+    (in the agent, or in local rank 0 followed by a barrier).
+    """
+    target = Path(directory)
+    base = base_url.rstrip("/")
+    with urllib.request.urlopen(f"{base}/checkpoint/latest", timeout=timeout) as resp:
+        if resp.status == 204:
+            return None
+        record = CommitRecord.from_bytes(resp.read())
+    mine = latest_committed(target)
+    if mine is not None and mine.step >= record.step:
+        return None
+    with urllib.request.urlopen(f"{base}/checkpoint/file/{record.file}", timeout=timeout) as resp:
+        data = resp.read()
+    if len(data) != record.size or hashlib.sha256(data).hexdigest() != record.sha256:
+        raise CheckpointError(
+            f"checkpoint step {record.step} from {base} arrived damaged "
+            f"({len(data)} of {record.size} bytes or checksum mismatch); retry the fetch"
+        )
+    commit(target, record.step, data)
+    log.info("fetched checkpoint step %d (%d bytes) from %s", record.step, len(data), base)
+    return record.step
+
+
+def default_memory_dir(run_id: str | None = None) -> Path | None:
+    """``/dev/shm/elasticjob/<run>/<pod>``, or None where there is no /dev/shm."""
+    raw = os.environ.get(contract.CHECKPOINT_MEMORY_DIR, DEFAULT_MEMORY_ROOT)
+    if raw.strip().lower() in ("", "off", "none", "0"):
+        return None
+    root = Path(raw)
+    if not root.is_dir():
+        return None
+    run = run_id or os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get(contract.RDZV_ID)
+    pod = os.environ.get(contract.POD_NAME) or socket.gethostname()
+    safe = [re.sub(r"[^A-Za-z0-9_.-]", "_", part) for part in (run or "default", pod)]
+    return root / "elasticjob" / safe[0] / safe[1]
+
+
+def clear_memory(run_id: str | None = None) -> None:
+    """Drop this pod's in-memory checkpoints (the launcher calls it when the job is done)."""
+    memory = default_memory_dir(run_id)
+    if memory is not None:
+        shutil.rmtree(memory, ignore_errors=True)
+
+
+def _env_rank(name: str) -> int:
+    return int(os.environ.get(name, "0"))
+
+
+# ---------------------------------------------------------------- the manager
+
+
+class CheckpointManager:
+    """Saves and restores a training script's state (see the module docstring).
+
+    ``writer`` (default: global rank 0, or local rank 0 when ``node_local``) writes
+    to ``directory``; ``memory_writer`` (default: local rank 0) writes the node
+    memory copy. Every rank may call ``save``; the others only count the step.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str] | None = None,
+        *,
+        keep: int = 3,
+        async_save: bool = False,
+        node_local: bool = False,
+        memory: bool = True,
+        memory_dir: str | os.PathLike[str] | None = None,
+        writer: bool | None = None,
+        memory_writer: bool | None = None,
+        run_id: str | None = None,
+    ) -> None:
+        where = directory if directory is not None else os.environ.get(contract.CHECKPOINT_DIR)
+        if not where:
+            raise CheckpointError(
+                f"no checkpoint directory: pass one or set {contract.CHECKPOINT_DIR}"
+            )
+        if keep < 1:
+            raise CheckpointError(f"keep must be >= 1 (got {keep})")
+        self.directory = Path(where)
+        self.keep = keep
+        self.async_save = async_save
+        self.memory_dir: Path | None = None
+        if memory:
+            self.memory_dir = Path(memory_dir) if memory_dir else default_memory_dir(run_id)
+        local_rank = _env_rank("LOCAL_RANK")
+        if writer is None:
+            writer = local_rank == 0 if node_local else _env_rank("RANK") == 0
+        self.writer = writer
+        self.memory_writer = local_rank == 0 if memory_writer is None else memory_writer
+        self._pending: threading.Thread | None = None
+        self._pending_step = -1
+        self._error: BaseException | None = None
+        self._memory_warned = False
+        self._tracked: StateSource | None = None
+        self._step: int | None = None
+        self._saved_step: int | None = None
+        self._term_requested = threading.Event()
+        self._term_done = threading.Event()
+        self._term_lock = threading.Lock()
+        self._old_handler: Any = None
+        self._grace_s = 0.0
+
+    # -- saving
+
+    def save(self, state: Mapping[str, Any], step: int, *, blocking: bool | None = None) -> None:
+        """Save ``state`` as ``step``; asynchronous unless ``blocking`` (or the manager's default).
+
+        An asynchronous save first copies every tensor to CPU, so the caller may
+        change the model at once. One save is in flight at a time: this call waits
+        for the previous one and raises its error, if it had one.
+        """
+        self.wait()
+        checkpoint_name(step)  # validates the step
+        self._step = step if self._step is None else max(self._step, step)
+        if self._tracked is None:
+            self._tracked = state
+        if not (self.writer or self.memory_writer):
+            self._saved_step = step
+            return
+        run_async = self.async_save if blocking is None else not blocking
+        saved = state_to_save(state)
+        if not run_async:
+            self._write(saved, step, self.writer)
+            return
+        snap = snapshot(saved)
+        self._pending_step = step
+        self._pending = threading.Thread(
+            target=self._write_catching, args=(snap, step), name=f"checkpoint-{step}", daemon=True
+        )
+        self._pending.start()
+
+    def _write_catching(self, state: dict[str, Any], step: int) -> None:
+        try:
+            self._write(state, step, self.writer)
+        except BaseException as exc:
+            self._error = exc
+
+    def _write(self, state: Mapping[str, Any], step: int, to_disk: bool) -> None:
+        data = serialize(state)
+        if to_disk:
+            commit(self.directory, step, data)
+            prune(self.directory, self.keep)
+        if self.memory_writer and self.memory_dir is not None:
+            try:
+                commit(self.memory_dir, step, data)
+                prune(self.memory_dir, 1)
+            except OSError as exc:
+                if not self._memory_warned:
+                    log.warning(
+                        "node-memory checkpoint copy in %s failed (%s); restarts will read %s",
+                        self.memory_dir,
+                        exc,
+                        self.directory,
+                    )
+                    self._memory_warned = True
+        self._saved_step = step
+
+    def wait(self) -> None:
+        """Wait for an asynchronous save in flight; raise :class:`CheckpointError` if it failed."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.join()
+        error, self._error = self._error, None
+        if error is not None:
+            raise CheckpointError(
+                f"saving checkpoint step {self._pending_step} to {self.directory} failed: {error}"
+            ) from error
+
+    def close(self) -> None:
+        """Finish the save in flight (raising its error) and put back the SIGTERM handler."""
+        try:
+            self.wait()
+        finally:
+            if self._old_handler is not None:
+                signal.signal(signal.SIGTERM, self._old_handler)
+                self._old_handler = None
+
+    # -- loading
+
+    def _sources(self) -> list[Path]:
+        return [d for d in (self.memory_dir, self.directory) if d is not None]
+
+    def load_latest(
+        self, *, weights_only: bool | None = None, map_location: str = "cpu"
+    ) -> Checkpoint | None:
+        """The newest intact checkpoint (node memory first at equal step), or None.
+
+        Each checkpoint passed over is logged in one line with the reason.
+        """
+        self.wait()
+        by_step: dict[int, list[Path]] = {}
+        for source in self._sources():
+            for step in _steps_on_disk(source):
+                by_step.setdefault(step, []).append(source)
+        for step in sorted(by_step, reverse=True):
+            for source in by_step[step]:
+                path = source / checkpoint_name(step)
+                data, reason = read_verified(source, step)
+                if data is None:
+                    log.warning("skipping checkpoint %s: %s", path, reason)
+                    continue
+                try:
+                    state = deserialize(data, weights_only, map_location)
+                except Exception as exc:
+                    log.warning("skipping checkpoint %s: cannot be loaded (%s)", path, exc)
+                    continue
+                return Checkpoint(step, state, path)
+        return None
+
+    def restore(
+        self, targets: Mapping[str, Any], *, weights_only: bool | None = None
+    ) -> Checkpoint | None:
+        """Load the newest checkpoint into ``targets`` (by key, via ``load_state_dict``).
+
+        Targets without ``load_state_dict`` are left alone; read them from the
+        returned checkpoint's ``state``. Returns None (and changes nothing) when
+        there is no checkpoint yet.
+        """
+        ckpt = self.load_latest(weights_only=weights_only)
+        if ckpt is None:
+            return None
+        for key, target in targets.items():
+            inner = unwrap(target)
+            loader = getattr(inner, "load_state_dict", None)
+            if not callable(loader):
+                continue
+            if key not in ckpt.state:
+                raise CheckpointError(
+                    f"checkpoint {ckpt.path} has no {key!r} entry (it has "
+                    f"{sorted(ckpt.state)}); save that key or drop it from the restore"
+                )
+            loader(ckpt.state[key])
+        self._step = self._saved_step = ckpt.step
+        return ckpt
+
+    # -- SIGTERM
+
+    def track(self, state: StateSource) -> None:
+        """Register the live state (or a function returning it) to save on SIGTERM."""
+        self._tracked = state
+
+    @property
+    def stop_requested(self) -> bool:
+        """True once SIGTERM arrived (the next ``mark_step`` saves and exits)."""
+        return self._term_requested.is_set()
+
+    def mark_step(self, step: int) -> None:
+        """Record that ``step`` is complete; after SIGTERM, save it and exit here.
+
+        Call it between optimizer steps, where model, optimizer and sampler agree.
+        """
+        self._step = step
+        if self._term_requested.is_set():
+            self._save_on_term()
+            raise SystemExit(SIGTERM_EXIT_CODE)
+
+    def install_sigterm_handler(self, grace_s: float = 20.0) -> None:
+        """On SIGTERM, save the tracked state at the next ``mark_step`` and exit.
+
+        If no step boundary comes within ``grace_s`` (a peer vanished and this
+        worker sits in a collective), a watchdog thread saves the tracked state as
+        of the last marked step (parameters change only in ``optimizer.step``, after
+        the collectives) and ends the process. Keep ``grace_s`` below the pod's
+        terminationGracePeriodSeconds and the agent's SIGKILL delay (30 s in torch).
+        """
+        self._grace_s = grace_s
+        previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+        if self._old_handler is None:
+            self._old_handler = previous
+
+    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+        if self._term_requested.is_set():
+            return
+        self._term_requested.set()
+        log.warning(
+            "SIGTERM: saving step %s at the next step boundary (watchdog after %.0f s)",
+            self._step,
+            self._grace_s,
+        )
+        threading.Thread(target=self._watchdog, name="checkpoint-sigterm", daemon=True).start()
+
+    def _watchdog(self) -> None:
+        if self._term_done.wait(self._grace_s):
+            return
+        log.warning(
+            "SIGTERM: no step boundary within %.0f s, saving from the watchdog", self._grace_s
+        )
+        try:
+            self._save_on_term()
+        finally:
+            logging.shutdown()
+            os._exit(SIGTERM_EXIT_CODE)
+
+    def _save_on_term(self) -> None:
+        if not self._term_lock.acquire(blocking=False):
+            self._term_done.wait()  # the other path is saving; wait for it
+            return
+        try:
+            if self._term_done.is_set():
+                return
+            started = time.monotonic()
+            with contextlib.suppress(CheckpointError):
+                self.wait()  # an async save in flight may be the step we want
+            step, tracked = self._step, self._tracked
+            if step is None or tracked is None:
+                log.warning("SIGTERM: nothing to save (no step marked or no state tracked)")
+                return
+            if self._saved_step == step:
+                log.warning("SIGTERM: step %d is already saved", step)
+                return
+            live = tracked() if callable(tracked) else tracked
+            # local rank 0 writes the disk copy too: the writer may be on a node not terminating
+            to_disk = self.writer or self.memory_writer
+            if to_disk or self.memory_writer:
+                self._write(state_to_save(live), step, to_disk)
+                log.warning("SIGTERM: saved step %d in %.2f s", step, time.monotonic() - started)
+        finally:
+            self._term_done.set()
+            self._term_lock.release()
