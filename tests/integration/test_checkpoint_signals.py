@@ -1,0 +1,152 @@
+"""SIGTERM (eviction, spot reclaim): a real training process saves its latest step and exits.
+
+The test file doubles as the worker: ``python test_checkpoint_signals.py <dir> <mode>``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import IO
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+EXIT_BOUND_S = 20.0  # generous: catches a worker that ignores SIGTERM, not a speed figure
+START_BOUND_S = 180.0
+
+
+def worker(directory: str, mode: str) -> None:
+    """Train a tiny model forever; ``stuck`` mode hangs inside a step after step 30."""
+    import torch
+
+    from elasticjob_runtime.checkpoint import CheckpointManager
+    from elasticjob_runtime.sampler import ElasticSampler
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    sampler = ElasticSampler(10_000, 0, 1)
+    ckpt = CheckpointManager(directory, keep=2, async_save=True, memory=False)
+    state = {"model": model, "optim": opt, "sampler": sampler}
+    ckpt.track(state)
+    ckpt.install_sigterm_handler(grace_s=3.0 if mode == "stuck" else 15.0)
+    step = 0
+    while True:
+        if mode == "stuck" and step == 30:
+            print("stuck", flush=True)
+            time.sleep(3600)  # like a collective whose peer vanished
+        x = torch.randn(32, 8)
+        loss = (model(x) - x.sum(dim=1, keepdim=True)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sampler.advance(32)
+        step += 1
+        total = sum(float(p.detach().double().sum()) for p in model.parameters())
+        print(f"step {step} {total:.10f}", flush=True)
+        ckpt.mark_step(step)
+        if step % 7 == 0:
+            ckpt.save(state, step)
+
+
+def start_worker(tmp_path: Path, mode: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "ELASTICJOB_CHECKPOINT_MEMORY_DIR": "off", "PYTHONUNBUFFERED": "1"}
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        env.pop(name, None)
+    return subprocess.Popen(
+        [sys.executable, __file__, str(tmp_path / "ckpt"), mode],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+
+
+def read_until(stream: IO[str], want: str, bound: float) -> list[str]:
+    deadline = time.monotonic() + bound
+    lines: list[str] = []
+    while time.monotonic() < deadline:
+        line = stream.readline()
+        if not line:
+            break
+        lines.append(line.rstrip("\n"))
+        if line.startswith(want):
+            return lines
+    raise AssertionError(f"worker never printed {want!r}; output:\n" + "\n".join(lines[-30:]))
+
+
+def stop_and_collect(proc: subprocess.Popen[str], bound: float) -> tuple[int, list[str], float]:
+    """SIGTERM the worker; return its exit code, the rest of its output, seconds to exit."""
+    assert proc.stdout is not None
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    try:
+        out, _ = proc.communicate(timeout=bound)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise AssertionError(f"worker still running {bound:.0f} s after SIGTERM") from None
+    return proc.returncode, out.splitlines(), time.monotonic() - sent
+
+
+def last_step(lines: list[str]) -> tuple[int, float]:
+    steps = [line.split() for line in lines if line.startswith("step ")]
+    return int(steps[-1][1]), float(steps[-1][2])
+
+
+def saved_state(tmp_path: Path) -> tuple[int, float, int]:
+    from elasticjob_runtime.checkpoint import CheckpointManager
+
+    ckpt = CheckpointManager(tmp_path / "ckpt", memory=False).load_latest()
+    assert ckpt is not None, "no committed checkpoint after SIGTERM"
+    total = sum(float(t.double().sum()) for t in ckpt.state["model"].values())
+    return ckpt.step, total, int(ckpt.state["sampler"]["consumed"])
+
+
+def test_sigterm_saves_the_latest_step_and_exits_promptly(tmp_path: Path) -> None:
+    proc = start_worker(tmp_path, "train")
+    try:
+        assert proc.stdout is not None
+        before = read_until(proc.stdout, "step 40 ", START_BOUND_S)
+        code, after, took = stop_and_collect(proc, EXIT_BOUND_S)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    step, total = last_step(before + after)
+    assert code == 128 + signal.SIGTERM, "\n".join(after[-20:])
+    saved_step, saved_total, consumed = saved_state(tmp_path)
+    assert saved_step == step
+    assert saved_total == pytest.approx(total, abs=1e-6)
+    assert consumed == 32 * step  # the sampler position matches the step that was saved
+    assert took < EXIT_BOUND_S
+    print(f"SIGTERM to exit with checkpoint of step {step}: {took:.2f} s")
+
+
+def test_sigterm_while_stuck_in_a_step_saves_from_the_watchdog(tmp_path: Path) -> None:
+    proc = start_worker(tmp_path, "stuck")
+    try:
+        assert proc.stdout is not None
+        before = read_until(proc.stdout, "stuck", START_BOUND_S)
+        code, after, took = stop_and_collect(proc, EXIT_BOUND_S)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    step, total = last_step(before)
+    assert step == 30
+    assert code == 128 + signal.SIGTERM, "\n".join(after[-20:])
+    saved_step, saved_total, _ = saved_state(tmp_path)
+    assert (saved_step, saved_total) == (30, pytest.approx(total, abs=1e-6))
+    assert 3.0 <= took < EXIT_BOUND_S  # waited the grace for a step boundary, then saved
+
+
+if __name__ == "__main__":
+    worker(sys.argv[1], sys.argv[2])
