@@ -1,0 +1,235 @@
+"""Pure builders of a job's children: worker pods, the headless Service, the etcd.
+
+Plain functions from the parsed job to Kubernetes manifests (dicts), so every name,
+label, owner reference and environment variable is checked by unit tests without a
+cluster.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any, Final
+
+from elasticjob_operator import models
+from elasticjob_runtime import contract
+
+Obj = dict[str, Any]
+
+LABEL_JOB: Final = f"{models.GROUP}/job-name"
+LABEL_ROLE: Final = f"{models.GROUP}/replica-type"
+LABEL_INDEX: Final = f"{models.GROUP}/replica-index"
+LABEL_INCARNATION: Final = f"{models.GROUP}/incarnation"
+LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
+MANAGER: Final = "elasticjob-operator"
+ROLE_WORKER: Final = "worker"
+ROLE_ETCD: Final = "etcd"
+ETCD_DATA_DIR: Final = "/var/lib/etcd"
+
+
+@dataclass(frozen=True)
+class JobRef:
+    """Identity of the job that owns the children."""
+
+    name: str
+    namespace: str
+    uid: str
+
+    def owner_reference(self) -> Obj:
+        return {
+            "apiVersion": models.API_VERSION,
+            "kind": models.KIND,
+            "name": self.name,
+            "uid": self.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+
+
+def worker_pod_name(job: str, index: int) -> str:
+    return f"{job}-worker-{index}"
+
+
+def worker_service_name(job: str) -> str:
+    return f"{job}-worker"
+
+
+def etcd_name(job: str) -> str:
+    return f"{job}-etcd"
+
+
+def worker_selector(job: str) -> dict[str, str]:
+    return {LABEL_JOB: job, LABEL_ROLE: ROLE_WORKER}
+
+
+def selector_string(job: str) -> str:
+    """The worker selector as the scale subresource wants it (status.selector)."""
+    return ",".join(f"{k}={v}" for k, v in worker_selector(job).items())
+
+
+def etcd_selector(job: str) -> dict[str, str]:
+    return {LABEL_JOB: job, LABEL_ROLE: ROLE_ETCD}
+
+
+def rdzv_endpoint(ref: JobRef, spec: models.ElasticJobSpec) -> str:
+    """Where the workers rendezvous: the user's endpoint, our etcd, or worker 0 (c10d)."""
+    if spec.rdzv_endpoint is not None:
+        return spec.rdzv_endpoint
+    if spec.rdzv_backend is models.RdzvBackend.C10D:
+        host = f"{worker_pod_name(ref.name, 0)}.{worker_service_name(ref.name)}.{ref.namespace}.svc"
+        return f"{host}:{models.C10D_PORT}"
+    return f"{etcd_name(ref.name)}.{ref.namespace}.svc:{contract.DEFAULT_ETCD_PORT}"
+
+
+def _meta(ref: JobRef, name: str, labels: dict[str, str]) -> Obj:
+    return {
+        "name": name,
+        "namespace": ref.namespace,
+        "labels": {**labels, LABEL_MANAGED_BY: MANAGER},
+        "ownerReferences": [ref.owner_reference()],
+    }
+
+
+def _field_env(name: str, path: str) -> Obj:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+def worker_env(ref: JobRef, spec: models.ElasticJobSpec, incarnation: int) -> list[Obj]:
+    """The contract's variables: what torchrun reads (PET_*) plus our pod identity."""
+    env: list[Obj] = [
+        {"name": contract.RDZV_ID, "value": models.run_id(ref.uid, incarnation)},
+        {"name": contract.RDZV_BACKEND, "value": spec.rdzv_backend.value},
+        {"name": contract.RDZV_ENDPOINT, "value": rdzv_endpoint(ref, spec)},
+        {
+            "name": contract.NNODES,
+            "value": f"{spec.min_replicas}:{spec.effective_max_replicas}",
+        },
+        {"name": contract.NPROC_PER_NODE, "value": str(spec.nproc_per_node)},
+        {"name": contract.MAX_RESTARTS, "value": str(spec.max_restarts)},
+    ]
+    if spec.rdzv_conf:
+        conf = ",".join(f"{k}={v}" for k, v in sorted(spec.rdzv_conf.items()))
+        env.append({"name": contract.RDZV_CONF, "value": conf})
+    env += [
+        {"name": contract.JOB_NAME, "value": ref.name},
+        {"name": contract.JOB_NAMESPACE, "value": ref.namespace},
+        _field_env(contract.POD_NAME, "metadata.name"),
+        _field_env(contract.POD_IP, "status.podIP"),
+        _field_env(contract.NODE_NAME, "spec.nodeName"),
+    ]
+    return env
+
+
+def worker_pod(ref: JobRef, spec: models.ElasticJobSpec, index: int, incarnation: int) -> Obj:
+    """Worker pod `index`: the template plus stable identity, env and owner reference.
+
+    The pod's hostname/subdomain make it resolvable as
+    `<job>-worker-<i>.<job>-worker.<ns>.svc` through the headless Service. Its
+    restartPolicy is always Never: the operator replaces failed pods itself so that it
+    can count them against backoffLimit.
+    """
+    template = spec.worker.template.model_dump(mode="json", by_alias=True, exclude_none=True)
+    tmeta: Obj = copy.deepcopy(template.get("metadata") or {})
+    pod_spec: Obj = copy.deepcopy(template["spec"])
+    name = worker_pod_name(ref.name, index)
+    labels = {
+        **(tmeta.get("labels") or {}),
+        **worker_selector(ref.name),
+        LABEL_INDEX: str(index),
+        LABEL_INCARNATION: str(incarnation),
+    }
+    metadata = _meta(ref, name, labels)
+    if tmeta.get("annotations"):
+        metadata["annotations"] = dict(tmeta["annotations"])
+    injected = worker_env(ref, spec, incarnation)
+    for container in pod_spec["containers"]:
+        own = list(container.get("env") or [])
+        taken = {e.get("name") for e in own}
+        container["env"] = own + [e for e in injected if e["name"] not in taken]
+    pod_spec["restartPolicy"] = "Never"
+    pod_spec["hostname"] = name
+    pod_spec["subdomain"] = worker_service_name(ref.name)
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+
+
+def worker_service(ref: JobRef) -> Obj:
+    """Headless Service giving every worker pod a stable DNS name (and c10d's port)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(ref, worker_service_name(ref.name), worker_selector(ref.name)),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": worker_selector(ref.name),
+            "ports": [
+                {
+                    "name": "c10d",
+                    "port": models.C10D_PORT,
+                    "targetPort": models.C10D_PORT,
+                    "protocol": "TCP",
+                }
+            ],
+        },
+    }
+
+
+def etcd_service(ref: JobRef) -> Obj:
+    port = contract.DEFAULT_ETCD_PORT
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(ref, etcd_name(ref.name), etcd_selector(ref.name)),
+        "spec": {
+            "selector": etcd_selector(ref.name),
+            "ports": [{"name": "client", "port": port, "targetPort": port, "protocol": "TCP"}],
+        },
+    }
+
+
+def etcd_deployment(ref: JobRef, spec: models.ElasticJobSpec) -> Obj:
+    """A single-member etcd for the job's rendezvous (state lives as long as the job).
+
+    Recreate strategy: two members with one data dir would not be a cluster.
+    """
+    settings = spec.etcd or models.EtcdSpec()
+    name = etcd_name(ref.name)
+    port = contract.DEFAULT_ETCD_PORT
+    advertise = f"http://{name}.{ref.namespace}.svc:{port}"
+    container: Obj = {
+        "name": "etcd",
+        "image": settings.image,
+        "command": ["etcd"],
+        "args": [
+            f"--name={name}",
+            f"--data-dir={ETCD_DATA_DIR}",
+            f"--listen-client-urls=http://0.0.0.0:{port}",
+            f"--advertise-client-urls={advertise}",
+            "--listen-peer-urls=http://127.0.0.1:2380",
+            "--initial-advertise-peer-urls=http://127.0.0.1:2380",
+            f"--initial-cluster={name}=http://127.0.0.1:2380",
+            "--auto-compaction-mode=revision",
+            "--auto-compaction-retention=1000",
+        ],
+        "ports": [{"name": "client", "containerPort": port, "protocol": "TCP"}],
+        "volumeMounts": [{"name": "data", "mountPath": ETCD_DATA_DIR}],
+    }
+    if settings.resources:
+        container["resources"] = settings.resources
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta(ref, name, etcd_selector(ref.name)),
+        "spec": {
+            "replicas": 1,
+            "strategy": {"type": "Recreate"},
+            "selector": {"matchLabels": etcd_selector(ref.name)},
+            "template": {
+                "metadata": {"labels": {**etcd_selector(ref.name), LABEL_MANAGED_BY: MANAGER}},
+                "spec": {
+                    "containers": [container],
+                    "volumes": [{"name": "data", "emptyDir": {}}],
+                },
+            },
+        },
+    }

@@ -1,0 +1,188 @@
+"""kopf handlers: gather what is observed, call the pure decision, apply the difference.
+
+Run with ``kopf run --standalone -m elasticjob_operator.handlers --all-namespaces``
+(or ``--namespace N`` per watched namespace).
+
+Triggers, all leading to the same :func:`reconcile_job`:
+* any event of an ElasticJob (create, spec change, `kubectl scale`, the initial listing
+  when the operator starts);
+* any event of a worker pod (selected by our labels);
+* a resync loop every ``ELASTICJOB_RESYNC_SECONDS`` over all jobs, which also mirrors
+  training progress and enforces time-based rules (deadline, TTL, below-min grace).
+
+No kopf timers, daemons or change handlers are used, so kopf puts no finalizer and no
+annotation on the jobs: deleting a job never waits for the operator, and the owner
+references let the garbage collector remove the children.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import kopf
+from pydantic import ValidationError
+
+from elasticjob_operator import builders, metrics, models, progress
+from elasticjob_operator.kube import Kube, load_config
+from elasticjob_operator.reconcile import (
+    Config,
+    invalid_spec,
+    progress_from_json,
+    reconcile,
+)
+
+log = logging.getLogger("elasticjob_operator")
+
+
+def _env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name, "")
+    try:
+        return float(raw) if raw else default
+    except ValueError:
+        raise SystemExit(f"{name}={raw!r} is not a number; set it to seconds, e.g. 10") from None
+
+
+NAMESPACES = [n for n in os.environ.get("ELASTICJOB_NAMESPACES", "").split(",") if n.strip()]
+RESYNC_SECONDS = _env_float("ELASTICJOB_RESYNC_SECONDS", 10.0)
+METRICS_PORT = int(_env_float("ELASTICJOB_METRICS_PORT", 8000))
+CONFIG = Config(below_min_grace_seconds=_env_float("ELASTICJOB_BELOW_MIN_GRACE_SECONDS", 300.0))
+
+_kube: Kube | None = None
+_locks: dict[tuple[str, str], threading.Lock] = {}
+_locks_guard = threading.Lock()
+_stop = threading.Event()
+_last_sweep = 0.0
+
+
+def _lock(namespace: str, name: str) -> threading.Lock:
+    with _locks_guard:
+        return _locks.setdefault((namespace, name), threading.Lock())
+
+
+def _validation_message(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    where = ".".join(str(p) for p in err["loc"])
+    return f"spec{'.' + where if where else ''}: {err['msg']}"
+
+
+def reconcile_job(kube: Kube, namespace: str, name: str, read_progress: bool = False) -> None:
+    """Observe one job and its children, decide, apply. Serialised per job."""
+    with _lock(namespace, name):
+        started = time.monotonic()
+        try:
+            _reconcile_locked(kube, namespace, name, read_progress)
+        except Exception:
+            metrics.RECONCILE_ERRORS.labels(namespace=namespace).inc()
+            raise
+        finally:
+            metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
+
+
+def _reconcile_locked(kube: Kube, namespace: str, name: str, read_progress: bool) -> None:
+    job = kube.get_job(namespace, name)
+    if job is None or job["metadata"].get("deletionTimestamp"):
+        return
+    meta = job["metadata"]
+    ref = builders.JobRef(name=name, namespace=namespace, uid=meta["uid"])
+    now = datetime.now(UTC)
+    try:
+        status = models.ElasticJobStatus.model_validate(job.get("status") or {})
+    except ValidationError:
+        log.warning("%s/%s: unreadable status, starting from an empty one", namespace, name)
+        status = models.ElasticJobStatus()
+    try:
+        spec = models.ElasticJobSpec.model_validate(job.get("spec") or {})
+    except ValidationError as exc:
+        kube.apply(ref, job, invalid_spec(status, _validation_message(exc), now))
+        return
+    seen: models.Progress | None = None
+    if read_progress and not status.finished and spec.rdzv_backend is not models.RdzvBackend.C10D:
+        endpoint = builders.rdzv_endpoint(ref, spec)
+        data = progress.read_progress(endpoint, models.run_id(ref.uid, status.incarnation))
+        if data is not None:
+            seen = progress_from_json(data, now)
+    observed = kube.observe(ref, seen)
+    decision = reconcile(ref, meta.get("generation"), spec, status, observed, now, CONFIG)
+    kube.apply(ref, job, decision)
+    new = decision.status
+    if new.restart_count > status.restart_count:
+        metrics.RESTARTS.labels(namespace=namespace).inc(new.restart_count - status.restart_count)
+    failed_delta = new.replica_statuses.worker.failed - status.replica_statuses.worker.failed
+    if failed_delta > 0:
+        metrics.FAILURES.labels(namespace=namespace).inc(failed_delta)
+    for event in decision.events:
+        log.info("%s/%s: %s: %s", namespace, name, event.reason, event.message)
+
+
+def _sweep(kube: Kube) -> None:
+    """The backstop: every job, every RESYNC_SECONDS, with progress and time rules."""
+    global _last_sweep
+    while not _stop.is_set():
+        try:
+            jobs = kube.list_jobs(NAMESPACES or None)
+            metrics.set_phases((j.get("status") or {}).get("phase") or "Created" for j in jobs)
+            for job in jobs:
+                if _stop.is_set():
+                    break
+                m = job["metadata"]
+                try:
+                    reconcile_job(kube, m["namespace"], m["name"], read_progress=True)
+                except Exception as exc:
+                    log.warning("%s/%s: reconcile failed: %s", m["namespace"], m["name"], exc)
+            _last_sweep = time.time()
+        except Exception as exc:
+            log.warning("resync failed: %s", exc)
+        _stop.wait(RESYNC_SECONDS)
+
+
+@kopf.on.startup()
+def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+    global _kube
+    settings.posting.level = logging.WARNING
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=models.GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=models.GROUP, key="last-handled-configuration"
+    )
+    load_config()
+    _kube = Kube()
+    _stop.clear()
+    if METRICS_PORT:
+        metrics.serve(METRICS_PORT)
+    threading.Thread(target=_sweep, args=(_kube,), name="elasticjob-resync", daemon=True).start()
+
+
+@kopf.on.cleanup()
+def cleanup(**_: Any) -> None:
+    _stop.set()
+
+
+@kopf.on.probe(id="lastResync")
+def last_resync(**_: Any) -> float:
+    return _last_sweep
+
+
+@kopf.on.event(models.GROUP, models.VERSION, models.PLURAL)
+def job_event(type: str, name: str, namespace: str | None, **_: Any) -> None:
+    if type == "DELETED":
+        with _locks_guard:
+            _locks.pop((namespace or "", name), None)
+        return
+    if _kube is not None and namespace:
+        reconcile_job(_kube, namespace, name)
+
+
+@kopf.on.event(
+    "",
+    "v1",
+    "pods",
+    labels={builders.LABEL_JOB: kopf.PRESENT, builders.LABEL_ROLE: builders.ROLE_WORKER},
+)
+def pod_event(labels: Mapping[str, str], namespace: str | None, **_: Any) -> None:
+    if _kube is not None and namespace:
+        reconcile_job(_kube, namespace, labels[builders.LABEL_JOB])

@@ -1,0 +1,241 @@
+"""The thin I/O layer: observe a job's children, apply a Decision.
+
+Everything here is a direct call of the official ``kubernetes`` client; no decision is
+taken in this module (see :mod:`elasticjob_operator.reconcile`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+from datetime import UTC, datetime
+from typing import Any, cast
+
+import kubernetes
+from kubernetes.client.exceptions import ApiException
+
+from elasticjob_operator import builders, models
+from elasticjob_operator.reconcile import ChildRef, Decision, Event, Observed, observe_pod
+
+log = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
+
+
+def merge_patch(old: Any, new: Any) -> Any:
+    """The RFC 7386 merge patch turning ``old`` into ``new`` (removed keys become null)."""
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return new
+    patch: Obj = {}
+    for key in old.keys() - new.keys():
+        patch[key] = None
+    for key, value in new.items():
+        if key not in old:
+            patch[key] = value
+        elif old[key] != value:
+            patch[key] = merge_patch(old[key], value)
+    return patch
+
+
+def load_config() -> None:
+    """In a pod: its service account; elsewhere: the kubeconfig (KUBECONFIG)."""
+    try:
+        kubernetes.config.load_incluster_config()  # type: ignore[no-untyped-call]
+    except kubernetes.config.ConfigException:
+        kubernetes.config.load_kube_config()  # type: ignore[no-untyped-call]
+
+
+class Conflict(Exception):
+    """A child could not be created because its name is taken; retried next round."""
+
+
+class Kube:
+    def __init__(self) -> None:
+        self.api = kubernetes.client.ApiClient()
+        self.core = kubernetes.client.CoreV1Api(self.api)
+        self.apps = kubernetes.client.AppsV1Api(self.api)
+        self.custom = kubernetes.client.CustomObjectsApi(self.api)
+        self.instance = os.environ.get("HOSTNAME") or socket.gethostname()
+
+    # -- reading ---------------------------------------------------------------------
+
+    @staticmethod
+    def _json(resp: Any) -> Any:
+        return json.loads(resp.data)
+
+    def get_job(self, namespace: str, name: str) -> Obj | None:
+        try:
+            return dict(
+                self._json(
+                    self.custom.get_namespaced_custom_object(
+                        models.GROUP,
+                        models.VERSION,
+                        namespace,
+                        models.PLURAL,
+                        name,
+                        _preload_content=False,
+                    )
+                )
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def list_jobs(self, namespaces: list[str] | None) -> list[Obj]:
+        if not namespaces:
+            resp = self.custom.list_cluster_custom_object(
+                models.GROUP, models.VERSION, models.PLURAL, _preload_content=False
+            )
+            return list(self._json(resp)["items"])
+        items: list[Obj] = []
+        for ns in namespaces:
+            resp = self.custom.list_namespaced_custom_object(
+                models.GROUP, models.VERSION, ns, models.PLURAL, _preload_content=False
+            )
+            items += self._json(resp)["items"]
+        return items
+
+    def observe(self, ref: builders.JobRef, progress: models.Progress | None = None) -> Observed:
+        ns = ref.namespace
+        selector = f"{builders.LABEL_JOB}={ref.name}"
+        pods = self._json(
+            self.core.list_namespaced_pod(
+                ns,
+                label_selector=f"{selector},{builders.LABEL_ROLE}={builders.ROLE_WORKER}",
+                _preload_content=False,
+            )
+        )["items"]
+        services = self._json(
+            self.core.list_namespaced_service(ns, label_selector=selector, _preload_content=False)
+        )["items"]
+        deployments = self._json(
+            self.apps.list_namespaced_deployment(
+                ns, label_selector=selector, _preload_content=False
+            )
+        )["items"]
+
+        def owned(objs: list[Obj]) -> frozenset[str]:
+            return frozenset(
+                o["metadata"]["name"]
+                for o in objs
+                if any(r.get("uid") == ref.uid for r in o["metadata"].get("ownerReferences") or [])
+            )
+
+        observed = [observe_pod(p, ref.uid) for p in pods]
+        return Observed(
+            pods=tuple(p for p in observed if p is not None),
+            services=owned(services),
+            deployments=owned(deployments),
+            progress=progress,
+        )
+
+    # -- writing ---------------------------------------------------------------------
+
+    def _create(self, ns: str, obj: Obj) -> None:
+        kind = obj["kind"]
+        body = cast(Any, obj)  # the client serialises plain dicts as they are
+        try:
+            if kind == "Pod":
+                self.core.create_namespaced_pod(ns, body)
+            elif kind == "Service":
+                self.core.create_namespaced_service(ns, body)
+            elif kind == "Deployment":
+                self.apps.create_namespaced_deployment(ns, body)
+            else:  # pragma: no cover - builders make only these kinds
+                raise ValueError(f"cannot create {kind}")
+        except ApiException as exc:
+            if exc.status == 409:
+                raise Conflict(f"{kind} {ns}/{obj['metadata']['name']} already exists") from exc
+            raise
+
+    def _delete(self, ns: str, child: ChildRef) -> None:
+        try:
+            if child.kind == "Pod":
+                self.core.delete_namespaced_pod(child.name, ns)
+            elif child.kind == "Service":
+                self.core.delete_namespaced_service(child.name, ns)
+            else:
+                self.apps.delete_namespaced_deployment(
+                    child.name, ns, propagation_policy="Background"
+                )
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    def post_event(self, ref: builders.JobRef, event: Event) -> None:
+        now = datetime.now(UTC).isoformat().replace("+00:00", "Z")
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{ref.name}.", "namespace": ref.namespace},
+            "involvedObject": {
+                "apiVersion": models.API_VERSION,
+                "kind": models.KIND,
+                "name": ref.name,
+                "namespace": ref.namespace,
+                "uid": ref.uid,
+            },
+            "reason": event.reason,
+            "message": event.message[:1024],
+            "type": event.type,
+            "source": {"component": builders.MANAGER},
+            "reportingComponent": builders.MANAGER,
+            "reportingInstance": self.instance,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            self.core.create_namespaced_event(ref.namespace, cast(Any, body))
+        except ApiException as exc:  # an event lost is not worth failing the round
+            log.warning("could not post event %s for %s: %s", event.reason, ref.name, exc.reason)
+
+    def apply(self, ref: builders.JobRef, job: Obj, decision: Decision) -> None:
+        """Children first, then events, then status: a status is written only for a world
+        that exists, so a crash in between is repaired by the next round's observation."""
+        ns = ref.namespace
+        for child in decision.delete:
+            self._delete(ns, child)
+        conflict: Conflict | None = None
+        for obj in decision.create:
+            try:
+                self._create(ns, obj)
+            except Conflict as exc:
+                conflict = exc
+        for event in decision.events:
+            self.post_event(ref, event)
+        if conflict is not None:
+            raise conflict
+        old = job.get("status") or {}
+        new = decision.status.model_dump(mode="json", by_alias=True, exclude_none=True)
+        patch = merge_patch(old, new)
+        if patch:
+            try:
+                self.custom.patch_namespaced_custom_object_status(
+                    models.GROUP,
+                    models.VERSION,
+                    ns,
+                    models.PLURAL,
+                    ref.name,
+                    {"status": patch},
+                    _content_type="application/merge-patch+json",
+                )
+            except ApiException as exc:
+                if exc.status != 404:  # deleted meanwhile: nothing to record
+                    raise
+        if decision.delete_job:
+            try:
+                self.custom.delete_namespaced_custom_object(
+                    models.GROUP,
+                    models.VERSION,
+                    ns,
+                    models.PLURAL,
+                    ref.name,
+                    propagation_policy="Background",
+                )
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise

@@ -1,0 +1,529 @@
+"""The ElasticJob API as pydantic models: the single source of truth.
+
+The CRD's OpenAPI schema (with the descriptions `kubectl explain` prints and the
+CEL rules the API server enforces) is generated from these classes by
+:mod:`elasticjob_operator.crd`. Field names are the archived TorchElastic
+controller's (``rdzvEndpoint``, ``minReplicas``, ``replicaSpecs.Worker`` ...), so
+its users' manifests apply unchanged; everything we add is optional.
+
+Each cross-field rule is written once in :data:`SPEC_RULES`: its CEL expression
+goes into the CRD and its Python predicate runs when the operator parses a job,
+so a job that reached the operator some other way is judged by the same rules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Any, Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic.alias_generators import to_camel
+
+from elasticjob_runtime import contract
+
+GROUP: Final = "elastic.pytorch.org"
+VERSION: Final = "v1alpha1"
+KIND: Final = "ElasticJob"
+PLURAL: Final = "elasticjobs"
+SINGULAR: Final = "elasticjob"
+SHORT_NAMES: Final = ("ej",)
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+
+# etcd 3.6: the provisioned store only needs the v3 API our rendezvous speaks.
+DEFAULT_ETCD_IMAGE: Final = "quay.io/coreos/etcd:v3.6.6"
+DEFAULT_BACKOFF_LIMIT: Final = 6
+DEFAULT_MAX_RESTARTS: Final = 3
+C10D_PORT: Final = 29400
+
+# Longest job name whose pods `<name>-worker-<i>` (i < 10000) keep a 63-char hostname.
+MAX_NAME_LENGTH: Final = 63 - len("-worker-") - 4
+
+
+class _Model(BaseModel):
+    """camelCase on the wire, snake_case in Python; unknown keys are an error."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        validate_by_name=True,
+        validate_by_alias=True,
+        serialize_by_alias=True,
+        extra="forbid",
+        use_enum_values=False,
+    )
+
+
+class _Open(_Model):
+    """A partially modelled Kubernetes object: unknown keys are kept as they are."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class RestartPolicy(StrEnum):
+    ALWAYS = "Always"
+    ON_FAILURE = "OnFailure"
+    NEVER = "Never"
+    EXIT_CODE = "ExitCode"
+
+
+class CleanPodPolicy(StrEnum):
+    ALL = "All"
+    RUNNING = "Running"
+    NONE = "None"
+
+
+class RdzvBackend(StrEnum):
+    ETCD_V3 = "etcd-v3"
+    C10D = "c10d"
+    ETCD = "etcd"
+
+
+assert tuple(b.value for b in RdzvBackend) == contract.RDZV_BACKENDS
+assert RdzvBackend.ETCD_V3.value == contract.DEFAULT_RDZV_BACKEND
+
+
+class Container(_Open):
+    """A core/v1 Container. Only `name` and `image` are checked here; every other
+    Container field is accepted and passed to the pod unchanged."""
+
+    name: str = Field(min_length=1, description="Container name, unique within the pod.")
+    image: str = Field(
+        min_length=1,
+        description="Container image. The first container is the trainer: its exit code "
+        "decides what restartPolicy ExitCode does.",
+    )
+
+
+class PodSpec(_Open):
+    """A core/v1 PodSpec. Only `containers` is checked here; every other PodSpec field is
+    accepted and copied to the worker pods (restartPolicy, hostname and subdomain are set
+    by the operator)."""
+
+    containers: list[Container] = Field(
+        min_length=1, description="The worker's containers; the first one runs the training."
+    )
+
+
+class PodTemplate(_Open):
+    """A core/v1 PodTemplateSpec for every worker pod."""
+
+    metadata: dict[str, Any] | None = Field(
+        default=None, description="Labels and annotations copied to every worker pod."
+    )
+    spec: PodSpec = Field(description="The worker pod's spec (core/v1 PodSpec).")
+
+
+class ReplicaSpec(_Model):
+    """How to run the workers."""
+
+    replicas: int | None = Field(
+        default=None,
+        ge=0,
+        description="Desired number of worker pods, between minReplicas and maxReplicas. "
+        "Changed by `kubectl scale` and HPA through the scale subresource. "
+        "Absent means minReplicas.",
+    )
+    restart_policy: RestartPolicy = Field(
+        default=RestartPolicy.ON_FAILURE,
+        description="What happens when a worker pod fails or disappears. OnFailure: it is "
+        "replaced, and each replacement counts against backoffLimit. Always: it is replaced "
+        "and backoffLimit does not apply. Never: it is not replaced; the job carries on with "
+        "fewer workers while at least minReplicas are active. ExitCode: the trainer's exit "
+        "code decides; 1-127 is a permanent error that fails the job, 128 and above (killed "
+        "by a signal, e.g. OOM 137, SIGTERM 143) or a lost pod is retried like OnFailure. "
+        "Worker pods themselves always get restartPolicy Never: the operator does the "
+        "replacing, so it can count.",
+    )
+    template: PodTemplate = Field(
+        description="The worker pod template (core/v1 PodTemplateSpec). The operator adds "
+        "the rendezvous environment (PET_RDZV_ID, PET_RDZV_BACKEND, PET_RDZV_ENDPOINT, "
+        "PET_NNODES, PET_NPROC_PER_NODE, PET_MAX_RESTARTS, PET_RDZV_CONF) and pod identity "
+        "(ELASTICJOB_*) to every container; a variable the template already sets is kept."
+    )
+
+
+class ReplicaSpecs(_Model):
+    """Replica types; elastic training has one, Worker."""
+
+    worker: ReplicaSpec = Field(alias="Worker", description="The training workers.")
+
+
+class EtcdSpec(_Model):
+    """The etcd the operator provisions for the job when rdzvEndpoint is absent."""
+
+    image: str = Field(
+        default=DEFAULT_ETCD_IMAGE,
+        min_length=1,
+        description="etcd image (3.6: the rendezvous uses only the v3 API).",
+    )
+    resources: dict[str, Any] | None = Field(
+        default=None, description="core/v1 ResourceRequirements of the etcd container."
+    )
+
+
+class ElasticJobSpec(_Model):
+    """Desired state of an elastic PyTorch training job."""
+
+    rdzv_endpoint: str | None = Field(
+        default=None,
+        pattern=r"^(https?://)?[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?:[0-9]{1,5}"
+        r"(,(https?://)?[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?:[0-9]{1,5})*$",
+        description="host:port of the rendezvous store. Absent: with rdzvBackend etcd-v3 the "
+        "operator provisions an etcd for the job (Deployment and Service <name>-etcd); with "
+        "c10d it is worker 0 (<name>-worker-0.<name>-worker.<namespace>.svc:29400).",
+    )
+    rdzv_backend: RdzvBackend = Field(
+        default=RdzvBackend.ETCD_V3,
+        description="Rendezvous backend: etcd-v3 (etcd's v3 API, works with etcd 3.4+), "
+        "c10d (torch's TCPStore on worker 0), or etcd (torch's legacy backend, needs an "
+        "etcd serving the v2 API at rdzvEndpoint).",
+    )
+    rdzv_conf: dict[str, Annotated[str, StringConstraints(max_length=1024)]] | None = Field(
+        default=None,
+        max_length=64,
+        description="Extra rendezvous settings, passed as PET_RDZV_CONF key=value pairs "
+        "(torchrun --rdzv-conf), e.g. {join_timeout: '900'}.",
+    )
+    min_replicas: int = Field(default=1, ge=1, description="Fewest workers the training runs with.")
+    max_replicas: int | None = Field(
+        default=None,
+        ge=1,
+        description="Most workers the training runs with. Absent: "
+        "the larger of minReplicas and replicaSpecs.Worker.replicas.",
+    )
+    nproc_per_node: int | str = Field(
+        default=1,
+        description="Trainer processes per worker pod (PET_NPROC_PER_NODE): a number, or "
+        "auto, cpu or gpu as torchrun accepts.",
+    )
+    max_restarts: int = Field(
+        default=DEFAULT_MAX_RESTARTS,
+        ge=0,
+        description="Restarts of the worker group inside a pod before its agent gives up "
+        "(PET_MAX_RESTARTS). A pod whose agent gave up fails and is handled by restartPolicy.",
+    )
+    replica_specs: ReplicaSpecs = Field(description="The workers: count, restart policy, pod.")
+    clean_pod_policy: CleanPodPolicy = Field(
+        default=CleanPodPolicy.RUNNING,
+        description="Which worker pods are deleted when the job finishes: All, Running (the "
+        "ones still pending or running) or None. With All or Running the provisioned etcd is "
+        "deleted too.",
+    )
+    ttl_seconds_after_finished: int | None = Field(
+        default=None,
+        ge=0,
+        description="Delete the job (and so all its children) this many seconds after it "
+        "succeeded or failed. Absent: keep it.",
+    )
+    active_deadline_seconds: int | None = Field(
+        default=None,
+        ge=1,
+        description="Fail the job (reason DeadlineExceeded) and stop its workers when it has "
+        "run this long since it started (or was last resumed).",
+    )
+    backoff_limit: int = Field(
+        default=DEFAULT_BACKOFF_LIMIT,
+        ge=0,
+        description="How many worker replacements are allowed before the job fails "
+        "(reason BackoffLimitExceeded). Not applied with restartPolicy Always.",
+    )
+    suspend: bool = Field(
+        default=False,
+        description="true deletes the worker pods and keeps the job; false again starts a "
+        "new run (a new PET_RDZV_ID) that resumes from the latest checkpoint.",
+    )
+    etcd: EtcdSpec | None = Field(
+        default=None,
+        description="Settings of the etcd the operator provisions (only when rdzvEndpoint is "
+        "absent).",
+    )
+    scheduling_policy: dict[str, Any] | None = Field(
+        default=None,
+        description="Accepted for compatibility with the archived controller's run policy; "
+        "not used.",
+    )
+
+    @model_validator(mode="after")
+    def _rules(self) -> ElasticJobSpec:
+        for rule in SPEC_RULES:
+            if not rule.check(self):
+                raise ValueError(rule.message)
+        return self
+
+    # -- effective values (what absent fields mean) ------------------------------------
+
+    @property
+    def worker(self) -> ReplicaSpec:
+        return self.replica_specs.worker
+
+    @property
+    def desired_replicas(self) -> int:
+        """replicaSpecs.Worker.replicas, or minReplicas when absent."""
+        r = self.worker.replicas
+        return self.min_replicas if r is None else r
+
+    @property
+    def effective_max_replicas(self) -> int:
+        if self.max_replicas is not None:
+            return self.max_replicas
+        return max(self.min_replicas, self.worker.replicas or 0)
+
+    @property
+    def provisions_etcd(self) -> bool:
+        """The operator runs an etcd for this job: no endpoint given and an etcd backend."""
+        return self.rdzv_endpoint is None and self.rdzv_backend is RdzvBackend.ETCD_V3
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A cross-field rule: CEL for the API server, the same rule in Python for us."""
+
+    cel: str
+    message: str
+    field_path: str
+    check: Callable[[ElasticJobSpec], bool]
+
+
+def _nproc_ok(s: ElasticJobSpec) -> bool:
+    v = s.nproc_per_node
+    return v >= 1 if isinstance(v, int) else v in ("auto", "cpu", "gpu")
+
+
+SPEC_RULES: Final[tuple[Rule, ...]] = (
+    Rule(
+        cel="!has(self.maxReplicas) || self.minReplicas <= self.maxReplicas",
+        message="spec.minReplicas must not exceed spec.maxReplicas: "
+        "lower minReplicas or raise maxReplicas",
+        field_path=".minReplicas",
+        check=lambda s: s.max_replicas is None or s.min_replicas <= s.max_replicas,
+    ),
+    Rule(
+        cel="!has(self.replicaSpecs.Worker.replicas) || "
+        "self.replicaSpecs.Worker.replicas >= self.minReplicas",
+        message="spec.replicaSpecs.Worker.replicas must be at least spec.minReplicas: "
+        "raise replicas or lower minReplicas",
+        field_path=".replicaSpecs.Worker.replicas",
+        check=lambda s: s.worker.replicas is None or s.worker.replicas >= s.min_replicas,
+    ),
+    Rule(
+        cel="!has(self.replicaSpecs.Worker.replicas) || !has(self.maxReplicas) || "
+        "self.replicaSpecs.Worker.replicas <= self.maxReplicas",
+        message="spec.replicaSpecs.Worker.replicas must not exceed spec.maxReplicas: "
+        "lower replicas or raise maxReplicas",
+        field_path=".replicaSpecs.Worker.replicas",
+        check=lambda s: (
+            s.worker.replicas is None
+            or s.max_replicas is None
+            or s.worker.replicas <= s.max_replicas
+        ),
+    ),
+    Rule(
+        cel="self.rdzvBackend != 'etcd' || has(self.rdzvEndpoint)",
+        message="spec.rdzvBackend etcd needs etcd's v2 API, which the provisioned etcd 3.6 "
+        "does not serve: use rdzvBackend etcd-v3, or set spec.rdzvEndpoint to an etcd "
+        "serving the v2 API",
+        field_path=".rdzvBackend",
+        check=lambda s: s.rdzv_backend is not RdzvBackend.ETCD or s.rdzv_endpoint is not None,
+    ),
+    Rule(
+        cel="!has(self.etcd) || (!has(self.rdzvEndpoint) && self.rdzvBackend == 'etcd-v3')",
+        message="spec.etcd configures the etcd the operator provisions, which happens only "
+        "with rdzvBackend etcd-v3 and no spec.rdzvEndpoint: remove spec.etcd or "
+        "spec.rdzvEndpoint",
+        field_path=".etcd",
+        check=lambda s: s.etcd is None or s.provisions_etcd,
+    ),
+    Rule(
+        cel="type(self.nprocPerNode) == int ? self.nprocPerNode >= 1 : "
+        "self.nprocPerNode in ['auto', 'cpu', 'gpu']",
+        message="spec.nprocPerNode must be a number of at least 1, or auto, cpu or gpu",
+        field_path=".nprocPerNode",
+        check=_nproc_ok,
+    ),
+    Rule(
+        cel="!has(self.rdzvConf) || self.rdzvConf.all(k, k.matches('^[A-Za-z_][A-Za-z0-9_]*$')"
+        " && !self.rdzvConf[k].contains(',') && !self.rdzvConf[k].contains('='))",
+        message="spec.rdzvConf keys must be identifiers and values must not contain ',' or "
+        "'=' (they are joined as key=value,key=value)",
+        field_path=".rdzvConf",
+        check=lambda s: all(
+            k.isidentifier() and "," not in v and "=" not in v
+            for k, v in (s.rdzv_conf or {}).items()
+        ),
+    ),
+)
+
+# Rules on the whole object (CEL `self` is the ElasticJob; only metadata.name is visible).
+NAME_RULES: Final[tuple[tuple[str, str], ...]] = (
+    (
+        f"size(self.metadata.name) <= {MAX_NAME_LENGTH}",
+        f"metadata.name must be at most {MAX_NAME_LENGTH} characters: worker pods are named "
+        "<name>-worker-<index> and their hostname is limited to 63",
+    ),
+    (
+        "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
+        "metadata.name must be a DNS label (lowercase letters, digits and '-', starting with "
+        "a letter): it names the job's Services",
+    ),
+)
+
+
+# -- status ---------------------------------------------------------------------------
+
+
+class ConditionType(StrEnum):
+    CREATED = "Created"
+    RUNNING = "Running"
+    RESTARTING = "Restarting"
+    SCALING = "Scaling"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    SUSPENDED = "Suspended"
+
+
+class Condition(_Model):
+    """One condition; `kubectl wait --for=condition=<type>` reads these."""
+
+    type: ConditionType = Field(description="Condition type.")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str = Field(default="", description="Machine-readable CamelCase reason.")
+    message: str = Field(default="", description="What happened, for people.")
+    last_transition_time: datetime | None = Field(
+        default=None, description="When status last changed."
+    )
+
+
+class ReplicaStatus(_Model):
+    """Counts of worker pods."""
+
+    active: int = Field(default=0, description="Worker pods pending or running.")
+    succeeded: int = Field(default=0, description="Worker pods that exited 0.")
+    failed: int = Field(
+        default=0, description="Worker failures seen so far (failed or lost pods, cumulative)."
+    )
+
+
+class ReplicaStatuses(_Model):
+    worker: ReplicaStatus = Field(
+        default_factory=ReplicaStatus, alias="Worker", description="The workers."
+    )
+
+
+class Progress(_Open):
+    """Training progress as the runtime publishes it in the job's rendezvous etcd."""
+
+    step: int | None = Field(default=None, description="Optimizer steps done.")
+    epoch: int | None = Field(default=None, description="Current epoch.")
+    world_size: int | None = Field(default=None, description="Trainer processes in the run.")
+    samples_per_second: float | None = Field(default=None, description="Recent throughput.")
+    update_time: datetime | None = Field(
+        default=None, description="When the operator last read it."
+    )
+
+
+class WorkerIndexes(_Model):
+    """The operator's memory about worker indexes, so that a missing pod can be told apart
+    from one never created (a lost worker is counted and replaced per restartPolicy)."""
+
+    launched: list[int] = Field(
+        default_factory=list, description="Indexes whose pod was created in this run."
+    )
+    replacing: list[int] = Field(
+        default_factory=list,
+        description="Indexes whose failed pod was deleted to be replaced (already counted).",
+    )
+    retired: list[int] = Field(
+        default_factory=list,
+        description="Indexes that left the job and are not replaced (restartPolicy Never, "
+        "or a failure after training finished).",
+    )
+
+
+class ElasticJobStatus(_Model):
+    """Observed state of the job, written by the operator."""
+
+    phase: str | None = Field(
+        default=None,
+        description="Summary of the conditions: Created, Running, Restarting, Scaling, "
+        "Suspended, Succeeded or Failed.",
+    )
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        description="Created, Running, Restarting, Scaling, Succeeded, Failed, Suspended.",
+        json_schema_extra={
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["type"],
+        },
+    )
+    replica_statuses: ReplicaStatuses = Field(
+        default_factory=ReplicaStatuses, description="Worker pod counts."
+    )
+    selector: str | None = Field(
+        default=None, description="Label selector of the worker pods (for the scale subresource)."
+    )
+    start_time: datetime | None = Field(
+        default=None, description="When the current run started (reset on resume)."
+    )
+    completion_time: datetime | None = Field(
+        default=None, description="When the job succeeded or failed."
+    )
+    restart_count: int = Field(default=0, description="Worker pods replaced so far.")
+    observed_generation: int | None = Field(
+        default=None, description="The spec generation the operator last acted on."
+    )
+    desired_replicas: int | None = Field(
+        default=None, description="Worker count the operator last acted on (to notice scaling)."
+    )
+    incarnation: int = Field(
+        default=0,
+        description="Run number: 0 for the first run, +1 per resume. PET_RDZV_ID is the job "
+        "uid, suffixed -<incarnation> when above 0.",
+    )
+    below_min_since: datetime | None = Field(
+        default=None, description="Since when fewer than minReplicas workers are active."
+    )
+    worker_indexes: WorkerIndexes = Field(
+        default_factory=WorkerIndexes, description="Operator bookkeeping of worker indexes."
+    )
+    progress: Progress | None = Field(
+        default=None, description="Training progress mirrored from the runtime."
+    )
+
+    def condition(self, type_: ConditionType) -> Condition | None:
+        for c in self.conditions:
+            if c.type is type_:
+                return c
+        return None
+
+    def is_true(self, type_: ConditionType) -> bool:
+        c = self.condition(type_)
+        return c is not None and c.status == "True"
+
+    @property
+    def finished(self) -> bool:
+        return self.is_true(ConditionType.SUCCEEDED) or self.is_true(ConditionType.FAILED)
+
+
+class ElasticJob(_Model):
+    """An elastic PyTorch training job: worker pods that rendezvous through etcd, are
+    replaced when they fail, and can be scaled between minReplicas and maxReplicas."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    api_version: Literal["elastic.pytorch.org/v1alpha1"] = Field(
+        default="elastic.pytorch.org/v1alpha1", description="elastic.pytorch.org/v1alpha1"
+    )
+    kind: Literal["ElasticJob"] = Field(default="ElasticJob", description="ElasticJob")
+    metadata: dict[str, Any] = Field(default_factory=dict, description="Standard metadata.")
+    spec: ElasticJobSpec = Field(description="Desired state.")
+    status: ElasticJobStatus = Field(
+        default_factory=ElasticJobStatus, description="Observed state, set by the operator."
+    )
+
+
+def run_id(uid: str, incarnation: int) -> str:
+    """PET_RDZV_ID: the job uid, so a re-created job never meets an old round; suffixed
+    with the incarnation so a resumed run starts a fresh rendezvous too."""
+    return uid if incarnation == 0 else f"{uid}-{incarnation}"
