@@ -1,0 +1,215 @@
+"""Progress in a real etcd: what the operator reads, and that it goes away with the job."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from conftest import EtcdServer, free_port
+
+from elasticjob_runtime import contract
+from elasticjob_runtime.etcd_client import EtcdClient, parse_endpoint
+from elasticjob_runtime.progress import (
+    ProgressReporter,
+    SampleRate,
+    fetch_checkpoint_from_peer,
+    read_progress,
+    reporter_from_env,
+)
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def client(etcd: EtcdServer) -> Iterator[EtcdClient]:
+    c = EtcdClient(parse_endpoint(etcd.endpoint))
+    yield c
+    c.close()
+
+
+def run_id() -> str:
+    return f"progress-{uuid.uuid4().hex[:8]}"
+
+
+def eventually(check: Callable[[], bool], bound: float) -> float:
+    started = time.monotonic()
+    while time.monotonic() - started < bound:
+        if check():
+            return time.monotonic() - started
+        time.sleep(0.2)
+    raise AssertionError(f"condition not met within {bound} s")
+
+
+def test_sample_rate_is_samples_over_the_window() -> None:
+    rate = SampleRate(window=10)
+    assert rate.add(100, now=0.0) == 0.0  # one point: no rate yet
+    assert rate.add(100, now=1.0) == pytest.approx(100.0)
+    assert rate.add(300, now=2.0) == pytest.approx(200.0)
+    # a 28 s stall: the base is the newest point at least a window old, so the rate drops
+    assert rate.add(0, now=30.0) == pytest.approx(0.0)
+    assert rate.add(50, now=31.0) == pytest.approx(50 / 29)
+    assert rate.add(500, now=41.0) == pytest.approx(50.0)  # only the last 10 s count: 500/10
+
+
+def test_operator_reads_step_rate_world_size_and_restarts(client: EtcdClient) -> None:
+    rid = run_id()
+    reporter = ProgressReporter(client, rid, world_size=3, restart_count=2, min_interval=0)
+    try:
+        for step in range(1, 6):
+            reporter.update(step, samples=96, epoch=1, checkpoint_step=step - 1)
+            time.sleep(0.05)
+        seen = read_progress(client, rid)
+        assert seen is not None
+        assert (seen.step, seen.world_size, seen.restart_count, seen.epoch) == (5, 3, 2, 1)
+        assert seen.checkpoint_step == 4
+        assert 96 / 0.5 < seen.samples_per_second < 96 / 0.03
+        assert abs(seen.updated - time.time()) < 30
+        kv = client.get(contract.progress_key(rid))
+        assert kv is not None and kv.lease != 0  # tied to a lease, so it cannot outlive the job
+    finally:
+        reporter.close()
+
+
+def test_publishing_is_throttled(client: EtcdClient) -> None:
+    rid = run_id()
+    reporter = ProgressReporter(client, rid, world_size=1, min_interval=3600)
+    try:
+        assert reporter.update(1, samples=8) is True
+        assert reporter.update(2, samples=8) is False
+        seen = read_progress(client, rid)
+        assert seen is not None and seen.step == 1
+        assert reporter.publish() is True
+        seen = read_progress(client, rid)
+        assert seen is not None and seen.step == 2
+    finally:
+        reporter.close()
+
+
+def test_record_goes_away_on_close(client: EtcdClient) -> None:
+    rid = run_id()
+    reporter = ProgressReporter(client, rid, world_size=1, min_interval=0)
+    reporter.update(1, samples=8)
+    assert read_progress(client, rid) is not None
+    reporter.close()
+    assert read_progress(client, rid) is None
+
+
+def test_lease_is_kept_alive_while_the_reporter_lives(client: EtcdClient) -> None:
+    rid = run_id()
+    reporter = ProgressReporter(client, rid, world_size=1, ttl=2, min_interval=0)
+    try:
+        reporter.update(1, samples=8)
+        time.sleep(5)  # more than twice the ttl with no update
+        assert read_progress(client, rid) is not None
+    finally:
+        reporter.close()
+
+
+def publisher(endpoint: str, rid: str) -> None:
+    """Subprocess body: publish progress with a short lease, then wait to be killed."""
+    c = EtcdClient(parse_endpoint(endpoint))
+    reporter = ProgressReporter(c, rid, world_size=2, ttl=2, min_interval=0)
+    reporter.update(7, samples=16)
+    print("published", flush=True)
+    time.sleep(3600)
+
+
+def test_record_expires_when_the_publishing_process_dies(
+    client: EtcdClient, etcd: EtcdServer
+) -> None:
+    rid = run_id()
+    proc = subprocess.Popen(
+        [sys.executable, __file__, etcd.endpoint, rid],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "published"
+        seen = read_progress(client, rid)
+        assert seen is not None and seen.step == 7
+        os.killpg(proc.pid, signal.SIGKILL)  # no close(): the lease must do it
+        proc.wait(timeout=30)
+        gone_after = eventually(lambda: read_progress(client, rid) is None, bound=20)
+        print(f"progress key gone {gone_after:.1f} s after SIGKILL (ttl 2 s)")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def test_reporter_from_env_only_on_rank_zero_and_when_enabled(
+    etcd: EtcdServer, monkeypatch: pytest.MonkeyPatch, client: EtcdClient
+) -> None:
+    rid = run_id()
+    monkeypatch.setenv(contract.RDZV_ENDPOINT, etcd.endpoint)
+    monkeypatch.setenv(contract.RDZV_ID, rid)
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    monkeypatch.setenv("RANK", "1")
+    assert reporter_from_env() is None
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv(contract.PROGRESS, "0")
+    assert reporter_from_env() is None
+    monkeypatch.setenv(contract.PROGRESS, "1")
+    reporter = reporter_from_env(min_interval=0)
+    assert reporter is not None
+    try:
+        reporter.update(3, samples=64)
+        seen = read_progress(client, rid)
+        assert seen is not None and (seen.step, seen.world_size, seen.restart_count) == (3, 4, 1)
+    finally:
+        reporter.close()
+
+
+def test_unreachable_etcd_turns_reporting_off_with_one_line(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv(contract.RDZV_ENDPOINT, f"127.0.0.1:{free_port()}")
+    monkeypatch.setenv(contract.RDZV_ID, run_id())
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.delenv(contract.PROGRESS, raising=False)
+    with caplog.at_level(logging.WARNING, logger="elasticjob_runtime.progress"):
+        assert reporter_from_env() is None
+    [record] = caplog.records
+    assert record.getMessage().startswith("progress reporting off: etcd at 127.0.0.1:")
+
+
+def test_joining_node_fetches_checkpoint_from_the_peer_in_the_progress_record(
+    client: EtcdClient, tmp_path: Path
+) -> None:
+    import torch
+
+    from elasticjob_runtime.checkpoint import CheckpointManager
+    from elasticjob_runtime.health import HealthServer
+
+    rid = run_id()
+    peer_dir = tmp_path / "node-a"
+    CheckpointManager(peer_dir, memory=False, writer=True).save({"w": torch.arange(5.0)}, 42)
+    with HealthServer("127.0.0.1", 0, checkpoint_dir=peer_dir) as server:
+        reporter = ProgressReporter(
+            client, rid, world_size=2, checkpoint_url=server.url, min_interval=0
+        )
+        try:
+            reporter.update(42, samples=8, checkpoint_step=42)
+            assert fetch_checkpoint_from_peer(client, rid, tmp_path / "node-b") == 42
+        finally:
+            reporter.close()
+    ckpt = CheckpointManager(tmp_path / "node-b", memory=False).load_latest()
+    assert ckpt is not None and ckpt.step == 42
+    assert torch.equal(ckpt.state["w"], torch.arange(5.0))
+    assert fetch_checkpoint_from_peer(client, rid, tmp_path / "node-c") is None  # key gone
+
+
+if __name__ == "__main__":
+    publisher(sys.argv[1], sys.argv[2])
