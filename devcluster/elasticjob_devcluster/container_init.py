@@ -1,0 +1,94 @@
+"""Turns this process into a pod's container, then execs the container's command.
+
+Run by the node agent as `python -m elasticjob_devcluster.container_init SPEC.json`:
+joins the pod's network namespace, takes private mount and UTS namespaces (so the
+pod's hostname, /etc/hosts and volume mounts are visible to it alone), sets the
+hostname, bind-mounts the volumes and the hosts file, changes to workingDir and execs,
+so the pid the agent recorded is the container's own process. A setup failure exits
+128, like a runtime that cannot start a container.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWNET = 0x40000000
+MS_RDONLY = 1
+MS_REMOUNT = 32
+MS_BIND = 4096
+MS_REC = 16384
+MS_PRIVATE = 1 << 18
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _check(rc: int, what: str) -> None:
+    if rc != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def _mount(source: str | None, target: str, flags: int) -> None:
+    src = source.encode() if source is not None else None
+    _check(_libc.mount(src, target.encode(), None, flags, None), f"mount {source} on {target}")
+
+
+def _mountpoint(target: Path, source_is_dir: bool) -> None:
+    """Create what a bind mount needs to land on (a directory, or an empty file)."""
+    if target.exists():
+        return
+    if source_is_dir:
+        target.mkdir(parents=True, exist_ok=True)
+    else:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.touch()
+
+
+def enter(spec: dict[str, Any]) -> None:
+    fd = os.open(spec["netns"], os.O_RDONLY)
+    try:
+        _check(_libc.setns(fd, CLONE_NEWNET), "setns net")
+    finally:
+        os.close(fd)
+    _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWUTS), "unshare mount+uts")
+    _mount(None, "/", MS_REC | MS_PRIVATE)
+    hostname = str(spec["hostname"]).encode()
+    _check(_libc.sethostname(hostname, len(hostname)), "sethostname")
+    for m in spec.get("mounts", []):
+        source, target = m["source"], m["target"]
+        _mountpoint(Path(target), Path(source).is_dir())
+        _mount(source, target, MS_BIND | MS_REC)
+        if m.get("read_only"):
+            _mount(None, target, MS_BIND | MS_REMOUNT | MS_RDONLY)
+    if spec.get("hosts_file"):
+        _mount(spec["hosts_file"], "/etc/hosts", MS_BIND)
+    wd = spec.get("working_dir")
+    if wd:
+        os.makedirs(wd, exist_ok=True)
+        os.chdir(wd)
+
+
+def main() -> None:
+    if len(sys.argv) != 2:
+        sys.stderr.write("usage: python -m elasticjob_devcluster.container_init SPEC.json\n")
+        sys.exit(2)
+    spec = json.loads(Path(sys.argv[1]).read_text())
+    argv = [str(a) for a in spec["argv"]]
+    env = {str(k): str(v) for k, v in spec["env"].items()}
+    try:
+        enter(spec)
+        os.execvpe(argv[0], argv, env)
+    except OSError as e:
+        sys.stderr.write(f"devcluster: cannot start container: {e}\n")
+        sys.exit(128)
+
+
+if __name__ == "__main__":
+    main()

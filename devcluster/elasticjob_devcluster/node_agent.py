@@ -1,0 +1,1156 @@
+"""The devcluster's node agent: plays kubelet for one Node by running pods as processes.
+
+One OS process per Node. It registers the Node and keeps its Lease fresh, binds pending
+pods (there is no kube-scheduler; see scheduling.py), and for every pod bound to it
+creates a network namespace (network.py), materialises volumes, starts each container
+through container_init (own mount+UTS namespaces, the pod's netns) with stdout/stderr
+captured into CRI-format log files, reports status as kubelet does (pod_status.py),
+honours restartPolicy, and on deletion sends SIGTERM, waits the grace period, SIGKILLs
+the process group and completes the delete. `kubectl logs` is served by
+kubelet_server.py; tests inject faults through a control socket (faults.py).
+
+Threads: watchers fill an object cache and wake the single reconcile loop, which owns
+all pod state; the heartbeat, prober, control socket and log server threads only read
+it or hand requests over through a queue.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ipaddress
+import json
+import logging
+import os
+import platform
+import queue
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client, config, watch
+
+from elasticjob_devcluster import hosts, kubelet_server, network, procs, scheduling
+from elasticjob_devcluster.pod_env import (
+    EnvError,
+    PodContext,
+    expand_command,
+    referenced_objects,
+    resolve_env,
+)
+from elasticjob_devcluster.pod_status import ContainerRun, plan, pod_status, rfc3339
+from elasticjob_devcluster.volumes import VolumeError, materialise
+
+Obj = dict[str, Any]
+log = logging.getLogger("elasticjob_devcluster.node_agent")
+
+HOST_IP = "127.0.0.1"
+LEASE_DURATION_S = 40
+LEASE_RENEW_S = 5.0
+STATUS_REPORT_S = 20.0
+SHUTDOWN_GRACE_CAP_S = 5.0
+UNBOUND_FALLBACK_S = 3.0
+TIMEOUT = 15
+KUBELET_VERSION = "v1.35.4"
+
+
+def _key(obj: Obj) -> str:
+    m = obj.get("metadata") or {}
+    return f"{m.get('namespace', '')}/{m.get('name')}"
+
+
+class Cache:
+    """The watched objects (raw JSON dicts) by kind and namespace/name."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.objs: dict[str, dict[str, Obj]] = {"pods": {}, "services": {}, "nodes": {}}
+        self.synced: set[str] = set()
+
+    def items(self, kind: str) -> list[Obj]:
+        with self.lock:
+            return list(self.objs[kind].values())
+
+    def get(self, kind: str, key: str) -> Obj | None:
+        with self.lock:
+            return self.objs[kind].get(key)
+
+
+@dataclass
+class PodRuntime:
+    """Everything the agent holds for one pod it runs (owned by the reconcile loop)."""
+
+    uid: str
+    namespace: str
+    name: str
+    dir: Path
+    pod: Obj
+    ip: str = ""
+    netns: str = ""
+    start_time: float = field(default_factory=time.time)
+    runs: dict[str, ContainerRun] = field(default_factory=dict)
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    log_paths: dict[str, list[Path]] = field(default_factory=dict)
+    forwarder: network.PodForwarder | None = None
+    phase: str = "Pending"
+    kill_deadline: float | None = None
+    sigterm_sent: bool = False
+    last_status: Obj | None = None
+    token_refresh_at: float = 0.0
+    hosts_text: str = ""
+    volumes_ready: bool = False
+    torn_down: bool = False
+    network_cut: bool = False
+    probes: dict[str, ProbeState] = field(default_factory=dict)
+
+    @property
+    def spec(self) -> Obj:
+        spec: Obj = self.pod.get("spec") or {}
+        return spec
+
+    @property
+    def hosts_path(self) -> Path:
+        return self.dir / "hosts"
+
+
+@dataclass
+class ProbeState:
+    next_at: float
+    successes: int = 0
+    failures: int = 0
+
+
+# the client's helpers are untyped; these are their real shapes
+_new_client: Callable[..., Any] = config.new_client_from_config
+_Watch: Callable[[], Any] = watch.Watch
+
+
+def _body(obj: Obj) -> Any:
+    """A plain JSON body where the typed client expects a model (it sends dicts as-is)."""
+    return obj
+
+
+def _raw(resp: Any) -> Obj:
+    data: Obj = json.loads(resp.data)
+    return data
+
+
+class Agent:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.node: str = args.node
+        self.state = Path(args.state_dir).resolve()
+        self.shared = Path(args.shared_dir or self.state.parent.parent / "shared").resolve()
+        self.procs_file = self.state / "processes.json"
+        self.api = _new_client(config_file=args.kubeconfig)
+        self.core = client.CoreV1Api(self.api)
+        self.coord = client.CoordinationV1Api(self.api)
+        self.cache = Cache()
+        self.pods: dict[str, PodRuntime] = {}
+        self.wake = threading.Event()
+        self.stop = threading.Event()
+        self.requests: queue.Queue[tuple[Obj, queue.Queue[Obj]]] = queue.Queue()
+        self.hosts_dirty = True
+        self.heartbeat = True
+        self.lost = False
+        self.first_seen_unbound: dict[str, float] = {}
+        self.net = ipaddress.ip_network(args.pod_cidr)
+        self.records_lock = threading.Lock()
+        self.ca_pem = Path(args.ca_file).read_text()
+        self.path_env = self._path_env()
+        self.capacity: dict[str, str] = {}
+        self.boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        self._transitions: dict[str, tuple[str, str]] = {}
+        self.log_server: Any = None
+        self.control: socket.socket | None = None
+
+    # ---------------------------------------------------------------- setup
+    def _path_env(self) -> str:
+        venv_bin = str(Path(sys.executable).parent)
+        parts = os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin").split(os.pathsep)
+        return os.pathsep.join([venv_bin, *[p for p in parts if p != venv_bin]])
+
+    def clean_previous_run(self) -> None:
+        """Reap what an earlier incarnation of this agent left (it may have been killed)."""
+        procs.stop(procs.load_records(self.procs_file), grace_seconds=1)
+        procs.save_records(self.procs_file, [])
+        pods_dir = self.state / "pods"
+        if pods_dir.is_dir():
+            for d in pods_dir.iterdir():
+                network.delete_pod_netns(d.name)
+            shutil.rmtree(pods_dir, ignore_errors=True)
+        with contextlib.suppress(FileNotFoundError):
+            (self.state / "control.sock").unlink()
+
+    def register_node(self) -> None:
+        cpu = os.cpu_count() or 1
+        mem_kib = 0
+        with contextlib.suppress(OSError):
+            for line in Path("/proc/meminfo").read_text().splitlines():
+                if line.startswith("MemTotal:"):
+                    mem_kib = int(line.split()[1])
+        capacity = {
+            "cpu": str(cpu),
+            "memory": f"{mem_kib}Ki",
+            "pods": "110",
+            "ephemeral-storage": "100Gi",
+        }
+        self.capacity = capacity
+        body = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": self.node,
+                "labels": {
+                    "kubernetes.io/hostname": self.node,
+                    "kubernetes.io/os": "linux",
+                    "kubernetes.io/arch": "amd64" if platform.machine() == "x86_64" else "arm64",
+                    "beta.kubernetes.io/os": "linux",
+                },
+            },
+            "spec": {"podCIDR": self.args.pod_cidr, "podCIDRs": [self.args.pod_cidr]},
+        }
+        try:
+            self.core.create_node(_body(body), _request_timeout=TIMEOUT)
+        except client.ApiException as e:
+            if e.status != 409:
+                raise
+        self.post_node_status()
+        self.renew_lease()
+
+    def node_status(self, ready: str = "True") -> Obj:
+        now = rfc3339(time.time())
+
+        def cond(ctype: str, status: str, reason: str, message: str) -> Obj:
+            return {
+                "type": ctype,
+                "status": status,
+                "reason": reason,
+                "message": message,
+                "lastHeartbeatTime": now,
+                "lastTransitionTime": self._transition(ctype, status, now),
+            }
+
+        ready_reason = {
+            "True": ("KubeletReady", "kubelet is posting ready status"),
+            "False": ("KubeletNotReady", "fault injected: node reported NotReady"),
+            "Unknown": ("NodeStatusUnknown", "Kubelet stopped posting node status."),
+        }[ready]
+        uname = os.uname()
+        return {
+            "status": {
+                "capacity": self.capacity,
+                "allocatable": self.capacity,
+                "conditions": [
+                    cond("MemoryPressure", "False", "KubeletHasSufficientMemory", "ok"),
+                    cond("DiskPressure", "False", "KubeletHasNoDiskPressure", "ok"),
+                    cond("PIDPressure", "False", "KubeletHasSufficientPID", "ok"),
+                    cond("Ready", ready, *ready_reason),
+                ],
+                "addresses": [
+                    {"type": "InternalIP", "address": HOST_IP},
+                    {"type": "Hostname", "address": self.node},
+                ],
+                "daemonEndpoints": {"kubeletEndpoint": {"Port": self.args.kubelet_port}},
+                "nodeInfo": {
+                    "machineID": self.node,
+                    "systemUUID": self.node,
+                    "bootID": self.boot_id,
+                    "kernelVersion": uname.release,
+                    "osImage": "elasticjob devcluster",
+                    "containerRuntimeVersion": "devcluster://0.1.0",
+                    "kubeletVersion": KUBELET_VERSION,
+                    "kubeProxyVersion": "",
+                    "operatingSystem": "linux",
+                    "architecture": "amd64" if uname.machine == "x86_64" else "arm64",
+                },
+            }
+        }
+
+    def _transition(self, ctype: str, status: str, now: str) -> str:
+        old = self._transitions.get(ctype)
+        if old is None or old[0] != status:
+            self._transitions[ctype] = (status, now)
+        return self._transitions[ctype][1]
+
+    def post_node_status(self, ready: str = "True") -> None:
+        self.core.patch_node_status(self.node, self.node_status(ready), _request_timeout=TIMEOUT)
+
+    def renew_lease(self) -> None:
+        now = time.time()
+        micro = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1e6):06d}Z"
+        body = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": self.node, "namespace": "kube-node-lease"},
+            "spec": {
+                "holderIdentity": self.node,
+                "leaseDurationSeconds": LEASE_DURATION_S,
+                "renewTime": micro,
+            },
+        }
+        try:
+            self.coord.patch_namespaced_lease(
+                self.node, "kube-node-lease", {"spec": body["spec"]}, _request_timeout=TIMEOUT
+            )
+        except client.ApiException as e:
+            if e.status != 404:
+                raise
+            self.coord.create_namespaced_lease(
+                "kube-node-lease", _body(body), _request_timeout=TIMEOUT
+            )
+
+    def heartbeat_loop(self) -> None:
+        last_status = time.monotonic()
+        while not self.stop.wait(LEASE_RENEW_S):
+            if not self.heartbeat or self.lost:
+                continue
+            try:
+                self.renew_lease()
+                if time.monotonic() - last_status > STATUS_REPORT_S:
+                    self.post_node_status()
+                    last_status = time.monotonic()
+            except Exception as e:
+                log.warning("heartbeat failed: %s", e)
+
+    # ---------------------------------------------------------------- watches
+    def informer(self, kind: str, list_fn: Callable[..., Any], **kwargs: Any) -> None:
+        """List then watch `kind` into the cache, forever (relist on any error or 410)."""
+        while not self.stop.is_set():
+            try:
+                data = _raw(list_fn(_preload_content=False, _request_timeout=TIMEOUT, **kwargs))
+                fresh = {_key(o): o for o in data.get("items") or []}
+                with self.cache.lock:
+                    self.cache.objs[kind] = fresh
+                    self.cache.synced.add(kind)
+                self._changed(kind)
+                rv = data["metadata"]["resourceVersion"]
+                w = _Watch()
+                for ev in w.stream(
+                    list_fn,
+                    resource_version=rv,
+                    timeout_seconds=120,
+                    allow_watch_bookmarks=True,
+                    deserialize=False,
+                    _request_timeout=150,
+                    **kwargs,
+                ):
+                    if self.stop.is_set():
+                        w.stop()
+                        return
+                    etype, obj = ev["type"], ev.get("raw_object") or ev["object"]
+                    if etype == "ERROR":
+                        break
+                    if etype == "BOOKMARK":
+                        continue
+                    with self.cache.lock:
+                        if etype == "DELETED":
+                            self.cache.objs[kind].pop(_key(obj), None)
+                        else:
+                            self.cache.objs[kind][_key(obj)] = obj
+                    self._changed(kind)
+            except Exception as e:
+                if not self.stop.is_set():
+                    log.warning("watch %s: %s; relisting", kind, e)
+                    time.sleep(1)
+
+    def _changed(self, kind: str) -> None:
+        if kind in ("pods", "services"):
+            self.hosts_dirty = True
+        self.wake.set()
+
+    # ---------------------------------------------------------------- records
+    def record_process(self, proc: subprocess.Popen[bytes], what: str) -> None:
+        ticks = procs.start_ticks(proc.pid)
+        rec = procs.ProcessRecord(what, proc.pid, ticks if ticks is not None else -1)
+        with self.records_lock:
+            procs.save_records(self.procs_file, [*procs.load_records(self.procs_file), rec])
+
+    # ---------------------------------------------------------------- scheduling
+    def schedule(self) -> None:
+        if not self.heartbeat or self.lost:
+            return
+        pods = self.cache.items("pods")
+        nodes = self.cache.items("nodes")
+        me = next((n for n in nodes if n["metadata"]["name"] == self.node), None)
+        if me is None:
+            return
+        now = time.monotonic()
+        pending = [p for p in pods if scheduling.wants_scheduling(p)]
+        live = {p["metadata"]["uid"] for p in pending}
+        for uid in list(self.first_seen_unbound):
+            if uid not in live:
+                del self.first_seen_unbound[uid]
+        for p in pending:
+            uid = p["metadata"]["uid"]
+            first = self.first_seen_unbound.setdefault(uid, now)
+            choice = scheduling.choose_node(p, nodes, pods)
+            late = now - first > UNBOUND_FALLBACK_S and scheduling.fits(p, me)
+            if choice == self.node or late:
+                self.bind(p)
+
+    def bind(self, pod: Obj) -> None:
+        m = pod["metadata"]
+        body = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": m["name"], "namespace": m["namespace"], "uid": m["uid"]},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": self.node},
+        }
+        try:
+            self.core.create_namespaced_pod_binding(
+                m["name"],
+                m["namespace"],
+                _body(body),
+                _preload_content=False,
+                _request_timeout=TIMEOUT,
+            )
+            log.info("bound %s/%s", m["namespace"], m["name"])
+        except client.ApiException as e:
+            if e.status not in (404, 409):
+                log.warning("binding %s/%s: %s", m["namespace"], m["name"], e.reason)
+
+    # ---------------------------------------------------------------- reconcile
+    def run(self) -> None:
+        threads = [
+            ("pods", self.core.list_pod_for_all_namespaces),
+            ("services", self.core.list_service_for_all_namespaces),
+            ("nodes", self.core.list_node),
+        ]
+        for kind, fn in threads:
+            threading.Thread(
+                target=self.informer, args=(kind, fn), name=f"watch-{kind}", daemon=True
+            ).start()
+        threading.Thread(target=self.heartbeat_loop, name="heartbeat", daemon=True).start()
+        threading.Thread(target=self.prober_loop, name="prober", daemon=True).start()
+        self.control_server()
+        self.log_server = kubelet_server.serve(
+            self.args.kubelet_port,
+            Path(self.args.serving_cert),
+            Path(self.args.serving_key),
+            Path(self.args.client_ca_file),
+            self.lookup_logs,
+        )
+        while not self.stop.is_set():
+            self.wake.wait(timeout=1.0)
+            self.wake.clear()
+            self.handle_requests()
+            if self.stop.is_set():
+                break
+            if len(self.cache.synced) < 3:
+                continue
+            try:
+                self.reconcile()
+            except Exception:
+                log.exception("reconcile failed")
+                time.sleep(0.5)
+        self.shutdown()
+
+    def reconcile(self) -> None:
+        if self.lost:
+            return
+        self.schedule()
+        mine = {
+            p["metadata"]["uid"]: p
+            for p in self.cache.items("pods")
+            if (p.get("spec") or {}).get("nodeName") == self.node
+        }
+        for uid, pod in mine.items():
+            rt = self.pods.get(uid)
+            if rt is None:
+                phase = (pod.get("status") or {}).get("phase")
+                if phase in ("Succeeded", "Failed") and not pod["metadata"].get(
+                    "deletionTimestamp"
+                ):
+                    continue  # finished before this agent started; nothing to run
+                rt = self.admit(pod)
+            rt.pod = pod
+            try:
+                self.sync_pod(rt)
+            except Exception:
+                log.exception("pod %s/%s", rt.namespace, rt.name)
+        for uid in list(self.pods):
+            if uid not in mine:
+                # force-deleted (or rebound elsewhere): stop it without grace
+                gone = self.pods.pop(uid)
+                self.kill_all(gone, signal.SIGKILL)
+                self.teardown(gone, remove_dir=True)
+        if self.hosts_dirty:
+            self.hosts_dirty = False
+            for rt in self.pods.values():
+                self.write_hosts(rt)
+
+    def admit(self, pod: Obj) -> PodRuntime:
+        m = pod["metadata"]
+        rt = PodRuntime(m["uid"], m["namespace"], m["name"], self.state / "pods" / m["uid"], pod)
+        rt.dir.mkdir(parents=True, exist_ok=True)
+        prev = pod.get("status") or {}
+        # carry restart counts over from the API (an agent restart is not a pod restart)
+        for cs in (prev.get("containerStatuses") or []) + (prev.get("initContainerStatuses") or []):
+            if cs.get("restartCount"):
+                rt.runs[cs["name"]] = ContainerRun(cs["name"], starts=int(cs["restartCount"]))
+        self.pods[rt.uid] = rt
+        return rt
+
+    def allocate_ip(self) -> str:
+        used = {rt.ip for rt in self.pods.values() if rt.ip and not rt.torn_down}
+        for host in list(self.net.hosts())[1:]:
+            if str(host) not in used:
+                return str(host)
+        raise RuntimeError(f"pod CIDR {self.net} is full")
+
+    def sync_pod(self, rt: PodRuntime) -> None:
+        now = time.time()
+        self.reap(rt, now)
+        if rt.pod["metadata"].get("deletionTimestamp"):
+            self.terminate(rt, now)
+            return
+        terminal = rt.phase in ("Succeeded", "Failed")
+        if not terminal:
+            if not rt.netns:
+                self.create_sandbox(rt)
+            self.refresh_tokens(rt, now)
+            p = plan(rt.spec, rt.runs, now)
+            for name in p.start:
+                self.start_container(rt, name, now)
+            p = plan(rt.spec, rt.runs, now)
+            rt.phase = p.phase
+            if p.wake_at is not None:
+                delay = max(0.05, p.wake_at - now)
+                threading.Timer(delay, self.wake.set).start()
+            if rt.phase in ("Succeeded", "Failed"):
+                self.kill_all(rt, signal.SIGKILL)
+                self.teardown(rt, remove_dir=False)
+        self.post_status(rt, now)
+
+    # ---------------------------------------------------------------- sandbox
+    def create_sandbox(self, rt: PodRuntime) -> None:
+        rt.ip = self.allocate_ip()
+        self.write_hosts(rt)
+        rt.netns = network.create_pod_netns(self.args.cluster_network, rt.uid, rt.ip)
+        port = self.args.apiserver_port
+        ports = sorted({port, 443})
+        rt.forwarder = network.PodForwarder(rt.netns, ports, ("127.0.0.1", port))
+        rt.start_time = time.time()
+        self.hosts_dirty = True
+        log.info("pod %s/%s sandbox %s ip %s", rt.namespace, rt.name, rt.netns, rt.ip)
+
+    def write_hosts(self, rt: PodRuntime) -> None:
+        if rt.torn_down:
+            return
+        pod = dict(rt.pod)
+        pod["status"] = dict(pod.get("status") or {}, podIP=rt.ip)
+        text = hosts.hosts_file(
+            pod, self.cache.items("pods"), self.cache.items("services"), network.REFUSE_IP
+        )
+        if text == rt.hosts_text:
+            return
+        # in place: the container's /etc/hosts is a bind mount of this very inode
+        with open(rt.hosts_path, "a+") as f:
+            f.seek(0)
+            f.truncate()
+            f.write(text)
+        rt.hosts_text = text
+
+    def teardown(self, rt: PodRuntime, remove_dir: bool) -> None:
+        if rt.forwarder is not None:
+            rt.forwarder.close()
+            rt.forwarder = None
+        if not rt.torn_down:
+            network.delete_pod_netns(rt.uid)
+            rt.torn_down = True
+        if remove_dir:
+            shutil.rmtree(rt.dir, ignore_errors=True)
+
+    # ---------------------------------------------------------------- volumes
+    def fetch(self, kind: str, namespace: str, names: set[str]) -> dict[str, Obj]:
+        out: dict[str, Obj] = {}
+        for name in names:
+            fn = (
+                self.core.read_namespaced_config_map
+                if kind == "configmap"
+                else self.core.read_namespaced_secret
+            )
+            try:
+                out[name] = _raw(
+                    fn(name, namespace, _preload_content=False, _request_timeout=TIMEOUT)
+                )
+            except client.ApiException as e:
+                if e.status != 404:
+                    raise
+        if kind == "configmap" and "kube-root-ca.crt" in names and "kube-root-ca.crt" not in out:
+            out["kube-root-ca.crt"] = {"data": {"ca.crt": self.ca_pem}}
+        return out
+
+    def volume_dir(self, rt: PodRuntime, name: str) -> Path:
+        return rt.dir / "volumes" / name
+
+    def prepare_volumes(self, rt: PodRuntime, cms: dict[str, Obj], secrets: dict[str, Obj]) -> None:
+        for vol in rt.spec.get("volumes") or []:
+            target = self.volume_dir(rt, vol["name"])
+            materialise(
+                vol,
+                target,
+                rt.pod,
+                cms,
+                secrets,
+                pvc_root=self.shared / "pvc" / rt.namespace,
+                token=lambda aud, secs: self.request_token(rt, aud, secs),
+            )
+        rt.volumes_ready = True
+        rt.token_refresh_at = time.time() + 0.8 * 3600
+
+    def request_token(self, rt: PodRuntime, audience: str | None, seconds: int) -> str:
+        sa = rt.spec.get("serviceAccountName") or "default"
+        body: Obj = {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {
+                "expirationSeconds": seconds,
+                "boundObjectRef": {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "name": rt.name,
+                    "uid": rt.uid,
+                },
+            },
+        }
+        if audience:
+            body["spec"]["audiences"] = [audience]
+        resp = _raw(
+            self.core.create_namespaced_service_account_token(
+                sa, rt.namespace, _body(body), _preload_content=False, _request_timeout=TIMEOUT
+            )
+        )
+        token: str = resp["status"]["token"]
+        return token
+
+    def refresh_tokens(self, rt: PodRuntime, now: float) -> None:
+        if rt.volumes_ready and now >= rt.token_refresh_at:
+            rt.volumes_ready = False  # the next container start (or now) rewrites them
+            cms, secrets = self.referenced(rt)
+            self.prepare_volumes(rt, cms, secrets)
+
+    def referenced(self, rt: PodRuntime) -> tuple[dict[str, Obj], dict[str, Obj]]:
+        cm_names, secret_names = referenced_objects(rt.pod)
+        return (
+            self.fetch("configmap", rt.namespace, cm_names),
+            self.fetch("secret", rt.namespace, secret_names),
+        )
+
+    def mounts(self, rt: PodRuntime, c: Obj) -> list[Obj]:
+        kinds = {v["name"]: v for v in rt.spec.get("volumes") or []}
+        out = []
+        for vm in c.get("volumeMounts") or []:
+            vol = kinds.get(vm["name"])
+            if vol is None:
+                raise EnvError(f"volumeMount {vm['name']!r} names no volume of the pod")
+            source = self.volume_dir(rt, vm["name"])
+            if vol.get("hostPath"):
+                source = Path(vol["hostPath"]["path"])
+            elif vol.get("persistentVolumeClaim"):
+                source = (
+                    self.shared / "pvc" / rt.namespace / vol["persistentVolumeClaim"]["claimName"]
+                )
+            if vm.get("subPath"):
+                source = source / vm["subPath"]
+                if not source.exists():
+                    source.mkdir(parents=True, exist_ok=True)
+            ro = bool(vm.get("readOnly")) or any(
+                k in vol for k in ("configMap", "secret", "projected", "downwardAPI")
+            )
+            out.append({"source": str(source), "target": vm["mountPath"], "read_only": ro})
+        return out
+
+    # ---------------------------------------------------------------- containers
+    def container_spec(self, rt: PodRuntime, name: str) -> Obj:
+        for c in (rt.spec.get("initContainers") or []) + (rt.spec.get("containers") or []):
+            if c["name"] == name:
+                spec: Obj = c
+                return spec
+        raise KeyError(name)
+
+    def start_container(self, rt: PodRuntime, name: str, now: float) -> None:
+        c = self.container_spec(rt, name)
+        run = rt.runs.setdefault(name, ContainerRun(name, image=str(c.get("image") or "")))
+        try:
+            cms, secrets = self.referenced(rt)
+            if not rt.volumes_ready:
+                self.prepare_volumes(rt, cms, secrets)
+            hostname = str(rt.spec.get("hostname") or rt.name)
+            base = {
+                "PATH": self.path_env,
+                "HOSTNAME": hostname,
+                "HOME": str(rt.dir / "home"),
+                "KUBERNETES_SERVICE_HOST": "127.0.0.1",
+                "KUBERNETES_SERVICE_PORT": str(self.args.apiserver_port),
+                "KUBERNETES_SERVICE_PORT_HTTPS": str(self.args.apiserver_port),
+                "KUBERNETES_PORT": f"tcp://127.0.0.1:{self.args.apiserver_port}",
+            }
+            ctx = PodContext(rt.ip, HOST_IP, self.capacity)
+            env = resolve_env(rt.pod, c, ctx, cms, secrets, base)
+            argv = expand_command(c, env)
+            mounts = self.mounts(rt, c)
+        except (EnvError, VolumeError, client.ApiException, OSError) as e:
+            run.waiting_reason = "CreateContainerConfigError"
+            run.waiting_message = str(e)[:500]
+            run.next_start_at = now + 2.0
+            threading.Timer(2.0, self.wake.set).start()
+            log.warning("pod %s/%s container %s: %s", rt.namespace, rt.name, name, e)
+            return
+        (rt.dir / "home").mkdir(exist_ok=True)
+        n = run.starts
+        spec_path = rt.dir / "containers" / f"{name}-{n}.json"
+        spec_path.parent.mkdir(parents=True, exist_ok=True)
+        spec_path.write_text(
+            json.dumps(
+                {
+                    "netns": str(network.NETNS_DIR / rt.netns),
+                    "hostname": hostname,
+                    "hosts_file": str(rt.hosts_path),
+                    "mounts": mounts,
+                    "working_dir": c.get("workingDir") or "",
+                    "argv": argv,
+                    "env": env,
+                }
+            )
+        )
+        log_path = rt.dir / "logs" / name / f"{n}.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log_path.touch()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "elasticjob_devcluster.container_init", str(spec_path)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            cwd="/",
+            env={"PATH": self.path_env},
+        )
+        self.record_process(proc, f"pod {rt.namespace}/{rt.name} container {name} #{n}")
+        rt.procs[name] = proc
+        rt.log_paths.setdefault(name, []).append(log_path)
+        run.started(proc.pid, f"devcluster://{rt.uid}/{name}/{n}", now)
+        rt.probes.pop(name, None)
+        out = open(log_path, "ab", buffering=0)  # noqa: SIM115 - closed by the last reader
+        lock = threading.Lock()
+        readers = [proc.stdout, proc.stderr]
+        remaining = [2]
+
+        def pump(stream: Any, label: str) -> None:
+            from elasticjob_devcluster import logs
+
+            try:
+                while chunk := os.read(stream.fileno(), 65536):
+                    with lock:
+                        out.write(logs.encode_chunk(chunk, label, time.time()))
+            finally:
+                stream.close()
+                with lock:
+                    remaining[0] -= 1
+                    if remaining[0] == 0:
+                        out.close()
+
+        for stream, label in zip(readers, ("stdout", "stderr"), strict=True):
+            threading.Thread(target=pump, args=(stream, label), daemon=True).start()
+
+        def waiter() -> None:
+            proc.wait()
+            self.wake.set()
+
+        threading.Thread(target=waiter, daemon=True).start()
+        log.info("pod %s/%s container %s started pid %d", rt.namespace, rt.name, name, proc.pid)
+
+    def reap(self, rt: PodRuntime, now: float) -> None:
+        for name, proc in list(rt.procs.items()):
+            code = proc.poll()
+            if code is None:
+                continue
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)  # what the main process left behind
+            del rt.procs[name]
+            run = rt.runs[name]
+            if code < 0:
+                run.exited(0, -code, now)
+            else:
+                run.exited(code, None, now)
+            log.info("pod %s/%s container %s exited %s", rt.namespace, rt.name, name, code)
+
+    def kill_all(self, rt: PodRuntime, sig: signal.Signals) -> None:
+        for proc in rt.procs.values():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, sig)
+        if sig == signal.SIGKILL:
+            for proc in rt.procs.values():
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=5)
+            self.reap(rt, time.time())
+
+    def terminate(self, rt: PodRuntime, now: float) -> None:
+        """Kubelet's delete: SIGTERM, wait the grace period, SIGKILL, then finish the delete."""
+        if rt.kill_deadline is None:
+            grace = rt.pod["metadata"].get("deletionGracePeriodSeconds")
+            if grace is None:
+                grace = rt.spec.get("terminationGracePeriodSeconds", 30)
+            rt.kill_deadline = now + float(grace)
+            for proc in rt.procs.values():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGTERM)  # the main process, as kubelet does
+            if rt.procs:
+                log.info("pod %s/%s: SIGTERM, grace %ss", rt.namespace, rt.name, grace)
+                threading.Timer(float(grace) + 0.05, self.wake.set).start()
+        if rt.procs and now < rt.kill_deadline:
+            return
+        self.kill_all(rt, signal.SIGKILL)
+        self.teardown(rt, remove_dir=False)
+        spec_phase = plan(rt.spec, rt.runs, now).phase
+        rt.phase = spec_phase if spec_phase in ("Succeeded", "Failed") else "Failed"
+        with contextlib.suppress(client.ApiException):
+            self.post_status(rt, now)
+        try:
+            self.core.delete_namespaced_pod(
+                rt.name,
+                rt.namespace,
+                body=_body(
+                    {
+                        "apiVersion": "v1",
+                        "kind": "DeleteOptions",
+                        "gracePeriodSeconds": 0,
+                        "preconditions": {"uid": rt.uid},
+                    }
+                ),
+                _preload_content=False,
+                _request_timeout=TIMEOUT,
+            )
+        except client.ApiException as e:
+            if e.status not in (404, 409):
+                raise
+        self.pods.pop(rt.uid, None)
+        shutil.rmtree(rt.dir, ignore_errors=True)
+        log.info("pod %s/%s deleted", rt.namespace, rt.name)
+
+    # ---------------------------------------------------------------- status
+    def post_status(self, rt: PodRuntime, now: float) -> None:
+        if not self.heartbeat or self.lost:
+            return
+        for name, run in rt.runs.items():
+            run.ready = run.running and self.container_ready(rt, name)
+        prev = (rt.pod.get("status") or {}).get("conditions") or []
+        status = pod_status(
+            rt.spec,
+            rt.runs,
+            phase=rt.phase,
+            pod_ip=rt.ip,
+            host_ip=HOST_IP,
+            start_time=rt.start_time,
+            sandbox_ready=bool(rt.netns) and not rt.torn_down,
+            prev_conditions=prev,
+            now=now,
+        )
+        if status == rt.last_status:
+            return
+        try:
+            self.core.patch_namespaced_pod_status(
+                rt.name,
+                rt.namespace,
+                {"status": status},
+                _preload_content=False,
+                _request_timeout=TIMEOUT,
+            )
+            rt.last_status = status
+        except client.ApiException as e:
+            if e.status != 404:
+                log.warning("status of %s/%s: %s", rt.namespace, rt.name, e.reason)
+
+    # ---------------------------------------------------------------- probes
+    def container_ready(self, rt: PodRuntime, name: str) -> bool:
+        c = self.container_spec(rt, name)
+        if not c.get("readinessProbe"):
+            return True
+        return rt.runs[name].probe_ok
+
+    def prober_loop(self) -> None:
+        while not self.stop.wait(0.5):
+            if self.lost:
+                continue
+            for rt in list(self.pods.values()):
+                for name, run in list(rt.runs.items()):
+                    if not run.running or rt.torn_down:
+                        continue
+                    try:
+                        c = self.container_spec(rt, name)
+                    except KeyError:
+                        continue
+                    probe = c.get("readinessProbe")
+                    if not probe:
+                        continue
+                    self.maybe_probe(rt, name, run, probe)
+
+    def maybe_probe(self, rt: PodRuntime, name: str, run: ContainerRun, probe: Obj) -> None:
+        now = time.time()
+        st = rt.probes.get(name)
+        if st is None:
+            started = run.running_since or now
+            st = ProbeState(next_at=started + float(probe.get("initialDelaySeconds") or 0))
+            rt.probes[name] = st
+        if now < st.next_at:
+            return
+        st.next_at = now + float(probe.get("periodSeconds") or 10)
+        ok = self.probe_once(rt, run, probe)
+        if ok:
+            st.successes, st.failures = st.successes + 1, 0
+            if st.successes >= int(probe.get("successThreshold") or 1) and not run.probe_ok:
+                run.probe_ok = True
+                self.wake.set()
+        else:
+            st.successes, st.failures = 0, st.failures + 1
+            if st.failures >= int(probe.get("failureThreshold") or 3) and run.probe_ok:
+                run.probe_ok = False
+                self.wake.set()
+
+    def probe_once(self, rt: PodRuntime, run: ContainerRun, probe: Obj) -> bool:
+        timeout = float(probe.get("timeoutSeconds") or 1)
+        try:
+            if probe.get("tcpSocket"):
+                t = probe["tcpSocket"]
+                return network.probe_tcp(rt.netns, t.get("host") or rt.ip, int(t["port"]), timeout)
+            if probe.get("httpGet"):
+                h = probe["httpGet"]
+                host = h.get("host") or rt.ip
+                return network.probe_http(
+                    rt.netns, host, int(h["port"]), h.get("path", "/"), timeout
+                )
+            if probe.get("exec") and run.pid:
+                cmd = ["nsenter", "-t", str(run.pid), "-n", "-m", "-u", "--"]
+                cmd += probe["exec"].get("command") or []
+                r = subprocess.run(cmd, capture_output=True, timeout=timeout, check=False)
+                return r.returncode == 0
+        except (OSError, subprocess.TimeoutExpired, ValueError):
+            return False
+        return False
+
+    # ---------------------------------------------------------------- logs
+    def lookup_logs(
+        self, namespace: str, pod: str, container: str, previous: bool
+    ) -> kubelet_server.LogSource | str:
+        rt = next(
+            (r for r in list(self.pods.values()) if (r.namespace, r.name) == (namespace, pod)),
+            None,
+        )
+        if rt is None:
+            return f'pod "{pod}" in namespace "{namespace}" is not running on node {self.node}'
+        paths = rt.log_paths.get(container)
+        if not paths:
+            return f'container "{container}" in pod "{pod}" has not started'
+        if previous:
+            if len(paths) < 2:
+                return f'previous terminated container "{container}" in pod "{pod}" not found'
+            return kubelet_server.LogSource(paths[-2], lambda: False)
+        path = paths[-1]
+        return kubelet_server.LogSource(
+            path,
+            lambda: (
+                bool(rt.log_paths.get(container))
+                and rt.log_paths[container][-1] == path
+                and container in rt.procs
+            ),
+        )
+
+    # ---------------------------------------------------------------- faults
+    def control_server(self) -> None:
+        path = self.state / "control.sock"
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        srv.bind(str(path))
+        srv.listen(8)
+        self.control = srv
+
+        def serve() -> None:
+            while not self.stop.is_set():
+                try:
+                    conn, _ = srv.accept()
+                except OSError:
+                    return
+                threading.Thread(target=self.control_conn, args=(conn,), daemon=True).start()
+
+        threading.Thread(target=serve, name="control", daemon=True).start()
+
+    def control_conn(self, conn: socket.socket) -> None:
+        with conn:
+            f = conn.makefile("rwb")
+            line = f.readline()
+            try:
+                req = json.loads(line)
+                reply: queue.Queue[Obj] = queue.Queue()
+                self.requests.put((req, reply))
+                self.wake.set()
+                resp = reply.get(timeout=60)
+            except Exception as e:
+                resp = {"ok": False, "error": str(e)}
+            f.write(json.dumps(resp).encode() + b"\n")
+            f.flush()
+
+    def handle_requests(self) -> None:
+        while True:
+            try:
+                req, reply = self.requests.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                reply.put(self.fault(req))
+            except Exception as e:
+                reply.put({"ok": False, "error": f"{type(e).__name__}: {e}"})
+
+    def find_pod(self, req: Obj) -> PodRuntime | None:
+        for rt in self.pods.values():
+            if (rt.namespace, rt.name) == (req.get("namespace", "default"), req.get("pod")):
+                return rt
+        return None
+
+    def fault(self, req: Obj) -> Obj:
+        op = req.get("op")
+        if op == "ping":
+            return {
+                "ok": True,
+                "node": self.node,
+                "pods": [f"{r.namespace}/{r.name}" for r in self.pods.values()],
+            }
+        if op == "node-ready":
+            ready = bool(req.get("ready"))
+            if not ready and req.get("report", True):
+                with contextlib.suppress(Exception):
+                    self.post_node_status("Unknown")
+            self.heartbeat = ready
+            if ready:
+                self.renew_lease()
+                self.post_node_status()
+                for rt in self.pods.values():
+                    rt.last_status = None
+            return {"ok": True, "node": self.node}
+        if op == "lose-node":
+            self.lost = True
+            self.heartbeat = False
+            for each in list(self.pods.values()):
+                self.kill_all(each, signal.SIGKILL)
+                self.teardown(each, remove_dir=False)
+            return {"ok": True, "node": self.node}
+        rt = self.find_pod(req)
+        if rt is None:
+            return {
+                "ok": False,
+                "missing": True,
+                "error": f"pod {req.get('pod')} not on {self.node}",
+            }
+        if op == "kill":
+            names = [req["container"]] if req.get("container") else list(rt.procs)
+            killed = []
+            for name in names:
+                proc = rt.procs.get(name)
+                if proc is not None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    killed.append(proc.pid)
+            return {
+                "ok": bool(killed),
+                "killed": killed,
+                "node": self.node,
+                **({} if killed else {"error": "no running container matched"}),
+            }
+        if op == "network":
+            up = bool(req.get("up"))
+            network.set_pod_network(self.args.cluster_network, rt.uid, up)
+            rt.network_cut = not up
+            if rt.forwarder is not None:
+                rt.forwarder.set_cut(not up)
+            return {"ok": True, "node": self.node}
+        return {"ok": False, "error": f"unknown op {op!r}"}
+
+    # ---------------------------------------------------------------- shutdown
+    def shutdown(self) -> None:
+        """Stop every pod (SIGTERM, a short grace, SIGKILL) and remove their netns."""
+        log.info("shutting down: stopping %d pods", len(self.pods))
+        deadline = time.time()
+        for rt in self.pods.values():
+            grace = rt.spec.get("terminationGracePeriodSeconds", 30)
+            deadline = max(deadline, time.time() + min(float(grace), SHUTDOWN_GRACE_CAP_S))
+            for proc in rt.procs.values():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGTERM)
+        while time.time() < deadline and any(
+            proc.poll() is None for rt in self.pods.values() for proc in rt.procs.values()
+        ):
+            time.sleep(0.1)
+        for rt in self.pods.values():
+            self.kill_all(rt, signal.SIGKILL)
+            self.teardown(rt, remove_dir=True)
+        with contextlib.suppress(Exception):
+            self.log_server.shutdown()
+        if self.control is not None:
+            self.control.close()
+        with contextlib.suppress(FileNotFoundError):
+            (self.state / "control.sock").unlink()
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m elasticjob_devcluster.node_agent")
+    p.add_argument("--kubeconfig", required=True)
+    p.add_argument("--node", required=True)
+    p.add_argument("--state-dir", required=True)
+    p.add_argument("--kubelet-port", type=int, required=True)
+    p.add_argument("--pod-cidr", required=True)
+    p.add_argument("--cluster-network", default="ej-net")
+    p.add_argument("--apiserver-port", type=int, required=True)
+    p.add_argument("--ca-file", required=True)
+    p.add_argument("--serving-cert", required=True)
+    p.add_argument("--serving-key", required=True)
+    p.add_argument("--client-ca-file", required=True)
+    p.add_argument(
+        "--shared-dir",
+        default="",
+        help="where PersistentVolumeClaim directories live (default: STATE_DIR/../../shared)",
+    )
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO,
+        format=f"%(asctime)s {args.node} %(levelname)s %(message)s",
+    )
+    if os.geteuid() != 0:
+        sys.exit("node_agent: must run as root (it creates network and mount namespaces)")
+    Path(args.state_dir).mkdir(parents=True, exist_ok=True)
+    agent = Agent(args)
+
+    def on_signal(signum: int, frame: object) -> None:
+        agent.stop.set()
+        agent.wake.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    agent.clean_previous_run()
+    network.ensure_cluster_network(args.cluster_network)
+    while True:
+        try:
+            agent.register_node()
+            break
+        except Exception as e:
+            if agent.stop.is_set():
+                return
+            log.warning("registering node %s: %s; retrying", args.node, e)
+            time.sleep(1)
+    agent.run()
+
+
+if __name__ == "__main__":
+    main()

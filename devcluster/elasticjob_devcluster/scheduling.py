@@ -1,0 +1,80 @@
+"""Which node a pending pod goes to: the devcluster has no kube-scheduler.
+
+Every agent runs the same pure choice over the same watched objects and binds only the
+pods it picks for itself, so pods spread evenly (fewest running pods first, then by
+name) and nodes that are NotReady, cordoned, tainted or not matching nodeSelector are
+skipped. If views differ for a moment, the API server refuses the second Binding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+Obj = dict[str, Any]
+
+DEFAULT_SCHEDULER = "default-scheduler"
+
+
+def node_ready(node: Obj) -> bool:
+    for cond in (node.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "Ready":
+            return bool(cond.get("status") == "True")
+    return False
+
+
+def tolerates(tolerations: Iterable[Obj], taint: Obj) -> bool:
+    for t in tolerations:
+        if t.get("effect") and t.get("effect") != taint.get("effect"):
+            continue
+        op = t.get("operator") or "Equal"
+        if not t.get("key"):
+            if op == "Exists":
+                return True
+            continue
+        if t.get("key") != taint.get("key"):
+            continue
+        if op == "Exists" or (t.get("value") or "") == (taint.get("value") or ""):
+            return True
+    return False
+
+
+def fits(pod: Obj, node: Obj) -> bool:
+    spec = pod.get("spec") or {}
+    labels: Mapping[str, str] = (node.get("metadata") or {}).get("labels") or {}
+    if (node.get("spec") or {}).get("unschedulable"):
+        return False
+    if not node_ready(node):
+        return False
+    for k, v in (spec.get("nodeSelector") or {}).items():
+        if labels.get(k) != v:
+            return False
+    tolerations = spec.get("tolerations") or []
+    for taint in (node.get("spec") or {}).get("taints") or []:
+        if taint.get("effect") in ("NoSchedule", "NoExecute") and not tolerates(tolerations, taint):
+            return False
+    return True
+
+
+def wants_scheduling(pod: Obj) -> bool:
+    spec = pod.get("spec") or {}
+    meta = pod.get("metadata") or {}
+    return (
+        not spec.get("nodeName")
+        and (spec.get("schedulerName") or DEFAULT_SCHEDULER) == DEFAULT_SCHEDULER
+        and not meta.get("deletionTimestamp")
+        and (pod.get("status") or {}).get("phase", "Pending") == "Pending"
+    )
+
+
+def choose_node(pod: Obj, nodes: Iterable[Obj], pods: Iterable[Obj]) -> str | None:
+    """The node this pod should be bound to, or None when none fits."""
+    load: dict[str, int] = {}
+    for p in pods:
+        node = (p.get("spec") or {}).get("nodeName")
+        if node and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+            load[node] = load.get(node, 0) + 1
+    names = [str(n["metadata"]["name"]) for n in nodes if fits(pod, n)]
+    if not names:
+        return None
+    return min(names, key=lambda n: (load.get(n, 0), n))
