@@ -338,7 +338,8 @@ SPEC_RULES: Final[tuple[Rule, ...]] = (
     Rule(
         cel="type(self.nprocPerNode) == int ? self.nprocPerNode >= 1 : "
         "self.nprocPerNode in ['auto', 'cpu', 'gpu']",
-        message="spec.nprocPerNode must be a number of at least 1, or auto, cpu or gpu",
+        message="spec.nprocPerNode must be a number of at least 1, or auto, cpu or gpu: "
+        "e.g. nprocPerNode: 2",
         field_path=".nprocPerNode",
         check=_nproc_ok,
     ),
@@ -346,7 +347,7 @@ SPEC_RULES: Final[tuple[Rule, ...]] = (
         cel="!has(self.rdzvConf) || self.rdzvConf.all(k, k.matches('^[A-Za-z_][A-Za-z0-9_]*$')"
         " && !self.rdzvConf[k].contains(',') && !self.rdzvConf[k].contains('='))",
         message="spec.rdzvConf keys must be identifiers and values must not contain ',' or "
-        "'=' (they are joined as key=value,key=value)",
+        "'=': they are joined as key=value,key=value into PET_RDZV_CONF",
         field_path=".rdzvConf",
         check=lambda s: all(
             k.isidentifier() and "," not in v and "=" not in v

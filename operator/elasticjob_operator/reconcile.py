@@ -183,6 +183,13 @@ def progress_from_json(data: Obj, now: datetime) -> models.Progress:
     return models.Progress(**fields, update_time=now.replace(microsecond=0))
 
 
+def _progress_changed(old: models.Progress | None, new: models.Progress) -> bool:
+    """Only a new value counts: re-reading the same step must not rewrite the status."""
+    if old is None:
+        return True
+    return old.model_dump(exclude={"update_time"}) != new.model_dump(exclude={"update_time"})
+
+
 # -- status helpers --------------------------------------------------------------------
 
 
@@ -334,7 +341,7 @@ def reconcile(
     d = Decision(status=st)
     st.observed_generation = generation
     st.selector = builders.selector_string(ref.name)
-    if observed.progress is not None:
+    if observed.progress is not None and _progress_changed(st.progress, observed.progress):
         st.progress = observed.progress
     pods = sorted(observed.pods, key=lambda p: p.index)
     deleted: set[str] = set()

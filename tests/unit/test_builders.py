@@ -1,0 +1,160 @@
+"""Worker pods, Services and the etcd as the operator builds them: names, labels, owner
+references, and the environment contract shared with the runtime."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from elasticjob_operator import builders, models
+from elasticjob_operator.builders import JobRef
+from elasticjob_runtime import contract
+
+REF = JobRef(name="train", namespace="ml", uid="uid-1")
+
+
+def make_spec(**over: Any) -> models.ElasticJobSpec:
+    container = over.pop(
+        "container",
+        {"name": "trainer", "image": "img", "command": ["elasticjob-run", "train.py"]},
+    )
+    raw: dict[str, Any] = {
+        "minReplicas": 2,
+        "maxReplicas": 4,
+        "replicaSpecs": {
+            "Worker": {
+                "replicas": 3,
+                "template": {
+                    "metadata": {"labels": {"team": "ml"}, "annotations": {"a": "b"}},
+                    "spec": {
+                        "containers": [container, {"name": "side", "image": "s"}],
+                        "restartPolicy": "Always",
+                        "nodeSelector": {"gpu": "yes"},
+                    },
+                },
+            }
+        },
+    }
+    raw.update(over)
+    return models.ElasticJobSpec.model_validate(raw)
+
+
+def env_of(pod: dict[str, Any], container: int = 0) -> dict[str, Any]:
+    return {e["name"]: e for e in pod["spec"]["containers"][container]["env"]}
+
+
+def test_worker_pod_has_stable_name_identity_and_owner() -> None:
+    pod = builders.worker_pod(REF, make_spec(), 2, 0)
+    meta = pod["metadata"]
+    assert meta["name"] == "train-worker-2"
+    assert meta["namespace"] == "ml"
+    assert meta["labels"] == {
+        "team": "ml",
+        "elastic.pytorch.org/job-name": "train",
+        "elastic.pytorch.org/replica-type": "worker",
+        "elastic.pytorch.org/replica-index": "2",
+        "elastic.pytorch.org/incarnation": "0",
+        "app.kubernetes.io/managed-by": "elasticjob-operator",
+    }
+    assert meta["annotations"] == {"a": "b"}
+    assert meta["ownerReferences"] == [
+        {
+            "apiVersion": "elastic.pytorch.org/v1alpha1",
+            "kind": "ElasticJob",
+            "name": "train",
+            "uid": "uid-1",
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+    spec = pod["spec"]
+    assert spec["hostname"] == "train-worker-2"
+    assert spec["subdomain"] == "train-worker"
+    assert spec["restartPolicy"] == "Never"  # the operator replaces, so it can count
+    assert spec["nodeSelector"] == {"gpu": "yes"}  # template fields pass through
+    assert spec["containers"][0]["command"] == ["elasticjob-run", "train.py"]
+
+
+def test_worker_env_is_the_contract() -> None:
+    spec = make_spec(rdzvConf={"join_timeout": "900", "close_timeout": "5"}, nprocPerNode="auto")
+    env = env_of(builders.worker_pod(REF, spec, 0, 0))
+    assert env[contract.RDZV_ID]["value"] == "uid-1"
+    assert env[contract.RDZV_BACKEND]["value"] == "etcd-v3"
+    assert env[contract.RDZV_ENDPOINT]["value"] == "train-etcd.ml.svc:2379"
+    assert env[contract.NNODES]["value"] == "2:4"
+    assert env[contract.NPROC_PER_NODE]["value"] == "auto"
+    assert env[contract.MAX_RESTARTS]["value"] == str(models.DEFAULT_MAX_RESTARTS)
+    assert env[contract.RDZV_CONF]["value"] == "close_timeout=5,join_timeout=900"
+    assert env[contract.JOB_NAME]["value"] == "train"
+    assert env[contract.JOB_NAMESPACE]["value"] == "ml"
+    assert env[contract.POD_NAME]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert env[contract.POD_IP]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    assert env[contract.NODE_NAME]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    # every container gets it, sidecars too
+    assert env_of(builders.worker_pod(REF, spec, 0, 0), 1)[contract.RDZV_ID]["value"] == "uid-1"
+
+
+def test_a_variable_the_template_sets_is_kept() -> None:
+    container = {
+        "name": "trainer",
+        "image": "img",
+        "env": [{"name": contract.NPROC_PER_NODE, "value": "7"}, {"name": "X", "value": "1"}],
+    }
+    env = builders.worker_pod(REF, make_spec(container=container), 0, 0)["spec"]["containers"][0][
+        "env"
+    ]
+    names = [e["name"] for e in env]
+    assert names.count(contract.NPROC_PER_NODE) == 1
+    assert env[0] == {"name": contract.NPROC_PER_NODE, "value": "7"}
+    assert "X" in names and contract.RDZV_ID in names
+
+
+def test_incarnation_changes_the_rendezvous_id() -> None:
+    env = env_of(builders.worker_pod(REF, make_spec(), 0, 3))
+    assert env[contract.RDZV_ID]["value"] == "uid-1-3"
+
+
+def test_endpoint_is_the_users_when_given() -> None:
+    spec = make_spec(rdzvEndpoint="etcd-service:2379")
+    assert env_of(builders.worker_pod(REF, spec, 0, 0))[contract.RDZV_ENDPOINT]["value"] == (
+        "etcd-service:2379"
+    )
+
+
+def test_building_a_pod_does_not_mutate_the_spec() -> None:
+    spec = make_spec()
+    before = spec.model_dump()
+    builders.worker_pod(REF, spec, 0, 0)
+    builders.worker_pod(REF, spec, 1, 0)
+    assert spec.model_dump() == before
+
+
+def test_headless_service_selects_the_workers() -> None:
+    svc = builders.worker_service(REF)
+    assert svc["metadata"]["name"] == "train-worker"
+    assert svc["spec"]["clusterIP"] == "None"
+    assert svc["spec"]["selector"] == builders.worker_selector("train")
+    assert svc["spec"]["publishNotReadyAddresses"] is True
+    assert svc["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+
+
+def test_etcd_deployment_and_service() -> None:
+    spec = make_spec(etcd={"image": "etcd:test", "resources": {"limits": {"cpu": "1"}}})
+    dep = builders.etcd_deployment(REF, spec)
+    assert dep["metadata"]["name"] == "train-etcd"
+    assert dep["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+    assert dep["spec"]["strategy"] == {"type": "Recreate"}
+    pod = dep["spec"]["template"]
+    assert pod["metadata"]["labels"][builders.LABEL_ROLE] == "etcd"
+    container = pod["spec"]["containers"][0]
+    assert container["image"] == "etcd:test"
+    assert container["resources"] == {"limits": {"cpu": "1"}}
+    assert "--advertise-client-urls=http://train-etcd.ml.svc:2379" in container["args"]
+    assert "--listen-client-urls=http://0.0.0.0:2379" in container["args"]
+    svc = builders.etcd_service(REF)
+    assert svc["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"]
+    port = svc["spec"]["ports"][0]
+    assert port["port"] == port["targetPort"] == 2379  # no kube-proxy needed to reach it
+    default = builders.etcd_deployment(REF, make_spec())
+    assert default["spec"]["template"]["spec"]["containers"][0]["image"] == (
+        models.DEFAULT_ETCD_IMAGE
+    )

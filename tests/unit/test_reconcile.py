@@ -1,0 +1,726 @@
+"""The operator's decisions, rule by rule, without a cluster.
+
+A tiny in-memory world plays the cluster's part between rounds: what the decision
+creates appears (pods Pending), what it deletes disappears, and a test moves pods to
+Running/Failed/Succeeded the way a kubelet would. Each test asserts what a user would
+see: pod names, status fields, conditions, events.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from elasticjob_operator import builders, models
+from elasticjob_operator.builders import JobRef
+from elasticjob_operator.models import ConditionType as C
+from elasticjob_operator.reconcile import (
+    ChildRef,
+    Config,
+    Decision,
+    Observed,
+    ObservedPod,
+    exit_code,
+    invalid_spec,
+    observe_pod,
+    progress_from_json,
+    reconcile,
+    set_condition,
+)
+
+REF = JobRef(name="train", namespace="ml", uid="uid-1")
+T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
+
+
+def make_spec(**over: Any) -> models.ElasticJobSpec:
+    worker: dict[str, Any] = {
+        "replicas": over.pop("replicas", 2),
+        "restartPolicy": over.pop("restartPolicy", "OnFailure"),
+        "template": {"spec": {"containers": [{"name": "trainer", "image": "img"}]}},
+    }
+    raw: dict[str, Any] = {"minReplicas": 1, "maxReplicas": 4, "replicaSpecs": {"Worker": worker}}
+    raw.update(over)
+    return models.ElasticJobSpec.model_validate(raw)
+
+
+@dataclass
+class World:
+    """The cluster between rounds: pods by name, Services, Deployments."""
+
+    spec: models.ElasticJobSpec
+    status: models.ElasticJobStatus = field(default_factory=models.ElasticJobStatus)
+    pods: dict[str, ObservedPod] = field(default_factory=dict)
+    services: set[str] = field(default_factory=set)
+    deployments: set[str] = field(default_factory=set)
+    now: datetime = T0
+    config: Config = field(default_factory=lambda: Config(below_min_grace_seconds=60))
+    last: Decision | None = None
+
+    def observed(self, progress: models.Progress | None = None) -> Observed:
+        return Observed(
+            pods=tuple(self.pods.values()),
+            services=frozenset(self.services),
+            deployments=frozenset(self.deployments),
+            progress=progress,
+        )
+
+    def round(self, progress: models.Progress | None = None) -> Decision:
+        d = reconcile(
+            REF, 1, self.spec, self.status, self.observed(progress), self.now, self.config
+        )
+        for ref in d.delete:
+            if ref.kind == "Pod" and ref.name in self.pods:
+                # deletion is graceful: the pod is terminating until `settle`
+                self.pods[ref.name] = replace(self.pods[ref.name], terminating=True)
+            elif ref.kind == "Service":
+                self.services.discard(ref.name)
+            elif ref.kind == "Deployment":
+                self.deployments.discard(ref.name)
+        for obj in d.create:
+            name = obj["metadata"]["name"]
+            kind = obj["kind"]
+            if kind == "Pod":
+                labels = obj["metadata"]["labels"]
+                self.pods[name] = ObservedPod(
+                    name=name,
+                    index=int(labels[builders.LABEL_INDEX]),
+                    phase="Pending",
+                    incarnation=int(labels[builders.LABEL_INCARNATION]),
+                )
+            elif kind == "Service":
+                self.services.add(name)
+            else:
+                self.deployments.add(name)
+        self.status = d.status
+        self.last = d
+        return d
+
+    def settle(self) -> None:
+        """Terminating pods finish going away."""
+        self.pods = {n: p for n, p in self.pods.items() if not p.terminating}
+
+    def set(self, i: int, phase: str, code: int | None = None, reason: str = "") -> None:
+        name = builders.worker_pod_name(REF.name, i)
+        self.pods[name] = replace(self.pods[name], phase=phase, exit_code=code, reason=reason)
+
+    def run_all(self) -> None:
+        for i in list(self.indexes()):
+            self.set(i, "Running")
+
+    def indexes(self) -> list[int]:
+        return sorted(p.index for p in self.pods.values())
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
+def reasons(d: Decision) -> list[str]:
+    return [e.reason for e in d.events]
+
+
+def pod_names(d: Decision) -> list[str]:
+    return [o["metadata"]["name"] for o in d.create if o["kind"] == "Pod"]
+
+
+def deleted_pods(d: Decision) -> list[str]:
+    return [r.name for r in d.delete if r.kind == "Pod"]
+
+
+def cond(status: models.ElasticJobStatus, type_: C) -> models.Condition:
+    c = status.condition(type_)
+    assert c is not None, f"no {type_} condition in {status.conditions}"
+    return c
+
+
+def running_world(**over: Any) -> World:
+    w = World(make_spec(**over))
+    w.round()
+    w.run_all()
+    w.round()
+    return w
+
+
+# -- creation and steady state ---------------------------------------------------------
+
+
+def test_first_round_creates_service_etcd_and_stably_named_workers() -> None:
+    w = World(make_spec(replicas=3))
+    d = w.round()
+    assert pod_names(d) == ["train-worker-0", "train-worker-1", "train-worker-2"]
+    kinds = sorted((o["kind"], o["metadata"]["name"]) for o in d.create if o["kind"] != "Pod")
+    assert kinds == [
+        ("Deployment", "train-etcd"),
+        ("Service", "train-etcd"),
+        ("Service", "train-worker"),
+    ]
+    assert d.status.is_true(C.CREATED)
+    assert d.status.phase == "Created"
+    assert d.status.start_time == T0
+    assert d.status.worker_indexes.launched == [0, 1, 2]
+    assert d.status.replica_statuses.worker.active == 3
+    assert d.status.selector == (
+        "elastic.pytorch.org/job-name=train,elastic.pytorch.org/replica-type=worker"
+    )
+    assert {"Created", "ProvisionedEtcd", "CreatedWorkers"} <= set(reasons(d))
+
+
+def test_steady_state_round_changes_nothing_so_an_operator_restart_is_harmless() -> None:
+    w = running_world(replicas=3)
+    before = w.status.model_dump()
+    for _ in range(3):
+        w.advance(5)
+        d = w.round()
+        assert d.create == [] and d.delete == [] and d.events == []
+        assert w.status.model_dump() == before
+
+
+def test_running_condition_needs_min_replicas_running() -> None:
+    w = World(make_spec(replicas=3, minReplicas=2))
+    w.round()
+    w.set(0, "Running")
+    d = w.round()
+    assert not d.status.is_true(C.RUNNING)
+    assert cond(d.status, C.RUNNING).reason == "WaitingForWorkers"
+    w.set(1, "Running")
+    d = w.round()
+    assert d.status.is_true(C.RUNNING)
+    assert d.status.phase == "Running"
+    assert d.status.replica_statuses.worker.active == 3
+
+
+def test_user_endpoint_means_no_etcd_is_provisioned() -> None:
+    w = World(make_spec(rdzvEndpoint="etcd-service:2379"))
+    d = w.round()
+    assert "train-etcd" not in [o["metadata"]["name"] for o in d.create]
+    assert "ProvisionedEtcd" not in reasons(d)
+
+
+def test_c10d_uses_worker_zero_and_no_etcd() -> None:
+    spec = make_spec(rdzvBackend="c10d")
+    d = World(spec).round()
+    assert all(o["metadata"]["name"] != "train-etcd" for o in d.create)
+    assert builders.rdzv_endpoint(REF, spec) == "train-worker-0.train-worker.ml.svc:29400"
+
+
+def test_missing_service_or_etcd_is_recreated() -> None:
+    w = running_world()
+    w.services.clear()
+    w.deployments.clear()
+    d = w.round()
+    assert sorted(o["metadata"]["name"] for o in d.create) == [
+        "train-etcd",
+        "train-etcd",
+        "train-worker",
+    ]
+    assert pod_names(d) == []
+
+
+# -- failures and restartPolicy --------------------------------------------------------
+
+
+def test_on_failure_deletes_then_recreates_the_same_name_and_counts_it() -> None:
+    w = running_world(replicas=2, backoffLimit=3)
+    w.set(1, "Failed", code=1)
+    d = w.round()
+    assert deleted_pods(d) == ["train-worker-1"]
+    assert pod_names(d) == []  # the name is taken until the old pod is gone
+    assert d.status.replica_statuses.worker.failed == 1
+    assert d.status.worker_indexes.replacing == [1]
+    assert d.status.is_true(C.RESTARTING)
+    assert d.status.phase == "Restarting"
+    assert "RestartingWorker" in reasons(d)
+    # still terminating: wait
+    d = w.round()
+    assert pod_names(d) == [] and d.status.restart_count == 0
+    w.settle()
+    d = w.round()
+    assert pod_names(d) == ["train-worker-1"]
+    assert d.status.restart_count == 1
+    assert d.status.replica_statuses.worker.failed == 1  # not counted twice
+    assert "ReplacedWorkers" in reasons(d)
+    w.run_all()
+    d = w.round()
+    assert not d.status.is_true(C.RESTARTING)
+    assert d.status.phase == "Running"
+
+
+def test_a_deleted_pod_is_replaced_at_once_and_counted() -> None:
+    w = running_world(replicas=3)
+    del w.pods["train-worker-2"]
+    d = w.round()
+    assert pod_names(d) == ["train-worker-2"]
+    assert d.status.restart_count == 1
+    assert d.status.replica_statuses.worker.failed == 1
+    assert "RestartingWorker" in reasons(d)
+
+
+def test_a_pod_being_deleted_is_waited_for() -> None:
+    w = running_world(replicas=2)
+    name = "train-worker-0"
+    w.pods[name] = replace(w.pods[name], terminating=True)
+    d = w.round()
+    assert d.create == [] and d.delete == []
+    assert d.status.is_true(C.RESTARTING)
+
+
+def test_backoff_limit_spent_fails_the_job_and_stops_running_workers() -> None:
+    w = running_world(replicas=2, backoffLimit=1)
+    w.set(0, "Failed", code=1)
+    w.round()
+    w.settle()
+    w.round()
+    w.run_all()
+    w.round()
+    assert w.status.restart_count == 1
+    w.set(1, "Failed", code=1)
+    d = w.round()
+    assert d.status.is_true(C.FAILED)
+    assert cond(d.status, C.FAILED).reason == "BackoffLimitExceeded"
+    assert d.status.phase == "Failed"
+    assert d.status.completion_time == w.now
+    assert deleted_pods(d) == ["train-worker-0"]  # running one; the failed one stays for logs
+    assert "BackoffLimitExceeded" in reasons(d)
+    assert any(e.type == "Warning" for e in d.events)
+
+
+def test_backoff_limit_zero_fails_on_the_first_failure() -> None:
+    w = running_world(backoffLimit=0)
+    w.set(0, "Failed", code=2)
+    d = w.round()
+    assert cond(d.status, C.FAILED).reason == "BackoffLimitExceeded"
+
+
+def test_simultaneous_failures_share_the_backoff_budget() -> None:
+    w = running_world(replicas=3, backoffLimit=1)
+    w.set(0, "Failed", code=1)
+    w.set(1, "Failed", code=1)
+    d = w.round()
+    assert d.status.is_true(C.FAILED)
+
+
+def test_always_replaces_beyond_backoff_limit() -> None:
+    w = running_world(replicas=2, backoffLimit=0, restartPolicy="Always")
+    for n in range(3):
+        w.set(0, "Failed", code=1)
+        w.round()
+        w.settle()
+        d = w.round()
+        assert pod_names(d) == ["train-worker-0"]
+        assert d.status.restart_count == n + 1
+        w.run_all()
+    assert not w.status.finished
+
+
+@pytest.mark.parametrize("code", [1, 2, 100, 127])
+def test_exit_code_policy_fails_on_a_permanent_exit_code(code: int) -> None:
+    w = running_world(restartPolicy="ExitCode")
+    w.set(1, "Failed", code=code)
+    d = w.round()
+    assert cond(d.status, C.FAILED).reason == "PermanentError"
+    assert f"exit code {code}" in cond(d.status, C.FAILED).message
+    assert d.status.restart_count == 0
+
+
+@pytest.mark.parametrize("code", [128, 137, 143, 255, None])
+def test_exit_code_policy_retries_signals_and_lost_pods(code: int | None) -> None:
+    w = running_world(restartPolicy="ExitCode")
+    w.set(1, "Failed", code=code, reason="Evicted" if code is None else "")
+    d = w.round()
+    assert not d.status.finished
+    assert deleted_pods(d) == ["train-worker-1"]
+    w.settle()
+    assert pod_names(w.round()) == ["train-worker-1"]
+
+
+def test_never_does_not_replace_and_the_job_carries_on_above_min() -> None:
+    w = running_world(replicas=3, minReplicas=2, restartPolicy="Never")
+    w.set(2, "Failed", code=1)
+    d = w.round()
+    assert d.create == [] and d.delete == []  # failed pod kept for its logs
+    assert d.status.worker_indexes.retired == [2]
+    assert "WorkerRetired" in reasons(d)
+    assert d.status.is_true(C.RUNNING)
+    d = w.round()
+    assert d.events == []  # retired once, not counted again
+    assert d.status.replica_statuses.worker.failed == 1
+
+
+def test_never_below_min_fails_after_the_grace_period() -> None:
+    w = running_world(replicas=2, minReplicas=2, restartPolicy="Never")
+    w.set(1, "Failed", code=1)
+    d = w.round()
+    assert d.status.below_min_since == w.now
+    assert not d.status.finished
+    w.advance(59)
+    assert not w.round().status.finished
+    w.advance(2)
+    d = w.round()
+    assert cond(d.status, C.FAILED).reason == "BelowMinReplicas"
+
+
+def test_below_min_clock_resets_when_workers_come_back() -> None:
+    w = running_world(replicas=2, minReplicas=2)
+    del w.pods["train-worker-0"]
+    del w.pods["train-worker-1"]
+    # replaced at once: counted as active, so the clock never starts
+    d = w.round()
+    assert d.status.below_min_since is None
+    assert pod_names(d) == ["train-worker-0", "train-worker-1"]
+
+
+def test_a_deleted_pod_under_never_is_retired() -> None:
+    w = running_world(replicas=3, restartPolicy="Never")
+    del w.pods["train-worker-0"]
+    d = w.round()
+    assert pod_names(d) == []
+    assert d.status.worker_indexes.retired == [0]
+
+
+# -- scaling ---------------------------------------------------------------------------
+
+
+def test_scale_up_creates_the_missing_indexes() -> None:
+    w = running_world(replicas=2)
+    w.spec = make_spec(replicas=4)
+    d = w.round()
+    assert pod_names(d) == ["train-worker-2", "train-worker-3"]
+    assert d.status.is_true(C.SCALING)
+    assert "Scaling" in reasons(d)
+    assert d.status.restart_count == 0
+    w.run_all()
+    d = w.round()
+    assert not d.status.is_true(C.SCALING)
+    assert d.status.replica_statuses.worker.active == 4
+
+
+def test_scale_down_removes_the_highest_indexes_first_without_counting_failures() -> None:
+    w = running_world(replicas=4)
+    w.spec = make_spec(replicas=1)
+    d = w.round()
+    assert deleted_pods(d) == ["train-worker-3", "train-worker-2", "train-worker-1"]
+    assert d.status.replica_statuses.worker.active == 1
+    assert d.status.worker_indexes.launched == [0]
+    assert d.status.is_true(C.SCALING)
+    w.settle()
+    d = w.round()
+    assert not d.status.is_true(C.SCALING)
+    assert d.status.replica_statuses.worker.failed == 0
+    assert d.status.restart_count == 0
+
+
+def test_scaling_back_up_is_a_fresh_worker_not_a_restart() -> None:
+    w = running_world(replicas=3)
+    w.spec = make_spec(replicas=2)
+    w.round()
+    w.settle()
+    w.round()
+    w.spec = make_spec(replicas=3)
+    d = w.round()
+    assert pod_names(d) == ["train-worker-2"]
+    assert d.status.restart_count == 0
+
+
+def test_absent_replicas_means_min_replicas() -> None:
+    spec = make_spec(replicas=None, minReplicas=2)
+    assert spec.desired_replicas == 2
+    assert pod_names(World(spec).round()) == ["train-worker-0", "train-worker-1"]
+
+
+# -- suspend / resume ------------------------------------------------------------------
+
+
+def test_suspend_deletes_pods_and_keeps_the_job() -> None:
+    w = running_world(replicas=2)
+    w.spec = make_spec(replicas=2, suspend=True)
+    d = w.round()
+    assert sorted(deleted_pods(d)) == ["train-worker-0", "train-worker-1"]
+    assert d.status.is_true(C.SUSPENDED)
+    assert d.status.phase == "Suspended"
+    assert not d.status.is_true(C.RUNNING)
+    assert not d.delete_job
+    assert "Suspended" in reasons(d)
+    w.settle()
+    d = w.round()
+    assert d.create == [] and d.events == []
+
+
+def test_resume_starts_a_new_incarnation_with_a_new_rendezvous_id() -> None:
+    w = running_world(replicas=2)
+    w.spec = make_spec(replicas=2, suspend=True)
+    w.round()
+    w.spec = make_spec(replicas=2, suspend=False)
+    w.advance(30)
+    d = w.round()
+    assert d.status.incarnation == 1
+    assert pod_names(d) == []  # old pods still terminating
+    assert "Resumed" in reasons(d)
+    assert d.status.start_time == w.now
+    w.settle()
+    d = w.round()
+    assert pod_names(d) == ["train-worker-0", "train-worker-1"]
+    env = {e["name"]: e.get("value") for e in d.create[0]["spec"]["containers"][0]["env"]}
+    assert env["PET_RDZV_ID"] == "uid-1-1"
+    assert d.status.restart_count == 0
+
+
+def test_pods_of_an_earlier_incarnation_are_deleted() -> None:
+    w = running_world(replicas=2)
+    w.status.incarnation = 1
+    d = w.round()
+    assert sorted(deleted_pods(d)) == ["train-worker-0", "train-worker-1"]
+    assert "DeletedStalePods" in reasons(d)
+
+
+# -- deadlines, success, cleanup, TTL --------------------------------------------------
+
+
+def test_active_deadline_fails_and_stops_workers_even_with_clean_pod_policy_none() -> None:
+    w = running_world(activeDeadlineSeconds=100, cleanPodPolicy="None")
+    w.advance(99)
+    assert not w.round().status.finished
+    w.advance(1)
+    d = w.round()
+    assert cond(d.status, C.FAILED).reason == "DeadlineExceeded"
+    assert sorted(deleted_pods(d)) == ["train-worker-0", "train-worker-1"]
+
+
+def test_succeeds_once_every_worker_exited_zero() -> None:
+    w = running_world(replicas=2)
+    w.set(0, "Succeeded", code=0)
+    d = w.round()
+    assert not d.status.finished  # worker 1 still running
+    w.set(1, "Succeeded", code=0)
+    d = w.round()
+    assert d.status.is_true(C.SUCCEEDED)
+    assert d.status.phase == "Succeeded"
+    assert d.status.completion_time == w.now
+    assert d.status.replica_statuses.worker.succeeded == 2
+    assert deleted_pods(d) == []  # nothing running to clean
+    assert [r for r in d.delete if r.kind != "Pod"] == [
+        ChildRef("Deployment", "train-etcd"),
+        ChildRef("Service", "train-etcd"),
+    ]
+
+
+def test_after_the_first_success_nothing_is_replaced() -> None:
+    w = running_world(replicas=3)
+    w.set(0, "Succeeded", code=0)
+    w.set(1, "Failed", code=1)
+    d = w.round()
+    assert d.create == [] and deleted_pods(d) == []
+    assert "WorkerLeftAfterCompletion" in reasons(d)
+    assert d.status.worker_indexes.retired == [1]
+    w.set(2, "Succeeded", code=0)
+    d = w.round()
+    assert d.status.is_true(C.SUCCEEDED)
+    assert "2 workers" in cond(d.status, C.SUCCEEDED).message
+
+
+@pytest.mark.parametrize(
+    ("policy", "deleted", "etcd_deleted"),
+    [
+        ("All", ["train-worker-1", "train-worker-0"], True),
+        ("Running", ["train-worker-0"], True),
+        ("None", [], False),
+    ],
+)
+def test_clean_pod_policy_on_failure(policy: str, deleted: list[str], etcd_deleted: bool) -> None:
+    w = running_world(replicas=2, cleanPodPolicy=policy, restartPolicy="ExitCode")
+    w.set(1, "Failed", code=3)
+    d = w.round()
+    assert d.status.is_true(C.FAILED)
+    assert deleted_pods(d) == deleted
+    assert any(r.kind == "Deployment" for r in d.delete) == etcd_deleted
+
+
+def test_finished_job_creates_nothing_more() -> None:
+    w = running_world(restartPolicy="ExitCode", cleanPodPolicy="None")
+    w.set(0, "Failed", code=1)
+    w.round()
+    del w.pods["train-worker-1"]
+    w.services.clear()
+    d = w.round()
+    assert d.create == [] and d.delete == [] and d.events == []
+
+
+def test_ttl_after_finished_deletes_the_job() -> None:
+    w = running_world(ttlSecondsAfterFinished=60)
+    w.set(0, "Succeeded", code=0)
+    w.set(1, "Succeeded", code=0)
+    assert not w.round().delete_job
+    w.advance(59)
+    assert not w.round().delete_job
+    w.advance(1)
+    d = w.round()
+    assert d.delete_job
+    assert "TTLExpired" in reasons(d)
+
+
+def test_no_ttl_keeps_the_job() -> None:
+    w = running_world()
+    w.set(0, "Succeeded", code=0)
+    w.set(1, "Succeeded", code=0)
+    w.round()
+    w.advance(10**6)
+    assert not w.round().delete_job
+
+
+# -- odd observations ------------------------------------------------------------------
+
+
+def test_a_foreign_pod_holding_a_name_is_never_touched() -> None:
+    w = World(make_spec(replicas=1))
+    w.pods["train-worker-0"] = ObservedPod("train-worker-0", 0, "Running", foreign=True)
+    d = w.round()
+    assert pod_names(d) == [] and deleted_pods(d) == []
+
+
+def test_invalid_spec_fails_the_job_once() -> None:
+    d = invalid_spec(models.ElasticJobStatus(), "spec.minReplicas: too big", T0)
+    assert cond(d.status, C.FAILED).reason == "InvalidSpec"
+    assert d.status.phase == "Failed"
+    again = invalid_spec(d.status, "spec.minReplicas: too big", T0)
+    assert again.events == []
+
+
+def test_condition_transition_time_moves_only_when_status_flips() -> None:
+    s = models.ElasticJobStatus()
+    set_condition(s, C.RUNNING, True, "A", "m1", T0)
+    set_condition(s, C.RUNNING, True, "A", "m2", T0 + timedelta(seconds=5))
+    assert cond(s, C.RUNNING).last_transition_time == T0
+    assert cond(s, C.RUNNING).message == "m2"
+    set_condition(s, C.RUNNING, False, "B", "m3", T0 + timedelta(seconds=9))
+    assert cond(s, C.RUNNING).last_transition_time == T0 + timedelta(seconds=9)
+    set_condition(s, C.SCALING, False, "X", "never true", T0)
+    assert s.condition(C.SCALING) is None
+
+
+def test_progress_is_mirrored_and_a_repeated_value_does_not_rewrite_status() -> None:
+    w = running_world()
+    p1 = progress_from_json({"step": 10, "world_size": 4, "samples_per_second": 12.5}, w.now)
+    d = w.round(progress=p1)
+    assert d.status.progress is not None
+    assert (d.status.progress.step, d.status.progress.world_size) == (10, 4)
+    w.advance(10)
+    same = progress_from_json({"step": 10, "worldSize": 4, "samplesPerSecond": 12.5}, w.now)
+    d = w.round(progress=same)
+    assert d.status.progress is not None and d.status.progress.update_time == T0
+    d = w.round(progress=None)
+    assert d.status.progress is not None and d.status.progress.step == 10
+
+
+def test_progress_ignores_values_of_the_wrong_type() -> None:
+    p = progress_from_json({"step": "many", "epoch": True, "worldSize": 2, "other": 1}, T0)
+    assert (p.step, p.epoch, p.world_size) == (None, None, 2)
+
+
+# -- observation helpers ---------------------------------------------------------------
+
+
+def raw_pod(**status: Any) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": "train-worker-3",
+            "labels": {builders.LABEL_INDEX: "3", builders.LABEL_INCARNATION: "2"},
+            "ownerReferences": [{"uid": "uid-1"}],
+        },
+        "spec": {"containers": [{"name": "trainer"}, {"name": "sidecar"}]},
+        "status": status,
+    }
+
+
+def terminated(name: str, code: int) -> dict[str, Any]:
+    return {"name": name, "state": {"terminated": {"exitCode": code}}}
+
+
+def test_exit_code_is_the_trainers_even_if_a_sidecar_failed_first() -> None:
+    pod = raw_pod(containerStatuses=[terminated("sidecar", 9), terminated("trainer", 137)])
+    assert exit_code(pod) == 137
+    assert exit_code(raw_pod(containerStatuses=[terminated("sidecar", 9)])) == 9
+    assert exit_code(raw_pod()) is None
+
+
+def test_observe_pod_reads_index_phase_owner_and_deletion() -> None:
+    pod = raw_pod(phase="Failed", reason="Evicted")
+    pod["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    p = observe_pod(pod, "uid-1")
+    assert p == ObservedPod(
+        name="train-worker-3",
+        index=3,
+        phase="Failed",
+        terminating=True,
+        exit_code=None,
+        reason="Evicted",
+        incarnation=2,
+        foreign=False,
+    )
+    other = observe_pod(raw_pod(phase="Running"), "uid-2")
+    assert other is not None and other.foreign
+    unlabelled = raw_pod()
+    unlabelled["metadata"]["labels"] = {}
+    assert observe_pod(unlabelled, "uid-1") is None
+
+
+# -- a property over random histories --------------------------------------------------
+
+ACTIONS = st.lists(
+    st.one_of(
+        st.tuples(st.just("fail"), st.integers(0, 5), st.sampled_from([1, 137, None])),
+        st.tuples(st.just("delete"), st.integers(0, 5), st.none()),
+        st.tuples(st.just("scale"), st.integers(1, 5), st.none()),
+        st.tuples(st.just("run"), st.integers(0, 0), st.none()),
+        st.tuples(st.just("settle"), st.integers(0, 0), st.none()),
+    ),
+    max_size=25,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(actions=ACTIONS, policy=st.sampled_from(["OnFailure", "Always", "Never", "ExitCode"]))
+def test_random_histories_keep_the_invariants(actions: list[Any], policy: str) -> None:
+    """Whatever happens: one pod per index, no index past `replicas` is created, the
+    backoff limit holds, and a world left alone reaches a fixed point."""
+    limit = 3
+    w = World(make_spec(replicas=3, maxReplicas=5, restartPolicy=policy, backoffLimit=limit))
+    w.round()
+    for kind, arg, code in actions:
+        if w.status.finished:
+            break
+        name = builders.worker_pod_name(REF.name, arg)
+        if kind == "fail" and name in w.pods and not w.pods[name].terminating:
+            w.set(arg, "Failed", code=code)
+        elif kind == "delete":
+            w.pods.pop(name, None)
+        elif kind == "scale":
+            w.spec = make_spec(
+                replicas=arg, maxReplicas=5, restartPolicy=policy, backoffLimit=limit
+            )
+        elif kind == "run":
+            for p in list(w.pods.values()):
+                if p.phase == "Pending":
+                    w.set(p.index, "Running")
+        elif kind == "settle":
+            w.settle()
+        d = w.round()
+        created = [
+            o["metadata"]["labels"][builders.LABEL_INDEX] for o in d.create if o["kind"] == "Pod"
+        ]
+        assert all(int(i) < w.spec.desired_replicas for i in created)
+        assert len(w.pods) == len({p.index for p in w.pods.values()})
+        if policy != "Always":
+            assert w.status.restart_count <= limit
+    # leave the world alone: terminating pods go, pending pods run; then nothing changes
+    for _ in range(4):
+        w.settle()
+        for p in list(w.pods.values()):
+            if p.phase == "Pending":
+                w.set(p.index, "Running")
+        w.round()
+    w.settle()
+    d = w.round()
+    assert d.create == [] and d.delete == [] and d.events == []
