@@ -89,10 +89,11 @@ def start_etcd(version: str, workdir: Path) -> EtcdServer:
             try:
                 probe.check()
                 return server
-            except EtcdError:
+            except EtcdError as exc:
                 if proc.poll() is not None or time.monotonic() > deadline:
                     server.stop()
-                    raise RuntimeError(f"etcd {version} did not start: {log.read_text()[-2000:]}")
+                    tail = log.read_text()[-2000:]
+                    raise RuntimeError(f"etcd {version} did not start: {tail}") from exc
                 time.sleep(0.2)
     finally:
         probe.close()
@@ -106,7 +107,9 @@ def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
 
 
 @pytest.fixture(scope="session", params=["3.5", "3.6"])
-def etcd_any(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
+def etcd_any(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[EtcdServer]:
     server = start_etcd(request.param, tmp_path_factory.mktemp(f"etcd{request.param}"))
     yield server
     server.stop()

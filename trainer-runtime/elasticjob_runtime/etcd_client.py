@@ -8,14 +8,16 @@ Errors leave this module as :class:`EtcdError` with one readable line.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import grpc
-import pyetcd
+import grpc  # type: ignore[import-untyped]
 import pyetcd.exceptions
+from pyetcd.client import Endpoint as _PyEndpoint
+from pyetcd.client import MultiEndpointEtcd3Client
 
 
 class EtcdError(RuntimeError):
@@ -84,7 +86,10 @@ class EtcdClient:
 
     def __init__(self, endpoint: Endpoint, timeout: float = 5.0) -> None:
         self.endpoint = endpoint
-        self._client: Any = pyetcd.client(host=endpoint.host, port=endpoint.port, timeout=timeout)
+        # time_retry=0: pyetcd otherwise refuses a single endpoint for 300 s after one
+        # failed call, which would turn a brief etcd restart into a five-minute outage.
+        channel = _PyEndpoint(endpoint.host, endpoint.port, secure=False, time_retry=0.0)
+        self._client: Any = MultiEndpointEtcd3Client(endpoints=[channel], timeout=timeout)
 
     def _fail(self, what: str, exc: BaseException) -> EtcdError:
         return EtcdError(f"etcd at {self.endpoint}: {what} failed ({_describe(exc)})")
@@ -198,10 +203,8 @@ class EtcdClient:
             raise self._fail(f"watch {prefix}", exc) from exc
 
         def cancel() -> None:
-            try:
+            with contextlib.suppress(pyetcd.exceptions.Etcd3Exception, grpc.RpcError, ValueError):
                 self._client.cancel_watch(watch_id)
-            except (pyetcd.exceptions.Etcd3Exception, grpc.RpcError, ValueError):
-                pass
 
         return cancel
 
@@ -215,7 +218,6 @@ class EtcdClient:
             cancel()
 
     def close(self) -> None:
-        try:
+        # Closing a broken channel must not mask the error that got us here.
+        with contextlib.suppress(Exception):
             self._client.close()
-        except Exception:  # closing a broken channel must not mask the real error
-            pass

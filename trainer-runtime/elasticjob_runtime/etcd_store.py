@@ -13,7 +13,8 @@ import time
 from collections.abc import Sequence
 from datetime import timedelta
 
-import torch.distributed as dist
+from torch._C._distributed_c10d import Store
+from torch.distributed import DistStoreError
 
 from elasticjob_runtime.etcd_client import EtcdClient
 
@@ -24,7 +25,7 @@ def _bytes(value: str | bytes | Sequence[int]) -> bytes:
     return bytes(value)
 
 
-class EtcdV3Store(dist.Store):
+class EtcdV3Store(Store):
     """Store semantics (blocking ``get``/``wait``, atomic ``add``/``compare_set``) on etcd."""
 
     def __init__(
@@ -38,28 +39,30 @@ class EtcdV3Store(dist.Store):
         self._client = client
         self._prefix = prefix
         self._lease = lease
+        self._timeout = timeout
         super().set_timeout(timeout)
 
     def _key(self, key: str) -> str:
         return self._prefix + key
 
     def set_timeout(self, timeout: timedelta) -> None:
+        self._timeout = timeout
         super().set_timeout(timeout)
 
-    def set(self, key: str, value: str | bytes) -> None:  # type: ignore[override]
+    def set(self, key: str, value: str | bytes) -> None:
         self._client.put(self._key(key), _bytes(value), lease=self._lease)
 
-    def get(self, key: str) -> bytes:  # type: ignore[override]
-        return self._wait_all([key], self.timeout)[0]
+    def get(self, key: str) -> bytes:
+        return self._wait_all([key], self._timeout)[0]
 
-    def multi_get(self, keys: list[str]) -> list[bytes]:  # type: ignore[override]
-        return self._wait_all(keys, self.timeout)
+    def multi_get(self, keys: list[str]) -> list[bytes]:
+        return self._wait_all(keys, self._timeout)
 
-    def multi_set(self, keys: list[str], values: list[str | bytes]) -> None:  # type: ignore[override]
+    def multi_set(self, keys: list[str], values: list[str | bytes]) -> None:
         for key, value in zip(keys, values, strict=True):
             self.set(key, value)
 
-    def add(self, key: str, amount: int) -> int:  # type: ignore[override]
+    def add(self, key: str, amount: int) -> int:
         full = self._key(key)
         current = self._client.get(full)
         while True:
@@ -74,10 +77,10 @@ class EtcdV3Store(dist.Store):
                 return base + amount
             current = now
 
-    def compare_set(  # type: ignore[override]
+    def compare_set(
         self, key: str, expected_value: str | bytes, desired_value: str | bytes
     ) -> bytes:
-        """c10d semantics: set if the value equals ``expected`` (or is absent and ``expected`` is empty)."""
+        """c10d semantics: set if equal to ``expected`` (or absent, when ``expected`` is empty)."""
         full = self._key(key)
         expected = _bytes(expected_value)
         desired = _bytes(desired_value)
@@ -95,11 +98,11 @@ class EtcdV3Store(dist.Store):
                 return desired
             current = now
 
-    def check(self, keys: list[str]) -> bool:  # type: ignore[override]
+    def check(self, keys: list[str]) -> bool:
         return all(self._client.get(self._key(k)) is not None for k in keys)
 
-    def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:  # type: ignore[override]
-        self._wait_all(keys, timeout if timeout is not None else self.timeout)
+    def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
+        self._wait_all(keys, timeout if timeout is not None else self._timeout)
 
     def delete_key(self, key: str) -> bool:
         return self._client.delete(self._key(key))
@@ -117,7 +120,7 @@ class EtcdV3Store(dist.Store):
                 return [snap.items[k].value for k in wanted]
             left = deadline - time.monotonic()
             if left <= 0:
-                raise dist.DistStoreError(
+                raise DistStoreError(
                     f"timed out after {timeout.total_seconds():.0f}s waiting for etcd keys "
                     f"{', '.join(missing)}"
                 )

@@ -12,6 +12,7 @@ environment, torch's ``LocalElasticAgent`` runs the workers), with three changes
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -107,7 +108,19 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _show_runtime_logs() -> None:
+    """Membership decisions (who left, who joined, why a restart) are worth seeing by default."""
+    log = logging.getLogger("elasticjob_runtime")
+    if not log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("[%(asctime)s] %(name)s: %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(os.environ.get("LOGLEVEL", "INFO").upper())
+        log.propagate = False
+
+
 def main(argv: Sequence[str] | None = None) -> None:
+    _show_runtime_logs()
     args = parser().parse_args(list(argv) if argv is not None else None)
     problem = config_problem(args, known_backends())
     if problem:
@@ -122,7 +135,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     from torch.distributed.run import run
 
     try:
-        run(args)
+        run(args)  # type: ignore[no-untyped-call]
     except ChildFailedError as exc:
         print(f"{PROG}: workers failed and no restarts are left\n{exc}", file=sys.stderr)
         raise SystemExit(1) from None

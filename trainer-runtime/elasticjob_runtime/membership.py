@@ -128,7 +128,9 @@ def decide_join(
         last_call = now + limits.last_call
     everyone_here = live <= set(members)
     if len(members) >= limits.min_nodes and (
-        len(members) >= limits.max_nodes or everyone_here or (last_call is not None and now >= last_call)
+        len(members) >= limits.max_nodes
+        or everyone_here
+        or (last_call is not None and now >= last_call)
     ):
         sealed = replace(current, participants=members, complete=True, last_call=None)
         return Write(sealed, f"sealing round {current.number} with {len(members)} nodes")

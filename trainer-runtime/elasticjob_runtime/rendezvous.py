@@ -374,9 +374,3 @@ def handler_from_params(params: RendezvousParameters) -> EtcdV3RendezvousHandler
         )
     except EtcdError as exc:
         raise RendezvousConnectionError(str(exc)) from exc
-
-
-def create_handler() -> Callable[[RendezvousParameters], RendezvousHandler]:
-    """The ``torchrun.handlers`` entry point: torch calls it once for the factory."""
-    return handler_from_params
-

@@ -1,0 +1,302 @@
+"""Real agents (elasticjob-run / torchrun) and real gloo workers against a real etcd.
+
+Each test starts its launchers in their own sessions, records their pids, and kills
+exactly those process trees at the end. Bounds are generous (the machine is shared);
+the recovery figures they print belong to the benchmark, not to these asserts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from conftest import EtcdServer, free_port
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+TRAIN = Path(__file__).with_name("rdzv_train.py")
+T = TypeVar("T")
+
+
+def descendants(pid: int) -> list[int]:
+    """All live descendants of ``pid`` (workers run in their own sessions, so not by group)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+@dataclass
+class Agent:
+    name: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def kill_node(self) -> None:
+        """SIGKILL the agent and its workers together, as when a node is lost."""
+        pids = [self.proc.pid, *descendants(self.proc.pid)]
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.kill_node()
+
+    def tail(self) -> str:
+        text = self.log.read_text(errors="replace") if self.log.exists() else ""
+        return f"--- {self.name} ---\n" + "\n".join(text.splitlines()[-25:])
+
+
+class Job:
+    """One run id, its output directory, and the agents started for it."""
+
+    def __init__(self, etcd: EtcdServer, workdir: Path, steps: int, pause: float = 0.15) -> None:
+        self.etcd = etcd
+        self.run_id = f"test-{uuid.uuid4().hex[:8]}"
+        self.out = workdir
+        self.steps = steps
+        self.pause = pause
+        self.agents: list[Agent] = []
+
+    def start(self, nnodes: str, launcher: list[str] | None = None, max_restarts: int = 3) -> Agent:
+        name = f"agent{len(self.agents)}"
+        log = self.out / f"{name}.log"
+        cmd = [
+            *(launcher or [sys.executable, "-m", "elasticjob_runtime.launcher"]),
+            f"--nnodes={nnodes}",
+            "--nproc-per-node=1",
+            "--rdzv-backend=etcd-v3",
+            f"--rdzv-endpoint={self.etcd.endpoint}",
+            f"--rdzv-id={self.run_id}",
+            "--local-addr=127.0.0.1",
+            "--monitor-interval=0.2",
+            f"--max-restarts={max_restarts}",
+            str(TRAIN),
+        ]
+        env = {
+            **os.environ,
+            "RDZV_TEST_OUT": str(self.out),
+            "RDZV_TEST_STEPS": str(self.steps),
+            "RDZV_TEST_PAUSE": str(self.pause),
+            "LOGLEVEL": "INFO",
+            "PYTHONUNBUFFERED": "1",
+        }
+        proc = subprocess.Popen(
+            cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+        agent = Agent(name, proc, log)
+        self.agents.append(agent)
+        return agent
+
+    def lines(self) -> list[dict[str, Any]]:
+        path = self.out / "steps.jsonl"
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
+
+    def wait_for(self, what: str, check: Callable[[], T | None], timeout: float) -> T:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = check()
+            if value is not None:
+                return value
+            time.sleep(0.1)
+        logs = "\n".join(a.tail() for a in self.agents)
+        pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}\n{logs}")
+
+    def wait_exit(self, agents: list[Agent], timeout: float) -> list[int]:
+        codes = self.wait_for(
+            "the agents to finish",
+            lambda: (
+                [a.proc.returncode for a in agents]
+                if all(a.proc.poll() is not None for a in agents)
+                else None
+            ),
+            timeout,
+        )
+        return codes
+
+    def first(self, pred: Callable[[dict[str, Any]], bool]) -> dict[str, Any] | None:
+        return next((line for line in self.lines() if pred(line)), None)
+
+
+@pytest.fixture
+def job_factory(etcd: EtcdServer, tmp_path: Path) -> Iterator[Callable[[int], Job]]:
+    jobs: list[Job] = []
+
+    def make(steps: int) -> Job:
+        job = Job(etcd, tmp_path / f"job{len(jobs)}", steps)
+        job.out.mkdir()
+        jobs.append(job)
+        return job
+
+    yield make
+    for job in jobs:
+        for agent in job.agents:
+            agent.stop()
+
+
+def assert_every_step_saw_its_world(job: Job) -> None:
+    bad = [line for line in job.lines() if line["seen"] != line["world"]]
+    assert not bad, f"ranks disagreed on the world size: {bad[:3]}"
+
+
+def test_three_agents_one_killed_the_other_two_continue_at_world_size_two(
+    job_factory: Callable[[int], Job],
+) -> None:
+    job = job_factory(120)
+    for _ in range(3):
+        job.start("2:3")
+    job.wait_for(
+        "3 nodes training", lambda: job.first(lambda s: s["world"] == 3 and s["step"] >= 5), 180
+    )
+
+    victim = job.agents[2]
+    killed_at = time.time()
+    victim.kill_node()
+    resumed = job.wait_for(
+        "the survivors to train at world size 2",
+        lambda: job.first(lambda s: s["t"] > killed_at and s["world"] == 2),
+        60,
+    )
+    recovery = resumed["t"] - killed_at
+    print(f"\nkilled agent -> training again at world size 2 after {recovery:.1f}s")
+    assert recovery < 30
+
+    survivors = job.agents[:2]
+    assert job.wait_exit(survivors, 240) == [0, 0]
+    before = [s["step"] for s in job.lines() if s["t"] < killed_at]
+    after = [s for s in job.lines() if s["t"] >= resumed["t"]]
+    assert {s["world"] for s in after} == {2}
+    assert min(s["step"] for s in after) >= max(before) - 1, "training restarted from scratch"
+    assert max(s["step"] for s in after) == job.steps - 1
+    assert_every_step_saw_its_world(job)
+
+
+def test_an_agent_started_mid_run_joins_and_the_world_grows(
+    job_factory: Callable[[int], Job],
+) -> None:
+    job = job_factory(120)
+    job.start("2:3")
+    job.start("2:3")
+    job.wait_for(
+        "2 nodes training", lambda: job.first(lambda s: s["world"] == 2 and s["step"] >= 5), 180
+    )
+
+    started_at = time.time()
+    newcomer = job.start("2:3")
+    grown = job.wait_for(
+        "the world to grow to 3",
+        lambda: job.first(lambda s: s["t"] > started_at and s["world"] == 3),
+        90,
+    )
+    print(f"\nlate joiner -> training at world size 3 after {grown['t'] - started_at:.1f}s")
+
+    assert job.wait_exit(job.agents, 240) == [0, 0, 0]
+    assert newcomer.proc.pid in {s["agent"] for s in job.lines() if s["world"] == 3}
+    assert max(s["step"] for s in job.lines()) == job.steps - 1
+    assert_every_step_saw_its_world(job)
+
+
+def test_a_killed_worker_restarts_the_group_which_resumes_where_it_stopped(
+    job_factory: Callable[[int], Job],
+) -> None:
+    job = job_factory(60)
+    job.start("2:2")
+    job.start("2:2")
+    job.wait_for(
+        "2 nodes training", lambda: job.first(lambda s: s["world"] == 2 and s["step"] >= 5), 180
+    )
+
+    workers = descendants(job.agents[0].proc.pid)
+    assert workers, "the agent has no worker process"
+    killed_at = time.time()
+    last_step = max(s["step"] for s in job.lines())
+    for pid in workers:
+        os.kill(pid, signal.SIGKILL)
+    again = job.wait_for(
+        "the group to train again after a restart",
+        lambda: job.first(lambda s: s["t"] > killed_at and s["restart"] >= 1),
+        60,
+    )
+    print(f"\nkilled worker -> training again after {again['t'] - killed_at:.1f}s")
+    assert again["step"] >= last_step - 1, "the restarted group did not resume"
+    assert job.wait_exit(job.agents, 240) == [0, 0]
+    assert max(s["step"] for s in job.lines()) == job.steps - 1
+
+
+def test_plain_torchrun_runs_a_two_node_job_on_etcd_v3(job_factory: Callable[[int], Job]) -> None:
+    job = job_factory(8)
+    torchrun = [sys.executable, "-m", "torch.distributed.run"]
+    job.start("2", launcher=torchrun, max_restarts=0)
+    job.start("2", launcher=torchrun, max_restarts=0)
+    assert job.wait_exit(job.agents, 180) == [0, 0]
+    lines = job.lines()
+    assert {(s["rank"], s["world"]) for s in lines} == {(0, 2), (1, 2)}
+    assert max(s["step"] for s in lines) == 7
+
+
+def run_launcher(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("PET_")}
+    return subprocess.run(
+        [sys.executable, "-m", "elasticjob_runtime.launcher", *args, str(TRAIN)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**clean, **(env or {})},
+    )
+
+
+def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("elasticjob-run:")]
+    assert len(errors) == 1, result.stderr
+    return errors[0]
+
+
+def test_bad_configuration_exits_with_one_clear_line(etcd: EtcdServer) -> None:
+    base = [f"--rdzv-endpoint={etcd.endpoint}", "--rdzv-id=bad-config"]
+
+    line = one_error_line(run_launcher("--nnodes=3:2", *base))
+    assert "min (3) is greater than max (2)" in line
+
+    # The flag wins over the variable the operator injects; the variable alone is read too.
+    line = one_error_line(run_launcher("--nnodes=3:2", *base, env={"PET_NNODES": "1:2"}))
+    assert "3:2" in line
+    line = one_error_line(run_launcher(*base, env={"PET_NNODES": "4:1"}))
+    assert "min (4) is greater than max (1)" in line
+
+    line = one_error_line(run_launcher("--nnodes=1:2", "--rdzv-backend=zookeeper", *base))
+    assert "unknown rendezvous backend 'zookeeper'" in line and "etcd-v3" in line
+
+    dead = f"127.0.0.1:{free_port()}"
+    line = one_error_line(
+        run_launcher("--nnodes=1:2", f"--rdzv-endpoint={dead}", "--rdzv-id=bad-config")
+    )
+    assert f"cannot reach etcd at {dead}" in line

@@ -1,0 +1,133 @@
+"""The etcd-v3 backend and Store against a real etcd (3.5, and 3.6 once built)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+import torch.distributed as dist
+from conftest import EtcdServer
+
+from elasticjob_runtime.etcd_client import EtcdClient, parse_endpoint
+from elasticjob_runtime.etcd_store import EtcdV3Store
+from elasticjob_runtime.rendezvous import EtcdV3RendezvousBackend, state_key
+
+pytestmark = pytest.mark.integration
+
+
+def client_for(server: EtcdServer) -> EtcdClient:
+    return EtcdClient(parse_endpoint(server.endpoint), timeout=10)
+
+
+def test_backend_compare_and_set_rejects_stale_tokens(
+    etcd_any: EtcdServer, request: pytest.FixtureRequest
+) -> None:
+    client = client_for(etcd_any)
+    run = f"cas-{request.node.name}"
+    backend = EtcdV3RendezvousBackend(client, run)
+    assert backend.get_state() is None
+
+    created = backend.set_state(b"one")
+    assert created is not None and created[0] == b"one" and created[2] is True
+    # A second creator (token None) loses and is handed the state that won.
+    again = backend.set_state(b"other")
+    assert again is not None and again[:2] == created[:2] and again[2] is False
+
+    _, token = backend.get_state() or (b"", None)
+    winner = backend.set_state(b"two", token)
+    assert winner is not None and winner[0] == b"two" and winner[2] is True
+    stale = backend.set_state(b"three", token)
+    assert stale is not None and stale[0] == b"two" and stale[1] == winner[1] and stale[2] is False
+    assert backend.get_state() == (b"two", winner[1])
+    client.close()
+
+
+def test_backend_loses_no_update_under_concurrent_writers(
+    etcd_any: EtcdServer, request: pytest.FixtureRequest
+) -> None:
+    run = f"race-{request.node.name}"
+    writers, increments = 4, 25
+    errors: list[BaseException] = []
+
+    def bump() -> None:
+        client = client_for(etcd_any)
+        backend = EtcdV3RendezvousBackend(client, run)
+        try:
+            for _ in range(increments):
+                got = backend.get_state()
+                value, token = (int(got[0]), got[1]) if got else (0, None)
+                while True:
+                    result = backend.set_state(str(value + 1).encode(), token)
+                    assert result is not None
+                    if result[2]:
+                        break
+                    value, token = int(result[0]), result[1]
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            client.close()
+
+    threads = [threading.Thread(target=bump) for _ in range(writers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors
+    final = EtcdV3RendezvousBackend(client_for(etcd_any), run).get_state()
+    assert final is not None and int(final[0]) == writers * increments
+
+
+def test_backend_state_lives_under_the_run_prefix_and_goes_with_its_lease(
+    etcd_any: EtcdServer,
+) -> None:
+    client = client_for(etcd_any)
+    lease = client.grant(60)
+    backend = EtcdV3RendezvousBackend(client, "leased-run", lease=lease)
+    backend.set_state(b"x")
+    kv = client.get(state_key("leased-run"))
+    assert kv is not None and kv.key.startswith("/elasticjob/leased-run/") and kv.lease == lease
+    client.revoke(lease)
+    assert backend.get_state() is None
+    client.close()
+
+
+def test_store_blocking_get_add_compare_set_and_timeouts(etcd_any: EtcdServer) -> None:
+    client = client_for(etcd_any)
+    store = EtcdV3Store(client, "/elasticjob/store-test/", timeout=timedelta(seconds=20))
+    other = EtcdV3Store(client_for(etcd_any), "/elasticjob/store-test/")
+
+    threading.Timer(0.5, lambda: other.set("late", b"arrived")).start()
+    started = time.monotonic()
+    assert store.get("late") == b"arrived"
+    assert time.monotonic() - started < 15
+
+    store.set_timeout(timedelta(seconds=1))
+    with pytest.raises(dist.DistStoreError, match="never"):
+        store.get("never")
+    store.set_timeout(timedelta(seconds=20))
+
+    counters: list[int] = []
+    threads = [
+        threading.Thread(target=lambda: counters.extend(store.add("n", 1) for _ in range(10)))
+        for _ in range(3)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert sorted(counters) == list(range(1, 31))
+
+    assert store.compare_set("cs", "", "first") == b"first"
+    assert store.compare_set("cs", "wrong", "second") == b"first"
+    assert store.compare_set("cs", "first", "second") == b"second"
+    assert store.compare_set("absent", "expected", "x") == b"expected"
+
+    store.multi_set(["m1", "m2"], [b"1", "2"])
+    assert store.multi_get(["m1", "m2"]) == [b"1", b"2"]
+    assert store.check(["m1", "m2"]) and not store.check(["m1", "nope"])
+    store.wait(["m1", "late"])
+    assert store.num_keys() == 5  # late, n, cs, m1, m2
+    assert store.delete_key("m1") and not store.check(["m1"])
+    client.close()
