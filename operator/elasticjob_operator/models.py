@@ -418,10 +418,14 @@ class Progress(_Open):
     step: int | None = Field(default=None, description="Optimizer steps done.")
     epoch: int | None = Field(default=None, description="Current epoch.")
     world_size: int | None = Field(default=None, description="Trainer processes in the run.")
-    samples_per_second: float | None = Field(default=None, description="Recent throughput.")
-    update_time: datetime | None = Field(
-        default=None, description="When the operator last read it."
+    samples_per_second: float | None = Field(
+        default=None, description="Recent throughput, samples per second over all workers."
     )
+    checkpoint_step: int | None = Field(default=None, description="Step of the newest checkpoint.")
+    trainer_restarts: int | None = Field(
+        default=None, description="Restarts of the worker group inside the pods (torchrun's)."
+    )
+    update_time: datetime | None = Field(default=None, description="When the runtime published it.")
 
 
 class WorkerIndexes(_Model):

@@ -36,7 +36,7 @@ Rules
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, Final, Literal
 
 from elasticjob_operator import builders, models
@@ -166,7 +166,8 @@ def observe_pod(pod: Obj, job_uid: str) -> ObservedPod | None:
 
 
 def progress_from_json(data: Obj, now: datetime) -> models.Progress:
-    """Map what the runtime publishes (snake_case or camelCase) onto status.progress."""
+    """Map the runtime's progress record (elasticjob_runtime.progress: snake_case, unix
+    ``updated``) onto status.progress; camelCase keys are accepted too."""
     known = {
         "step": "step",
         "epoch": "epoch",
@@ -174,13 +175,20 @@ def progress_from_json(data: Obj, now: datetime) -> models.Progress:
         "worldSize": "world_size",
         "samples_per_second": "samples_per_second",
         "samplesPerSecond": "samples_per_second",
+        "checkpoint_step": "checkpoint_step",
+        "checkpointStep": "checkpoint_step",
+        "restart_count": "trainer_restarts",
     }
     fields: Obj = {}
     for key, value in data.items():
         if key in known and isinstance(value, int | float) and not isinstance(value, bool):
             target = known[key]
             fields[target] = float(value) if target == "samples_per_second" else int(value)
-    return models.Progress(**fields, update_time=now.replace(microsecond=0))
+    published = now
+    updated = data.get("updated")
+    if isinstance(updated, int | float) and not isinstance(updated, bool):
+        published = datetime.fromtimestamp(updated, tz=UTC)
+    return models.Progress(**fields, update_time=published.replace(microsecond=0))
 
 
 def _progress_changed(old: models.Progress | None, new: models.Progress) -> bool:

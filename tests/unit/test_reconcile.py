@@ -614,6 +614,23 @@ def test_progress_is_mirrored_and_a_repeated_value_does_not_rewrite_status() -> 
     assert d.status.progress is not None and d.status.progress.step == 10
 
 
+def test_progress_reads_the_runtimes_record() -> None:
+    record = {
+        "step": 42,
+        "samples_per_second": 100.5,
+        "world_size": 6,
+        "restart_count": 1,
+        "updated": T0.timestamp() + 3.7,
+        "epoch": 2,
+        "checkpoint_step": 40,
+        "checkpoint_url": "http://10.244.0.5:8090/checkpoint",
+    }
+    p = progress_from_json(record, T0 + timedelta(hours=1))
+    assert (p.step, p.world_size, p.epoch, p.checkpoint_step) == (42, 6, 2, 40)
+    assert (p.samples_per_second, p.trainer_restarts) == (100.5, 1)
+    assert p.update_time == T0 + timedelta(seconds=3)
+
+
 def test_progress_ignores_values_of_the_wrong_type() -> None:
     p = progress_from_json({"step": "many", "epoch": True, "worldSize": 2, "other": 1}, T0)
     assert (p.step, p.epoch, p.world_size) == (None, None, 2)
