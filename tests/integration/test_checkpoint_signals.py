@@ -22,7 +22,9 @@ START_BOUND_S = 180.0
 
 
 def worker(directory: str, mode: str) -> None:
-    """Train a tiny model forever; ``stuck`` mode hangs inside a step after step 30."""
+    """Train a tiny model forever; after step 30 ``stuck`` hangs inside a step and
+    ``crash`` fails the step once SIGTERM arrived (as a collective does when the peer
+    that got the same SIGTERM has already left)."""
     import torch
 
     from elasticjob_runtime.checkpoint import CheckpointManager
@@ -41,6 +43,11 @@ def worker(directory: str, mode: str) -> None:
         if mode == "stuck" and step == 30:
             print("stuck", flush=True)
             time.sleep(3600)  # like a collective whose peer vanished
+        if mode == "crash" and step == 30:
+            print("stuck", flush=True)
+            while not ckpt.stop_requested:
+                time.sleep(0.05)
+            raise RuntimeError("Connection closed by peer")
         x = torch.randn(32, 8)
         loss = (model(x) - x.sum(dim=1, keepdim=True)).pow(2).mean()
         opt.zero_grad()
@@ -146,6 +153,23 @@ def test_sigterm_while_stuck_in_a_step_saves_from_the_watchdog(tmp_path: Path) -
     saved_step, saved_total, _ = saved_state(tmp_path)
     assert (saved_step, saved_total) == (30, pytest.approx(total, abs=1e-6))
     assert 3.0 <= took < EXIT_BOUND_S  # waited the grace for a step boundary, then saved
+
+
+def test_sigterm_then_a_failing_step_still_saves_at_exit(tmp_path: Path) -> None:
+    proc = start_worker(tmp_path, "crash")
+    try:
+        assert proc.stdout is not None
+        before = read_until(proc.stdout, "stuck", START_BOUND_S)
+        code, after, took = stop_and_collect(proc, EXIT_BOUND_S)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    step, total = last_step(before)
+    assert code == 1 and any("Connection closed by peer" in line for line in after), after
+    saved_step, saved_total, _ = saved_state(tmp_path)
+    assert (saved_step, saved_total) == (step, pytest.approx(total, abs=1e-6))
+    assert took < 10.0  # no waiting out the watchdog's grace
 
 
 if __name__ == "__main__":

@@ -79,7 +79,7 @@ def worker(kind: str, workdir: str, rank: int, world: int, phase: int, max_steps
 
 
 def run_phase(work: Path, kind: str, world: int, phase: int, max_steps: int) -> None:
-    env = {**os.environ, "ELASTICJOB_CHECKPOINT_MEMORY_DIR": "off"}
+    env = {**os.environ, "ELASTICJOB_CHECKPOINT_MEMORY_DIR": "off", "GLOO_SOCKET_IFNAME": "lo"}
     procs = [
         subprocess.Popen(
             [sys.executable, __file__, kind, str(work), *map(str, (r, world, phase, max_steps))],

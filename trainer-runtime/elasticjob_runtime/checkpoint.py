@@ -41,8 +41,10 @@ checkpoint loads into an unwrapped model too; anything else must be picklable.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import copy
+import ctypes
 import hashlib
 import io
 import json
@@ -55,6 +57,7 @@ import signal
 import socket
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
@@ -301,15 +304,22 @@ def fetch_from_peer(
     """
     target = Path(directory)
     base = base_url.rstrip("/")
-    with urllib.request.urlopen(f"{base}/checkpoint/latest", timeout=timeout) as resp:
-        if resp.status == 204:
+    try:
+        with urllib.request.urlopen(f"{base}/checkpoint/latest", timeout=timeout) as resp:
+            if resp.status == 204:
+                return None
+            record = CommitRecord.from_bytes(resp.read())
+        mine = latest_committed(target)
+        if mine is not None and mine.step >= record.step:
             return None
-        record = CommitRecord.from_bytes(resp.read())
-    mine = latest_committed(target)
-    if mine is not None and mine.step >= record.step:
-        return None
-    with urllib.request.urlopen(f"{base}/checkpoint/file/{record.file}", timeout=timeout) as resp:
-        data = resp.read()
+        url = f"{base}/checkpoint/file/{record.file}"
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            data = resp.read()
+    except (OSError, ValueError, KeyError) as exc:  # URLError/HTTPError are OSErrors
+        raise CheckpointError(
+            f"cannot fetch the newest checkpoint from {base} ({exc}); check that the peer's "
+            "health server is up and serves its checkpoint directory, then retry"
+        ) from exc
     if len(data) != record.size or hashlib.sha256(data).hexdigest() != record.sha256:
         raise CheckpointError(
             f"checkpoint step {record.step} from {base} arrived damaged "
@@ -508,15 +518,23 @@ class CheckpointManager:
         return None
 
     def restore(
-        self, targets: Mapping[str, Any], *, weights_only: bool | None = None
+        self, targets: Mapping[str, Any], *, weights_only: bool | None = None, sync: bool = True
     ) -> Checkpoint | None:
         """Load the newest checkpoint into ``targets`` (by key, via ``load_state_dict``).
 
         Targets without ``load_state_dict`` are left alone; read them from the
         returned checkpoint's ``state``. Returns None (and changes nothing) when
         there is no checkpoint yet.
+
+        With ``sync`` and an initialized process group, every rank must call it:
+        the ranks agree on the newest step any of them has, and ranks without it
+        (a node that joined with an empty node-local directory) receive it over
+        the process group from the lowest rank that has it; their writers commit
+        it locally. So all ranks always resume from the same step.
         """
         ckpt = self.load_latest(weights_only=weights_only)
+        if sync:
+            ckpt = self._agree(ckpt)
         if ckpt is None:
             return None
         for key, target in targets.items():
@@ -532,6 +550,53 @@ class CheckpointManager:
             loader(ckpt.state[key])
         self._step = self._saved_step = ckpt.step
         return ckpt
+
+    def _agree(self, ckpt: Checkpoint | None) -> Checkpoint | None:
+        """Make every rank hold the newest step any rank has (plain tensor collectives:
+        torch's object collectives need numpy, which a slim image may not have)."""
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+            return ckpt
+        rank = dist.get_rank()
+        device = (
+            torch.device("cuda", torch.cuda.current_device())
+            if dist.get_backend() == "nccl"
+            else torch.device("cpu")
+        )
+        mine = torch.tensor([-1 if ckpt is None else ckpt.step], dtype=torch.int64, device=device)
+        gathered = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+        dist.all_gather(gathered, mine)
+        steps = [int(t.item()) for t in gathered]
+        newest = max(steps)
+        if newest < 0 or all(s == newest for s in steps):
+            return ckpt
+        src = steps.index(newest)
+        data = serialize(ckpt.state) if rank == src and ckpt is not None else b""
+        size = torch.tensor([len(data)], dtype=torch.int64, device=device)
+        dist.broadcast(size, src)
+        if rank == src:
+            buf = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
+        else:
+            buf = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
+        dist.broadcast(buf, src)
+        if ckpt is not None and ckpt.step == newest:
+            return ckpt
+        host = buf.cpu().contiguous()
+        received = ctypes.string_at(host.data_ptr(), host.numel())
+        state = deserialize(received)
+        log.warning(
+            "checkpoint step %d received from rank %d (this rank had %s)",
+            newest,
+            src,
+            "none" if ckpt is None else f"step {ckpt.step}",
+        )
+        path = Path(f"<rank {src}>") / checkpoint_name(newest)
+        if self.writer or self.memory_writer:
+            self._write(state, newest, self.writer)
+            if self.writer:
+                path = self.directory / checkpoint_name(newest)
+        return Checkpoint(newest, state, path)
 
     # -- SIGTERM
 
@@ -560,13 +625,21 @@ class CheckpointManager:
         If no step boundary comes within ``grace_s`` (a peer vanished and this
         worker sits in a collective), a watchdog thread saves the tracked state as
         of the last marked step (parameters change only in ``optimizer.step``, after
-        the collectives) and ends the process. Keep ``grace_s`` below the pod's
-        terminationGracePeriodSeconds and the agent's SIGKILL delay (30 s in torch).
+        the collectives) and ends the process; if the step fails instead (a peer
+        that got the same SIGTERM left the collective), the save happens at exit.
+        Keep ``grace_s`` below the pod's terminationGracePeriodSeconds and the
+        agent's SIGKILL delay (30 s in torch).
         """
         self._grace_s = grace_s
         previous = signal.signal(signal.SIGTERM, self._on_sigterm)
         if self._old_handler is None:
             self._old_handler = previous
+            atexit.register(self._at_exit)
+
+    def _at_exit(self) -> None:
+        """After SIGTERM, a step that failed (its peer already exited) still gets saved."""
+        if self._term_requested.is_set() and not self._term_done.is_set():
+            self._save_on_term()
 
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
         if self._term_requested.is_set():
