@@ -59,6 +59,7 @@ STATUS_REPORT_S = 20.0
 SHUTDOWN_GRACE_CAP_S = 5.0
 UNBOUND_FALLBACK_S = 3.0
 TIMEOUT = 15
+MERGE_PATCH = "application/merge-patch+json"  # lists (podIPs, conditions) replace, not merge
 KUBELET_VERSION = "v1.35.4"
 
 
@@ -173,6 +174,12 @@ class Agent:
         self.control: socket.socket | None = None
 
     # ---------------------------------------------------------------- setup
+    def timer(self, delay: float, fn: Callable[[], object]) -> None:
+        """Call fn after delay on a daemon thread (so a pending wake never delays exit)."""
+        t = threading.Timer(delay, fn)
+        t.daemon = True
+        t.start()
+
     def _path_env(self) -> str:
         venv_bin = str(Path(sys.executable).parent)
         parts = os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin").split(os.pathsep)
@@ -282,7 +289,13 @@ class Agent:
         return self._transitions[ctype][1]
 
     def post_node_status(self, ready: str = "True") -> None:
-        self.core.patch_node_status(self.node, self.node_status(ready), _request_timeout=TIMEOUT)
+        self.core.patch_node_status(
+            self.node,
+            self.node_status(ready),
+            _content_type=MERGE_PATCH,
+            _preload_content=False,
+            _request_timeout=TIMEOUT,
+        )
 
     def renew_lease(self) -> None:
         now = time.time()
@@ -496,7 +509,7 @@ class Agent:
         # carry restart counts over from the API (an agent restart is not a pod restart)
         for cs in (prev.get("containerStatuses") or []) + (prev.get("initContainerStatuses") or []):
             if cs.get("restartCount"):
-                rt.runs[cs["name"]] = ContainerRun(cs["name"], starts=int(cs["restartCount"]))
+                rt.runs[cs["name"]] = ContainerRun(cs["name"], starts=int(cs["restartCount"]) + 1)
         self.pods[rt.uid] = rt
         return rt
 
@@ -525,7 +538,7 @@ class Agent:
             rt.phase = p.phase
             if p.wake_at is not None:
                 delay = max(0.05, p.wake_at - now)
-                threading.Timer(delay, self.wake.set).start()
+                self.timer(delay, self.wake.set)
             if rt.phase in ("Succeeded", "Failed"):
                 self.kill_all(rt, signal.SIGKILL)
                 self.teardown(rt, remove_dir=False)
@@ -703,7 +716,7 @@ class Agent:
             run.waiting_reason = "CreateContainerConfigError"
             run.waiting_message = str(e)[:500]
             run.next_start_at = now + 2.0
-            threading.Timer(2.0, self.wake.set).start()
+            self.timer(2.0, self.wake.set)
             log.warning("pod %s/%s container %s: %s", rt.namespace, rt.name, name, e)
             return
         (rt.dir / "home").mkdir(exist_ok=True)
@@ -806,7 +819,7 @@ class Agent:
                     os.kill(proc.pid, signal.SIGTERM)  # the main process, as kubelet does
             if rt.procs:
                 log.info("pod %s/%s: SIGTERM, grace %ss", rt.namespace, rt.name, grace)
-                threading.Timer(float(grace) + 0.05, self.wake.set).start()
+                self.timer(float(grace) + 0.05, self.wake.set)
         if rt.procs and now < rt.kill_deadline:
             return
         self.kill_all(rt, signal.SIGKILL)
@@ -862,13 +875,14 @@ class Agent:
                 rt.name,
                 rt.namespace,
                 {"status": status},
+                _content_type=MERGE_PATCH,
                 _preload_content=False,
                 _request_timeout=TIMEOUT,
             )
             rt.last_status = status
         except client.ApiException as e:
             if e.status != 404:
-                log.warning("status of %s/%s: %s", rt.namespace, rt.name, e.reason)
+                log.warning("status of %s/%s: %s %s", rt.namespace, rt.name, e.reason, e.body)
 
     # ---------------------------------------------------------------- probes
     def container_ready(self, rt: PodRuntime, name: str) -> bool:
@@ -1033,8 +1047,8 @@ class Agent:
             if ready:
                 self.renew_lease()
                 self.post_node_status()
-                for rt in self.pods.values():
-                    rt.last_status = None
+                for each in self.pods.values():
+                    each.last_status = None
             return {"ok": True, "node": self.node}
         if op == "lose-node":
             self.lost = True

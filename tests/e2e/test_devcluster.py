@@ -1,0 +1,431 @@
+"""The devcluster behaves like a Kubernetes cluster to its users (issue 2's list).
+
+Pods run `python -c ...` (images are recorded, not pulled). Each test works in its own
+namespace and bounds every wait generously: the bounds catch hangs, not speed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import textwrap
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from kubernetes import client, config
+
+from elasticjob_devcluster import faults
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+
+T = TypeVar("T")
+Obj = dict[str, Any]
+WAIT = 90.0
+
+
+def wait_for(what: str, check: Callable[[], T | None], timeout: float = WAIT) -> T:
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            value = check()
+            if value:
+                return value
+        except client.ApiException as e:
+            last = e
+        time.sleep(0.3)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last error: {last})")
+
+
+@pytest.fixture(scope="module")
+def api(kubeconfig: Path) -> client.CoreV1Api:
+    return client.CoreV1Api(config.new_client_from_config(config_file=str(kubeconfig)))  # type: ignore[no-untyped-call]
+
+
+@pytest.fixture(scope="module")
+def rbac(kubeconfig: Path) -> client.RbacAuthorizationV1Api:
+    return client.RbacAuthorizationV1Api(config.new_client_from_config(config_file=str(kubeconfig)))  # type: ignore[no-untyped-call]
+
+
+@pytest.fixture
+def ns(api: client.CoreV1Api) -> Iterator[str]:
+    name = f"e2e-{uuid.uuid4().hex[:8]}"
+    api.create_namespace({"metadata": {"name": name}})
+    wait_for(
+        "the namespace's default ServiceAccount",
+        lambda: api.read_namespaced_service_account("default", name),
+    )
+    yield name
+    api.delete_namespace(name)
+
+
+@pytest.fixture
+def cluster_dir(devcluster: Any) -> Path:
+    """The devcluster's directory (fault injection talks to its node agents)."""
+    if devcluster is not None:
+        return Path(devcluster.dir)
+    if os.environ.get("ELASTICJOB_E2E_DEVCLUSTER_DIR"):
+        return Path(os.environ["ELASTICJOB_E2E_DEVCLUSTER_DIR"])
+    pytest.skip("fault injection needs the devcluster")
+
+
+def pod_manifest(name: str, script: str, restart: str = "Never", **spec: Any) -> Obj:
+    container: Obj = {
+        "name": "main",
+        "image": "python:3.11-slim",
+        "command": ["python", "-u", "-c", textwrap.dedent(script)],
+    }
+    container.update(spec.pop("container", {}))
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, **spec.pop("metadata", {})},
+        "spec": {"restartPolicy": restart, "containers": [container], **spec},
+    }
+
+
+def create(api: client.CoreV1Api, ns: str, manifest: Obj) -> None:
+    api.create_namespaced_pod(ns, manifest)
+
+
+def phase(api: client.CoreV1Api, ns: str, name: str) -> str:
+    return str(api.read_namespaced_pod(name, ns).status.phase)
+
+
+def wait_phase(api: client.CoreV1Api, ns: str, name: str, want: str) -> client.V1Pod:
+    def check() -> client.V1Pod | None:
+        pod = api.read_namespaced_pod(name, ns)
+        assert want == "Failed" or pod.status.phase != "Failed", pod.status
+        return pod if pod.status.phase == want else None
+
+    return wait_for(f"pod {name} to be {want}", check)
+
+
+def logs(api: client.CoreV1Api, ns: str, name: str, **kw: Any) -> str:
+    return str(api.read_namespaced_pod_log(name, ns, **kw))
+
+
+def kubectl(kubeconfig: Path, *args: str, timeout: float = 60) -> str:
+    exe = shutil.which("kubectl") or str(Path.home() / ".cache/elasticjob/tools/kubectl")
+    out = subprocess.run(
+        [exe, f"--kubeconfig={kubeconfig}", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=True,
+    )
+    return out.stdout
+
+
+def test_pod_runs_to_succeeded(api: client.CoreV1Api, ns: str) -> None:
+    create(api, ns, pod_manifest("ok", "print('done')"))
+    pod = wait_phase(api, ns, "ok", "Succeeded")
+    state = pod.status.container_statuses[0].state.terminated
+    assert state.exit_code == 0 and state.reason == "Completed"
+    assert pod.status.pod_ip and pod.spec.node_name
+
+
+def test_pod_exiting_3_is_failed_with_exit_code_3(api: client.CoreV1Api, ns: str) -> None:
+    create(api, ns, pod_manifest("three", "import sys; sys.exit(3)"))
+    pod = wait_phase(api, ns, "three", "Failed")
+    assert pod.status.container_statuses[0].state.terminated.exit_code == 3
+
+
+def test_on_failure_restarts_with_restart_count_rising(api: client.CoreV1Api, ns: str) -> None:
+    create(api, ns, pod_manifest("crash", "import sys; sys.exit(1)", restart="OnFailure"))
+
+    def restarted_twice() -> int | None:
+        statuses = api.read_namespaced_pod("crash", ns).status.container_statuses or []
+        n = statuses[0].restart_count if statuses else 0
+        return n if n >= 2 else None
+
+    wait_for("restartCount >= 2", restarted_twice)
+    assert phase(api, ns, "crash") == "Running"
+    last = api.read_namespaced_pod("crash", ns).status.container_statuses[0].last_state
+    assert last.terminated.exit_code == 1
+
+
+SERVE_8080 = """
+    import http.server, socket
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200); self.end_headers()
+            self.wfile.write(socket.gethostname().encode())
+    http.server.HTTPServer(("0.0.0.0", 8080), H).serve_forever()
+"""
+
+
+def test_pod_reaches_another_by_service_name_on_the_same_port(
+    api: client.CoreV1Api, ns: str
+) -> None:
+    server = pod_manifest(
+        "server",
+        SERVE_8080,
+        metadata={"labels": {"app": "web"}},
+        container={"readinessProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 1}},
+    )
+    create(api, ns, server)
+    api.create_namespaced_service(
+        ns,
+        {
+            "metadata": {"name": "web"},
+            "spec": {"selector": {"app": "web"}, "ports": [{"port": 8080, "targetPort": 8080}]},
+        },
+    )
+    client_script = f"""
+        import socket, threading, time, urllib.request
+        # this pod listens on 8080 too: pods have their own network namespaces
+        srv = socket.socket(); srv.bind(("0.0.0.0", 8080)); srv.listen()
+        for name in ("web", "web.{ns}", "web.{ns}.svc", "web.{ns}.svc.cluster.local"):
+            for _ in range(200):
+                try:
+                    body = urllib.request.urlopen(f"http://{{name}}:8080/", timeout=2).read()
+                    print(name, body.decode()); break
+                except OSError:
+                    time.sleep(0.3)
+            else:
+                raise SystemExit(f"{{name}} never answered")
+    """
+    create(api, ns, pod_manifest("client", client_script))
+    wait_phase(api, ns, "client", "Succeeded")
+    out = logs(api, ns, "client").split("\n")
+    assert f"web.{ns}.svc.cluster.local server" in out and "web server" in out
+    a = api.read_namespaced_pod("server", ns).status.pod_ip
+    b = api.read_namespaced_pod("client", ns).status.pod_ip
+    assert a and b and a != b
+
+
+def test_deleting_a_pod_delivers_sigterm_first(
+    api: client.CoreV1Api, ns: str, tmp_path: Path
+) -> None:
+    script = """
+        import signal, sys, time, pathlib
+        out = pathlib.Path("/out")
+        def term(signum, frame):
+            (out / "marker").write_text("SIGTERM")
+            sys.exit(0)
+        signal.signal(signal.SIGTERM, term)
+        (out / "ready").write_text("1")
+        while True:
+            time.sleep(0.1)
+    """
+    manifest = pod_manifest(
+        "graceful",
+        script,
+        container={"volumeMounts": [{"name": "out", "mountPath": "/out"}]},
+        volumes=[{"name": "out", "hostPath": {"path": str(tmp_path)}}],
+        terminationGracePeriodSeconds=60,
+    )
+    create(api, ns, manifest)
+    wait_for("the pod to be running its handler", lambda: (tmp_path / "ready").exists())
+    started = time.monotonic()
+    api.delete_namespaced_pod("graceful", ns)
+
+    def gone() -> bool:
+        try:
+            api.read_namespaced_pod("graceful", ns)
+            return False
+        except client.ApiException as e:
+            return e.status == 404
+
+    wait_for("the pod to be deleted", gone)
+    assert (tmp_path / "marker").read_text() == "SIGTERM"
+    assert time.monotonic() - started < 30, "the agent waited for the grace period, not the exit"
+
+
+def test_deleting_an_owner_garbage_collects_its_pods(api: client.CoreV1Api, ns: str) -> None:
+    owner = api.create_namespaced_config_map(ns, {"metadata": {"name": "owner"}})
+    ref = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "name": "owner",
+        "uid": owner.metadata.uid,
+    }
+    create(
+        api,
+        ns,
+        pod_manifest("owned", "import time; time.sleep(600)", metadata={"ownerReferences": [ref]}),
+    )
+    wait_phase(api, ns, "owned", "Running")
+    api.delete_namespaced_config_map("owner", ns, propagation_policy="Background")
+
+    def collected() -> bool:
+        return not api.list_namespaced_pod(ns).items
+
+    wait_for("the garbage collector to delete the owned pod", collected)
+
+
+def test_service_account_rights_come_from_rbac(
+    api: client.CoreV1Api, rbac: client.RbacAuthorizationV1Api, ns: str
+) -> None:
+    api.create_namespaced_service_account(ns, {"metadata": {"name": "reader"}})
+    script = f"""
+        from kubernetes import client, config
+        config.load_incluster_config()
+        try:
+            pods = client.CoreV1Api().list_namespaced_pod("{ns}")
+            print("allowed", len(pods.items))
+        except client.ApiException as e:
+            print("status", e.status)
+    """
+    create(api, ns, pod_manifest("before", script, serviceAccountName="reader"))
+    wait_phase(api, ns, "before", "Succeeded")
+    assert logs(api, ns, "before").strip() == "status 403"
+    rbac.create_namespaced_role(
+        ns,
+        {
+            "metadata": {"name": "pod-reader"},
+            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}],
+        },
+    )
+    rbac.create_namespaced_role_binding(
+        ns,
+        {
+            "metadata": {"name": "reader-reads"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "Role",
+                "name": "pod-reader",
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": "reader", "namespace": ns}],
+        },
+    )
+    create(api, ns, pod_manifest("after", script, serviceAccountName="reader"))
+    wait_phase(api, ns, "after", "Succeeded")
+    assert logs(api, ns, "after").startswith("allowed ")
+
+
+def test_kubectl_logs_returns_the_output(api: client.CoreV1Api, ns: str, kubeconfig: Path) -> None:
+    script = """
+        import sys, time
+        for i in range(5):
+            print("line", i)
+            time.sleep(0.4)
+        print("to stderr", file=sys.stderr)
+    """
+    create(api, ns, pod_manifest("talk", script))
+    wait_phase(api, ns, "talk", "Running")
+    followed = kubectl(kubeconfig, "-n", ns, "logs", "-f", "talk")
+    want = "".join(f"line {i}\n" for i in range(5)) + "to stderr\n"
+    assert followed == want
+    wait_phase(api, ns, "talk", "Succeeded")
+    assert kubectl(kubeconfig, "-n", ns, "logs", "talk") == want
+    assert kubectl(kubeconfig, "-n", ns, "logs", "--tail=1", "talk") == "to stderr\n"
+    stamped = kubectl(kubeconfig, "-n", ns, "logs", "--timestamps", "talk").splitlines()
+    assert stamped[0].endswith(" line 0") and stamped[0][:4].isdigit()
+
+
+def test_env_from_field_ref_configmap_and_secret_arrives(api: client.CoreV1Api, ns: str) -> None:
+    api.create_namespaced_config_map(ns, {"metadata": {"name": "cfg"}, "data": {"color": "blue"}})
+    api.create_namespaced_secret(
+        ns, {"metadata": {"name": "sec"}, "stringData": {"token": "s3cret"}}
+    )
+    env = [
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "POD_NS", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": "COLOR", "valueFrom": {"configMapKeyRef": {"name": "cfg", "key": "color"}}},
+        {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "sec", "key": "token"}}},
+        {"name": "GREETING", "value": "hello $(POD_NAME)"},
+    ]
+    script = """
+        import json, os
+        keys = ["POD_NAME", "POD_NS", "POD_IP", "COLOR", "TOKEN", "GREETING", "cfg_color"]
+        print(json.dumps({k: os.environ.get(k) for k in keys}))
+    """
+    container = {"env": env, "envFrom": [{"prefix": "cfg_", "configMapRef": {"name": "cfg"}}]}
+    create(api, ns, pod_manifest("envs", script, container=container))
+    pod = wait_phase(api, ns, "envs", "Succeeded")
+    import json
+
+    got = json.loads(logs(api, ns, "envs"))
+    assert got == {
+        "POD_NAME": "envs",
+        "POD_NS": ns,
+        "POD_IP": pod.status.pod_ip,
+        "COLOR": "blue",
+        "TOKEN": "s3cret",
+        "GREETING": "hello envs",
+        "cfg_color": "blue",
+    }
+
+
+def test_init_containers_run_first_in_order(api: client.CoreV1Api, ns: str) -> None:
+    mount = [{"name": "work", "mountPath": "/work"}]
+
+    def step(name: str) -> Obj:
+        return {
+            "name": name,
+            "image": "busybox",
+            "command": ["python", "-c", f"open('/work/order', 'a').write('{name} ')"],
+            "volumeMounts": mount,
+        }
+
+    manifest = pod_manifest(
+        "inits",
+        "print(open('/work/order').read() + 'main')",
+        container={"volumeMounts": mount},
+        volumes=[{"name": "work", "emptyDir": {}}],
+        initContainers=[step("first"), step("second")],
+    )
+    create(api, ns, manifest)
+    wait_phase(api, ns, "inits", "Succeeded")
+    assert logs(api, ns, "inits", container="main").strip() == "first second main"
+
+
+def test_fault_kill_restarts_the_container(
+    api: client.CoreV1Api, ns: str, cluster_dir: Path
+) -> None:
+    create(api, ns, pod_manifest("victim", "import time; time.sleep(600)", restart="Always"))
+    wait_phase(api, ns, "victim", "Running")
+    killed = faults.kill_container(cluster_dir, ns, "victim")
+    assert len(killed) == 1
+
+    def restarted() -> bool:
+        cs = api.read_namespaced_pod("victim", ns).status.container_statuses[0]
+        return bool(cs.restart_count >= 1 and cs.state.running)
+
+    wait_for("the killed container to be restarted", restarted)
+    last = api.read_namespaced_pod("victim", ns).status.container_statuses[0].last_state
+    assert last.terminated.exit_code == 137
+
+
+def test_fault_cut_network_stops_traffic_until_restored(
+    api: client.CoreV1Api, ns: str, cluster_dir: Path
+) -> None:
+    create(api, ns, pod_manifest("server", SERVE_8080, metadata={"labels": {"app": "s"}}))
+    server_ip = wait_phase(api, ns, "server", "Running").status.pod_ip
+    probe = f"""
+        import socket, time
+        while True:
+            try:
+                socket.create_connection(("{server_ip}", 8080), timeout=0.5).close()
+                print("ok", flush=True)
+            except OSError:
+                print("fail", flush=True)
+            time.sleep(0.3)
+    """
+    create(api, ns, pod_manifest("prober", probe))
+    wait_for("first successful connection", lambda: "ok" in logs(api, ns, "prober"))
+    faults.cut_network(cluster_dir, ns, "server")
+    wait_for("connections to fail", lambda: logs(api, ns, "prober", tail_lines=1) == "fail\n")
+    faults.restore_network(cluster_dir, ns, "server")
+    wait_for("connections to work again", lambda: logs(api, ns, "prober", tail_lines=1) == "ok\n")
+
+
+def test_fault_node_not_ready_and_back(api: client.CoreV1Api, cluster_dir: Path) -> None:
+    node = sorted(n.metadata.name for n in api.list_node().items)[-1]
+
+    def ready() -> str:
+        n = api.read_node(node)
+        return next(c.status for c in n.status.conditions if c.type == "Ready")
+
+    faults.set_node_ready(cluster_dir, node, False)
+    wait_for("the node to be NotReady", lambda: ready() != "True")
+    faults.set_node_ready(cluster_dir, node, True)
+    wait_for("the node to be Ready again", lambda: ready() == "True")
