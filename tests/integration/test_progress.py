@@ -21,6 +21,7 @@ from elasticjob_runtime.progress import (
     ProgressReporter,
     SampleRate,
     fetch_checkpoint_from_peer,
+    progress_published,
     read_progress,
     reporter_from_env,
 )
@@ -93,13 +94,17 @@ def test_publishing_is_throttled(client: EtcdClient) -> None:
         reporter.close()
 
 
-def test_record_goes_away_on_close(client: EtcdClient) -> None:
+def test_record_goes_away_on_close_and_readiness_follows_it(client: EtcdClient) -> None:
     rid = run_id()
+    ready = progress_published(client, rid)
+    assert not ready()
     reporter = ProgressReporter(client, rid, world_size=1, min_interval=0)
     reporter.update(1, samples=8)
     assert read_progress(client, rid) is not None
+    assert ready()
     reporter.close()
     assert read_progress(client, rid) is None
+    assert not ready()
 
 
 def test_lease_is_kept_alive_while_the_reporter_lives(client: EtcdClient) -> None:

@@ -307,3 +307,29 @@ def test_health_address_defaults_to_loopback_and_contract_port(
         health_address_from_env()
     monkeypatch.setenv("ELASTICJOB_HEALTH_PORT", "9000")
     assert health_address_from_env() == ("10.1.2.3", 9000)
+
+
+def test_serve_from_env_listens_on_loopback_and_uses_the_ready_check(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from elasticjob_runtime.health import serve_from_env
+
+    monkeypatch.delenv("ELASTICJOB_POD_IP", raising=False)
+    monkeypatch.setenv("ELASTICJOB_HEALTH_PORT", "0")
+    started = {"yes": False}
+    server = serve_from_env(ready=lambda: started["yes"], live=lambda: True)
+    try:
+        assert server.host == "127.0.0.1"
+
+        def status(path: str) -> int:
+            try:
+                with urllib.request.urlopen(server.url + path, timeout=10) as resp:
+                    return int(resp.status)
+            except urllib.error.HTTPError as err:
+                return err.code
+
+        assert (status("/healthz"), status("/readyz")) == (200, 503)
+        started["yes"] = True
+        assert status("/readyz") == 200
+    finally:
+        server.stop()

@@ -122,3 +122,11 @@ def test_state_for_another_dataset_is_refused_with_a_clear_message() -> None:
 def test_bad_rank_is_refused() -> None:
     with pytest.raises(ValueError, match=r"rank must be in \[0, 2\)"):
         ElasticSampler(10, 2, 2)
+
+
+def test_rank_and_world_size_default_to_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("WORLD_SIZE", "5")
+    s = ElasticSampler(23)
+    assert (s.rank, s.world_size) == (2, 5)
+    assert list(s) == [epoch_order(23, 0, 0)[p] for p in range(2, 23, 5)]

@@ -42,6 +42,17 @@ def health_address_from_env() -> tuple[str, int]:
     return host, port
 
 
+def serve_from_env(
+    *,
+    checkpoint_dir: str | os.PathLike[str] | None = None,
+    live: Callable[[], bool] | None = None,
+    ready: Callable[[], bool] | None = None,
+) -> HealthServer:
+    """Start the server where :func:`health_address_from_env` says (for the agent or rank 0)."""
+    host, port = health_address_from_env()
+    return HealthServer(host, port, checkpoint_dir=checkpoint_dir, live=live, ready=ready).start()
+
+
 class HealthServer:
     """A tiny HTTP server in a daemon thread; ``port=0`` picks a free port."""
 

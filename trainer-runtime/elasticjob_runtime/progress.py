@@ -212,6 +212,19 @@ def read_progress(client: EtcdClient, run_id: str) -> Progress | None:
     return decode_progress(kv.value) if kv is not None else None
 
 
+def progress_published(client: EtcdClient, run_id: str) -> Callable[[], bool]:
+    """A readiness check for a health server outside the workers (e.g. in the agent):
+    ready while the run's rank 0 has a progress record, i.e. training has started."""
+
+    def check() -> bool:
+        try:
+            return read_progress(client, run_id) is not None
+        except (EtcdError, ValueError, KeyError):
+            return False
+
+    return check
+
+
 def run_id_from_env() -> str | None:
     return os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get(contract.RDZV_ID)
 

@@ -12,7 +12,7 @@ restart needs, whatever the new world size.
 
 How a training loop uses it::
 
-    sampler = ElasticSampler(len(dataset), rank=rank, world_size=world, seed=0)
+    sampler = ElasticSampler(len(dataset), seed=0)    # rank/world from the process group
     loader = DataLoader(dataset, batch_size=b, sampler=sampler)
     sampler.load_state_dict(ckpt["sampler"])          # when resuming
     for epoch in range(sampler.epoch, epochs):
@@ -32,6 +32,7 @@ The index arithmetic is in plain functions so it can be property-tested.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -80,17 +81,30 @@ def rank_indices(order: Sequence[int], consumed: int, rank: int, world_size: int
     return [order[p] for p in rank_positions(len(order), consumed, rank, world_size)]
 
 
+def _current_rank_and_world() -> tuple[int, int]:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
 class ElasticSampler(Sampler[int]):
     """A ``Sampler`` whose position survives a change of world size (see module doc)."""
 
     def __init__(
         self,
         num_samples: int,
-        rank: int,
-        world_size: int,
+        rank: int | None = None,
+        world_size: int | None = None,
         seed: int = 0,
         shuffle: bool = True,
     ) -> None:
+        """``rank``/``world_size`` default to the process group's (or RANK/WORLD_SIZE)."""
+        if rank is None or world_size is None:
+            default_rank, default_world = _current_rank_and_world()
+            rank = default_rank if rank is None else rank
+            world_size = default_world if world_size is None else world_size
         if num_samples < 0:
             raise ValueError(f"num_samples must be >= 0, got {num_samples}")
         rank_positions(num_samples, 0, rank, world_size)  # validates rank/world_size
