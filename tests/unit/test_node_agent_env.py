@@ -1,0 +1,123 @@
+"""A container's environment resolves the way kubelet resolves it."""
+
+from __future__ import annotations
+
+import base64
+
+import pytest
+
+from elasticjob_devcluster.pod_env import (
+    EnvError,
+    PodContext,
+    expand,
+    expand_command,
+    referenced_objects,
+    resolve_env,
+)
+
+POD = {
+    "metadata": {"name": "w-0", "namespace": "ml", "uid": "u-1", "labels": {"role": "worker"}},
+    "spec": {"nodeName": "node-1", "serviceAccountName": "trainer"},
+}
+CTX = PodContext(pod_ip="10.244.1.5", host_ip="127.0.0.1", node_allocatable={"cpu": "2"})
+CMS = {"cfg": {"metadata": {"namespace": "ml"}, "data": {"lr": "0.1", "bad key": "x"}}}
+SECRETS = {"sec": {"data": {"pw": base64.b64encode(b"hunter2").decode()}}}
+
+
+def test_expand_replaces_defined_names_keeps_unknown_and_honours_escape() -> None:
+    env = {"A": "1", "B": "two"}
+    assert expand("$(A)-$(B)", env) == "1-two"
+    assert expand("$(MISSING)", env) == "$(MISSING)"
+    assert expand("$$(A)", env) == "$(A)"
+    assert expand("cost $5 $(A", env) == "cost $5 $(A"
+
+
+def test_field_refs_configmap_secret_and_env_from() -> None:
+    container = {
+        "name": "c",
+        "envFrom": [{"configMapRef": {"name": "cfg"}, "prefix": "CFG_"}],
+        "env": [
+            {"name": "NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {"name": "NS", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+            {"name": "UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
+            {"name": "IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            {"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+            {
+                "name": "ROLE",
+                "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['role']"}},
+            },
+            {"name": "LR", "valueFrom": {"configMapKeyRef": {"name": "cfg", "key": "lr"}}},
+            {"name": "PW", "valueFrom": {"secretKeyRef": {"name": "sec", "key": "pw"}}},
+            {"name": "CPUS", "valueFrom": {"resourceFieldRef": {"resource": "limits.cpu"}}},
+            {"name": "MSG", "value": "$(NAME) on $(NODE)"},
+        ],
+    }
+    env = resolve_env(POD, container, CTX, CMS, SECRETS, {"PATH": "/bin"})
+    assert env["NAME"] == "w-0" and env["NS"] == "ml" and env["UID"] == "u-1"
+    assert env["IP"] == "10.244.1.5" and env["NODE"] == "node-1" and env["ROLE"] == "worker"
+    assert env["LR"] == "0.1" and env["PW"] == "hunter2" and env["CPUS"] == "2"
+    assert env["MSG"] == "w-0 on node-1" and env["PATH"] == "/bin"
+    assert env["CFG_lr"] == "0.1" and "CFG_bad key" not in env
+
+
+def test_env_overrides_env_from_and_optional_refs_may_be_missing() -> None:
+    container = {
+        "name": "c",
+        "envFrom": [
+            {"configMapRef": {"name": "cfg"}},
+            {"secretRef": {"name": "nope", "optional": True}},
+        ],
+        "env": [
+            {"name": "lr", "value": "0.5"},
+            {
+                "name": "X",
+                "valueFrom": {"configMapKeyRef": {"name": "gone", "key": "k", "optional": True}},
+            },
+        ],
+    }
+    env = resolve_env(POD, container, CTX, CMS, SECRETS)
+    assert env["lr"] == "0.5" and "X" not in env
+
+
+def test_missing_required_ref_is_a_config_error_naming_it() -> None:
+    container = {
+        "name": "c",
+        "env": [{"name": "X", "valueFrom": {"secretKeyRef": {"name": "sec", "key": "nope"}}}],
+    }
+    with pytest.raises(EnvError, match="nope"):
+        resolve_env(POD, container, CTX, CMS, SECRETS)
+    container = {"name": "c", "envFrom": [{"configMapRef": {"name": "absent"}}]}
+    with pytest.raises(EnvError, match="absent"):
+        resolve_env(POD, container, CTX, CMS, SECRETS)
+
+
+def test_command_and_args_expand_and_a_missing_command_is_explained() -> None:
+    c = {"name": "c", "command": ["python", "-c"], "args": ["print('$(A)')"]}
+    assert expand_command(c, {"A": "hi"}) == ["python", "-c", "print('hi')"]
+    with pytest.raises(EnvError, match="does not pull images"):
+        expand_command({"name": "c", "args": ["x"]}, {})
+
+
+def test_referenced_objects_cover_env_and_projected_volumes() -> None:
+    pod = {
+        "spec": {
+            "containers": [
+                {
+                    "name": "c",
+                    "envFrom": [{"secretRef": {"name": "s1"}}],
+                    "env": [
+                        {"name": "A", "valueFrom": {"configMapKeyRef": {"name": "c1", "key": "k"}}}
+                    ],
+                }
+            ],
+            "volumes": [
+                {"name": "v", "configMap": {"name": "c2"}},
+                {"name": "w", "secret": {"secretName": "s2"}},
+                {
+                    "name": "p",
+                    "projected": {"sources": [{"configMap": {"name": "kube-root-ca.crt"}}]},
+                },
+            ],
+        }
+    }
+    assert referenced_objects(pod) == ({"c1", "c2", "kube-root-ca.crt"}, {"s1", "s2"})
