@@ -63,6 +63,12 @@ class Agent:
                 os.kill(pid, signal.SIGKILL)
         self.proc.wait(timeout=30)
 
+    def freeze(self) -> None:
+        """SIGSTOP the agent and its workers: a node that vanishes without closing a socket."""
+        for pid in [self.proc.pid, *descendants(self.proc.pid)]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.kill_node()
@@ -195,6 +201,32 @@ def test_three_agents_one_killed_the_other_two_continue_at_world_size_two(
     assert {s["world"] for s in after} == {2}
     assert min(s["step"] for s in after) >= max(before) - 1, "training restarted from scratch"
     assert max(s["step"] for s in after) == job.steps - 1
+    assert_every_step_saw_its_world(job)
+
+
+def test_a_node_that_vanishes_silently_is_dropped_in_seconds_not_a_collective_timeout(
+    job_factory: Callable[[int], Job],
+) -> None:
+    # The survivors' gloo peers never see a reset connection, so without the lease
+    # they would sit in all_reduce until the collective timeout (pytorch#111646).
+    job = job_factory(120)
+    for _ in range(3):
+        job.start("2:3")
+    job.wait_for(
+        "3 nodes training", lambda: job.first(lambda s: s["world"] == 3 and s["step"] >= 5), 180
+    )
+
+    frozen_at = time.time()
+    job.agents[2].freeze()
+    resumed = job.wait_for(
+        "the survivors to train at world size 2",
+        lambda: job.first(lambda s: s["t"] > frozen_at and s["world"] == 2),
+        60,
+    )
+    print(f"\nfrozen node -> training again at world size 2 after {resumed['t'] - frozen_at:.1f}s")
+    assert resumed["t"] - frozen_at < 30
+    assert job.wait_exit(job.agents[:2], 240) == [0, 0]
+    assert max(s["step"] for s in job.lines()) == job.steps - 1
     assert_every_step_saw_its_world(job)
 
 

@@ -72,7 +72,8 @@ def test_a_full_round_seals_at_max_and_extra_nodes_stand_by() -> None:
     sealed = settle(None, live, ["a", "b", "c", "d"])
     assert sealed is not None and sealed.complete and len(sealed.participants) == 3
     (spare,) = live - set(sealed.participants)
-    assert isinstance(decide_join(sealed, live, spare, LIMITS, 0, 0.0), Wait)
+    standby = decide_join(sealed, live, spare, LIMITS, 0, 0.0)
+    assert isinstance(standby, Wait) and standby.standby
 
 
 def test_survivors_of_a_lost_peer_form_the_next_round_without_it() -> None:

@@ -78,6 +78,7 @@ class Wait:
 
     until: float | None
     why: str
+    standby: bool = False  # a spare beyond max nodes: waits for a free seat, not a deadline
 
 
 @dataclass(frozen=True)
@@ -114,12 +115,14 @@ def decide_join(
                 else "joining a round with room"
             )
             return Write(Round(number=current.number + 1, participants=(me,)), why)
-        return Wait(None, f"round {current.number} is full ({limits.max_nodes} nodes); standing by")
+        return Wait(
+            None, f"round {current.number} is full ({limits.max_nodes} nodes); standing by", True
+        )
     # The round is still forming: drop members whose lease is gone, then join it.
     members = tuple(p for p in current.participants if p in live)
     if me not in members:
         if len(members) >= limits.max_nodes:
-            return Wait(None, f"round {current.number} is full; standing by")
+            return Wait(None, f"round {current.number} is full; standing by", True)
         members = (*members, me)
     last_call = current.last_call
     if len(members) < limits.min_nodes:

@@ -230,6 +230,8 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
                     continue
                 assert isinstance(decision, Wait)
                 why = decision.why
+                if decision.standby:
+                    deadline = time.monotonic() + self._join_timeout
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise RendezvousTimeoutError(
