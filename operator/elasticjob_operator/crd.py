@@ -114,13 +114,21 @@ def openapi_schema() -> Schema:
         "properties": {
             "apiVersion": {"type": "string", "description": "elastic.pytorch.org/v1alpha1"},
             "kind": {"type": "string", "description": "ElasticJob"},
-            "metadata": {"type": "object"},
+            "metadata": {
+                "type": "object",
+                "properties": {
+                    "name": {
+                        "type": "string",
+                        "x-kubernetes-validations": [
+                            {"rule": rule.replace("self.metadata.name", "self"), "message": message}
+                            for rule, message in models.NAME_RULES
+                        ],
+                    }
+                },
+            },
             "spec": spec_schema(),
             "status": status_schema(),
         },
-        "x-kubernetes-validations": [
-            {"rule": rule, "message": message} for rule, message in models.NAME_RULES
-        ],
     }
 
 

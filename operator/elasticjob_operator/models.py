@@ -13,6 +13,7 @@ so a job that reached the operator some other way is judged by the same rules.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -168,8 +169,7 @@ class ElasticJobSpec(_Model):
 
     rdzv_endpoint: str | None = Field(
         default=None,
-        pattern=r"^(https?://)?[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?:[0-9]{1,5}"
-        r"(,(https?://)?[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?:[0-9]{1,5})*$",
+        max_length=1024,
         description="host:port of the rendezvous store. Absent: with rdzvBackend etcd-v3 the "
         "operator provisions an etcd for the job (Deployment and Service <name>-etcd); with "
         "c10d it is worker 0 (<name>-worker-0.<name>-worker.<namespace>.svc:29400).",
@@ -291,7 +291,19 @@ def _nproc_ok(s: ElasticJobSpec) -> bool:
     return v >= 1 if isinstance(v, int) else v in ("auto", "cpu", "gpu")
 
 
+_HOST_PORT = r"(https?://)?[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?:[0-9]{1,5}"
+ENDPOINT_PATTERN: Final = rf"^{_HOST_PORT}(,{_HOST_PORT})*$"
+
 SPEC_RULES: Final[tuple[Rule, ...]] = (
+    Rule(
+        cel=f"!has(self.rdzvEndpoint) || self.rdzvEndpoint.matches('{ENDPOINT_PATTERN}')",
+        message="spec.rdzvEndpoint must be host:port (or a comma-separated list of them): "
+        "e.g. etcd-service:2379",
+        field_path=".rdzvEndpoint",
+        check=lambda s: (
+            s.rdzv_endpoint is None or re.fullmatch(ENDPOINT_PATTERN, s.rdzv_endpoint) is not None
+        ),
+    ),
     Rule(
         cel="!has(self.maxReplicas) || self.minReplicas <= self.maxReplicas",
         message="spec.minReplicas must not exceed spec.maxReplicas: "

@@ -85,8 +85,10 @@ def test_cel_rules_carry_the_models_messages() -> None:
     assert [(r["rule"], r["message"]) for r in rules] == [
         (r.cel, r.message) for r in models.SPEC_RULES
     ]
-    top = schema()["x-kubernetes-validations"]
-    assert any("metadata.name" in r["message"] for r in top)
+    name_rules = schema()["properties"]["metadata"]["properties"]["name"]
+    assert [r["message"] for r in name_rules["x-kubernetes-validations"]] == [
+        message for _, message in models.NAME_RULES
+    ]
 
 
 def lookup(path: str) -> dict[str, Any]:

@@ -1,0 +1,159 @@
+"""ElasticJob manifests for the e2e tests: a good one, an archived-controller one, and
+malformed ones the API server must refuse with a message naming the field."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+Obj = dict[str, Any]
+
+
+def job(name: str, command: list[str], replicas: int = 2, **spec: Any) -> Obj:
+    """A job whose workers run `command` (the node agent runs it as a local process)."""
+    return {
+        "apiVersion": "elastic.pytorch.org/v1alpha1",
+        "kind": "ElasticJob",
+        "metadata": {"name": name},
+        "spec": {
+            "minReplicas": 1,
+            "maxReplicas": 4,
+            "replicaSpecs": {
+                "Worker": {
+                    "replicas": replicas,
+                    "restartPolicy": "OnFailure",
+                    "template": {
+                        "metadata": {"labels": {"app": name}},
+                        "spec": {
+                            "containers": [
+                                {
+                                    "name": "trainer",
+                                    "image": "elasticjob-runtime:dev",
+                                    "command": command,
+                                }
+                            ]
+                        },
+                    },
+                }
+            },
+            **spec,
+        },
+    }
+
+
+def archived(name: str, endpoint: str, command: list[str]) -> Obj:
+    """The archived TorchElastic controller's example, field for field (plus our command)."""
+    return {
+        "apiVersion": "elastic.pytorch.org/v1alpha1",
+        "kind": "ElasticJob",
+        "metadata": {"name": name},
+        "spec": {
+            "rdzvEndpoint": endpoint,
+            "minReplicas": 1,
+            "maxReplicas": 2,
+            "replicaSpecs": {
+                "Worker": {
+                    "replicas": 2,
+                    "restartPolicy": "ExitCode",
+                    "template": {
+                        "apiVersion": "v1",
+                        "kind": "Pod",
+                        "spec": {
+                            "containers": [
+                                {
+                                    "name": "elasticjob-worker",
+                                    "image": "torchelastic/examples:0.2.0",
+                                    "imagePullPolicy": "Always",
+                                    "command": command,
+                                }
+                            ]
+                        },
+                    },
+                }
+            },
+        },
+    }
+
+
+def _set(path: str, value: Any) -> Callable[[Obj], None]:
+    keys = path.split(".")
+
+    def edit(obj: Obj) -> None:
+        node = obj
+        for k in keys[:-1]:
+            node = node[int(k)] if isinstance(node, list) else node[k]
+        if value is _DELETE:
+            del node[keys[-1]]
+        else:
+            node[keys[-1]] = value
+
+    return edit
+
+
+_DELETE = object()
+W = "spec.replicaSpecs.Worker"
+C0 = f"{W}.template.spec.containers.0"
+
+# (id, edit, text the API server's refusal must contain)
+MALFORMED: list[tuple[str, Callable[[Obj], None], str]] = [
+    (
+        "min-above-max",
+        _set("spec.minReplicas", 5),
+        "spec.minReplicas must not exceed spec.maxReplicas",
+    ),
+    (
+        "replicas-above-max",
+        _set(f"{W}.replicas", 9),
+        "spec.replicaSpecs.Worker.replicas must not exceed",
+    ),
+    (
+        "replicas-below-min",
+        _set("spec.minReplicas", 3),
+        "spec.replicaSpecs.Worker.replicas must be at least",
+    ),
+    ("min-zero", _set("spec.minReplicas", 0), "spec.minReplicas"),
+    ("min-not-a-number", _set("spec.minReplicas", "two"), "spec.minReplicas"),
+    (
+        "bad-restart-policy",
+        _set(f"{W}.restartPolicy", "Sometimes"),
+        "spec.replicaSpecs.Worker.restartPolicy",
+    ),
+    ("bad-clean-pod-policy", _set("spec.cleanPodPolicy", "Some"), "spec.cleanPodPolicy"),
+    ("bad-backend", _set("spec.rdzvBackend", "zookeeper"), "spec.rdzvBackend"),
+    ("endpoint-without-port", _set("spec.rdzvEndpoint", "etcd-service"), "spec.rdzvEndpoint"),
+    (
+        "etcd-v2-backend-without-endpoint",
+        _set("spec.rdzvBackend", "etcd"),
+        "spec.rdzvBackend etcd needs",
+    ),
+    ("no-replica-specs", _set("spec.replicaSpecs", _DELETE), "spec.replicaSpecs"),
+    ("no-worker", _set("spec.replicaSpecs.Worker", _DELETE), "spec.replicaSpecs.Worker"),
+    ("no-template", _set(f"{W}.template", _DELETE), "spec.replicaSpecs.Worker.template"),
+    (
+        "no-containers",
+        _set(f"{W}.template.spec.containers", []),
+        "spec.replicaSpecs.Worker.template.spec.containers",
+    ),
+    (
+        "container-without-image",
+        _set(f"{C0}.image", _DELETE),
+        "spec.replicaSpecs.Worker.template.spec.containers[0].image",
+    ),
+    ("nproc-zero", _set("spec.nprocPerNode", 0), "spec.nprocPerNode must be"),
+    ("nproc-word", _set("spec.nprocPerNode", "many"), "spec.nprocPerNode must be"),
+    ("negative-backoff", _set("spec.backoffLimit", -1), "spec.backoffLimit"),
+    ("zero-deadline", _set("spec.activeDeadlineSeconds", 0), "spec.activeDeadlineSeconds"),
+    ("negative-ttl", _set("spec.ttlSecondsAfterFinished", -5), "spec.ttlSecondsAfterFinished"),
+    ("suspend-not-bool", _set("spec.suspend", "yes"), "spec.suspend"),
+    ("rdzv-conf-comma", _set("spec.rdzvConf", {"timeout": "1,2"}), "spec.rdzvConf"),
+    ("typo-field", _set("spec.minReplica", 1), "spec.minReplica"),
+    ("name-too-long", _set("metadata.name", "a" * 52), "metadata.name must be at most"),
+    ("name-with-dot", _set("metadata.name", "a.b"), "metadata.name must be a DNS label"),
+]
+
+
+def malformed(base: Obj, edit: Callable[[Obj], None]) -> Obj:
+    obj = copy.deepcopy(base)
+    edit(obj)
+    return obj
