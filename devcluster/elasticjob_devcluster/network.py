@@ -72,11 +72,24 @@ def ensure_cluster_network(name: str) -> None:
         _ip("-n", name, "link", "set", BRIDGE, "up")
 
 
-def remove_cluster_network(name: str) -> None:
-    """Delete the cluster netns (its bridge ports, the pods' veths, go with it)."""
+def bridge_ports(name: str) -> list[str]:
+    """The pod veths still plugged into the cluster bridge."""
+    if not netns_exists(name):
+        return []
+    out = _ip("-n", name, "-o", "link", "show", "master", BRIDGE, check=False).stdout
+    return [line.split(":")[1].strip().split("@")[0] for line in out.splitlines() if ":" in line]
+
+
+def remove_cluster_network(name: str, force: bool = False) -> bool:
+    """Delete the cluster netns unless pods (of another cluster sharing the name) are still
+    plugged in; force=True deletes it anyway. Returns whether it is gone."""
     with _lock(name):
-        if netns_exists(name):
-            _ip("netns", "del", name)
+        if not netns_exists(name):
+            return True
+        if bridge_ports(name) and not force:
+            return False
+        _ip("netns", "del", name)
+        return True
 
 
 def pod_netns_name(uid: str) -> str:
