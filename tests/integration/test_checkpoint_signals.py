@@ -10,10 +10,12 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import IO
 
 import pytest
+from conftest import EtcdServer
 
 pytestmark = pytest.mark.integration
 
@@ -60,6 +62,44 @@ def worker(directory: str, mode: str) -> None:
         ckpt.mark_step(step)
         if step % 7 == 0:
             ckpt.save(state, step)
+
+
+def ddp_worker(out: str) -> None:
+    """Two DDP ranks under the agent, training until the agent forwards SIGTERM."""
+    import torch
+    import torch.distributed as dist
+
+    from elasticjob_runtime.checkpoint import CheckpointManager
+    from elasticjob_runtime.sampler import ElasticSampler
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    model = torch.nn.parallel.DistributedDataParallel(net)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    sampler = ElasticSampler(100_000, seed=1)
+    ckpt = CheckpointManager(Path(out) / "ckpt", keep=2, async_save=True, memory=False)
+    state = {"model": model, "optim": opt, "sampler": sampler}
+    ckpt.track(state)
+    ckpt.install_sigterm_handler(grace_s=10.0)
+    step = 0
+    while True:
+        x = torch.randn(16, 8)
+        loss = (model(x) - x.sum(dim=1, keepdim=True)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sampler.advance(16 * world)
+        step += 1
+        if rank == 0:
+            total = sum(float(p.detach().double().sum()) for p in net.parameters())
+            with (Path(out) / "steps.txt").open("a") as f:
+                f.write(f"step {step} {total:.10f}\n")
+        ckpt.mark_step(step)
+        if step % 5 == 0:
+            ckpt.save(state, step)
+        time.sleep(0.02)
 
 
 def start_worker(tmp_path: Path, mode: str) -> subprocess.Popen[str]:
@@ -172,5 +212,57 @@ def test_sigterm_then_a_failing_step_still_saves_at_exit(tmp_path: Path) -> None
     assert took < 10.0  # no waiting out the watchdog's grace
 
 
+def test_sigterm_to_the_agent_leaves_a_checkpoint_of_the_last_ddp_step(
+    etcd: EtcdServer, tmp_path: Path
+) -> None:
+    """The eviction path: the kubelet signals the launcher, torch's agent forwards SIGTERM."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "elasticjob_runtime.launcher",
+        "--nnodes=1",
+        "--nproc-per-node=2",
+        "--rdzv-backend=etcd-v3",
+        f"--rdzv-endpoint={etcd.endpoint}",
+        f"--rdzv-id=sigterm-{uuid.uuid4().hex[:8]}",
+        "--local-addr=127.0.0.1",
+        "--monitor-interval=0.2",
+        "--max-restarts=0",
+        __file__,
+        str(tmp_path),
+        "ddp",
+    ]
+    env = {**os.environ, "ELASTICJOB_CHECKPOINT_MEMORY_DIR": "off", "GLOO_SOCKET_IFNAME": "lo"}
+    log = tmp_path / "agent.log"
+    proc = subprocess.Popen(
+        cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env, start_new_session=True
+    )
+    steps = tmp_path / "steps.txt"
+    try:
+        deadline = time.monotonic() + START_BOUND_S
+        while not (steps.exists() and steps.read_text().count("\n") >= 20):
+            assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
+            assert time.monotonic() < deadline, "training never reached step 20"
+            time.sleep(0.2)
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)  # to the agent only, as the kubelet does
+        proc.wait(timeout=60)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    step, total = last_step(steps.read_text().splitlines())
+    saved_step, saved_total, consumed = saved_state(tmp_path)
+    assert saved_step == step, log.read_text(errors="replace")[-3000:]
+    assert saved_total == pytest.approx(total, abs=1e-6)
+    assert consumed == 32 * step
+    assert took < 25.0  # well inside the agent's 30 s before SIGKILL
+    print(f"agent SIGTERM to exit with checkpoint of DDP step {step}: {took:.2f} s")
+
+
 if __name__ == "__main__":
-    worker(sys.argv[1], sys.argv[2])
+    if sys.argv[2] == "ddp":
+        ddp_worker(sys.argv[1])
+    else:
+        worker(sys.argv[1], sys.argv[2])

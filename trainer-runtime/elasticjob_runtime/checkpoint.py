@@ -646,7 +646,8 @@ class CheckpointManager:
             return
         self._term_requested.set()
         log.warning(
-            "SIGTERM: saving step %s at the next step boundary (watchdog after %.0f s)",
+            "SIGTERM: saving at the next step boundary (last completed step %s; "
+            "watchdog after %.0f s)",
             self._step,
             self._grace_s,
         )
