@@ -5,8 +5,8 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cache=${ELASTICJOB_CACHE:-$HOME/.cache/elasticjob}
-k8s=$(awk '$1=="k8s.io/kubernetes"{print $2}' "$here/go/go.mod")
-etcd=$(awk '$1=="go.etcd.io/etcd/server/v3"{print $2}' "$here/go/go.mod")
+k8s=$(awk '$1=="k8s.io/kubernetes" && $2 ~ /^v/ {print $2}' "$here/go/go.mod")
+etcd=$(awk '$1=="go.etcd.io/etcd/server/v3" && $2 ~ /^v/ {print $2}' "$here/go/go.mod")
 bin="$cache/bin/k8s-$k8s-etcd-$etcd"
 if [[ -x "$bin/kube-apiserver" && -x "$bin/kube-controller-manager" && -x "$bin/etcd" ]]; then
   echo "$bin"; exit 0

@@ -14,6 +14,7 @@ The layout of a cluster directory::
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import shutil
@@ -61,11 +62,18 @@ class ClusterConfig:
         return f"https://127.0.0.1:{self.apiserver_port}"
 
 
-def free_port() -> int:
-    """A port on 127.0.0.1 nobody listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct ports on 127.0.0.1 that nobody listens on right now.
+
+    All sockets stay open until every port is chosen, so no port is handed out twice.
+    """
+    with contextlib.ExitStack() as stack:
+        ports = []
+        for _ in range(count):
+            s = stack.enter_context(socket.socket())
+            s.bind(("127.0.0.1", 0))
+            ports.append(int(s.getsockname()[1]))
+        return ports
 
 
 def build_binaries() -> Path:
@@ -190,6 +198,17 @@ def node_agent_args(cfg: ClusterConfig, pki: ClusterPKI, node: str, index: int) 
     ]
 
 
+def pod_environment(cfg: ClusterConfig) -> dict[str, str]:
+    """The agent's environment, inherited by pods: images are not pulled, so a pod's
+    command runs from this repo's Python environment, and the per-job etcd from the
+    devcluster's own etcd build."""
+    env = dict(os.environ)
+    path = [str(Path(sys.executable).parent), cfg.bin_dir, env.get("PATH", "/usr/bin:/bin")]
+    env["PATH"] = os.pathsep.join(path)
+    env.pop("KUBECONFIG", None)
+    return env
+
+
 def _wait(what: str, check: Callable[[], bool], timeout: float, log: Path | None) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -250,14 +269,15 @@ class DevCluster:
         self.dir.mkdir(parents=True, exist_ok=True)
         procs.save_records(self._records_path, [])
         ensure_pki(self.pki.dir)
+        etcd, etcd_peer, apiserver, controller_manager, *kubelets = free_ports(4 + len(nodes))
         cfg = ClusterConfig(
             dir=str(self.dir),
             bin_dir=str(build_binaries()),
-            etcd_port=free_port(),
-            etcd_peer_port=free_port(),
-            apiserver_port=free_port(),
-            controller_manager_port=free_port(),
-            nodes={name: free_port() for name in nodes},
+            etcd_port=etcd,
+            etcd_peer_port=etcd_peer,
+            apiserver_port=apiserver,
+            controller_manager_port=controller_manager,
+            nodes=dict(zip(nodes, kubelets, strict=True)),
         )
         self._config_path.write_text(json.dumps(asdict(cfg), indent=1))
         logs = self.dir / "logs"
@@ -269,8 +289,10 @@ class DevCluster:
             raise
         return cfg
 
-    def _start(self, name: str, argv: list[str], logs: Path) -> None:
-        _, record = procs.spawn(name, argv, logs / f"{name}.log")
+    def _start(
+        self, name: str, argv: list[str], logs: Path, env: dict[str, str] | None = None
+    ) -> None:
+        _, record = procs.spawn(name, argv, logs / f"{name}.log", env=env)
         self._record(record)
 
     def _start_control_plane(self, cfg: ClusterConfig, logs: Path, timeout: float) -> None:
@@ -319,7 +341,12 @@ class DevCluster:
             path = self.dir / f"kubeconfig-node-{node}"
             path.write_text(kubeconfig_yaml(cfg.server, self.pki.ca.cert, node, pair))
             (self.dir / "nodes" / node).mkdir(parents=True, exist_ok=True)
-            self._start(f"node-agent-{node}", node_agent_args(cfg, self.pki, node, index), logs)
+            self._start(
+                f"node-agent-{node}",
+                node_agent_args(cfg, self.pki, node, index),
+                logs,
+                env=pod_environment(cfg),
+            )
         _wait(
             f"nodes {', '.join(cfg.nodes)} (Ready) and the default ServiceAccount",
             lambda: self._nodes_ready(cfg) and self._default_service_account(),
@@ -380,9 +407,3 @@ class DevCluster:
         for node_dir in sorted((self.dir / "nodes").glob("*")):
             records += procs.load_records(node_dir / "processes.json")
         return procs.alive_groups(records)
-
-
-def environment_with_kubeconfig(kubeconfig: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    env["KUBECONFIG"] = str(kubeconfig)
-    return env
