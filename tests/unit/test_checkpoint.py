@@ -197,6 +197,16 @@ def test_async_save_error_is_raised_on_the_next_call(tmp_path: Path) -> None:
         mgr.save({"x": torch.zeros(3)}, 2)
 
 
+def test_sync_save_error_is_one_checkpoint_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    mgr = CheckpointManager(blocker / "ckpt", memory=False, writer=True)
+    with pytest.raises(
+        CheckpointError, match=r"saving checkpoint step 3 to .*not-a-dir/ckpt failed"
+    ):
+        mgr.save({"x": torch.zeros(3)}, 3)
+
+
 def test_async_save_error_is_raised_at_close(tmp_path: Path) -> None:
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("")

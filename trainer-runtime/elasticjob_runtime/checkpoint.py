@@ -430,7 +430,12 @@ class CheckpointManager:
         run_async = self.async_save if blocking is None else not blocking
         saved = state_to_save(state)
         if not run_async:
-            self._write(saved, step, self.writer)
+            try:
+                self._write(saved, step, self.writer)
+            except OSError as exc:
+                raise CheckpointError(
+                    f"saving checkpoint step {step} to {self.directory} failed: {exc}"
+                ) from exc
             return
         snap = snapshot(saved)
         self._pending_step = step
