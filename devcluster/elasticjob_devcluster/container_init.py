@@ -52,11 +52,12 @@ def _mountpoint(target: Path, source_is_dir: bool) -> None:
 
 
 def enter(spec: dict[str, Any]) -> None:
-    fd = os.open(spec["netns"], os.O_RDONLY)
-    try:
-        _check(_libc.setns(fd, CLONE_NEWNET), "setns net")
-    finally:
-        os.close(fd)
+    if spec.get("netns"):  # empty for hostNetwork pods
+        fd = os.open(spec["netns"], os.O_RDONLY)
+        try:
+            _check(_libc.setns(fd, CLONE_NEWNET), "setns net")
+        finally:
+            os.close(fd)
     _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWUTS), "unshare mount+uts")
     _mount(None, "/", MS_REC | MS_PRIVATE)
     hostname = str(spec["hostname"]).encode()

@@ -148,6 +148,8 @@ def _setns(fd: int, nstype: int) -> None:
 
 def in_netns(ns: str, fn: Callable[[], T]) -> T:
     """Run fn in a short-lived thread that has joined netns `ns` (the caller's stays put)."""
+    if not ns:  # a hostNetwork pod: the agent's own network
+        return fn()
     result: list[T] = []
     error: list[BaseException] = []
 

@@ -46,7 +46,14 @@ from elasticjob_devcluster.pod_env import (
     referenced_objects,
     resolve_env,
 )
-from elasticjob_devcluster.pod_status import ContainerRun, plan, pod_status, rfc3339
+from elasticjob_devcluster.pod_status import (
+    ContainerRun,
+    plan,
+    pod_status,
+    restart_policy,
+    rfc3339,
+    should_restart,
+)
 from elasticjob_devcluster.volumes import VolumeError, materialise
 
 Obj = dict[str, Any]
@@ -96,6 +103,7 @@ class PodRuntime:
     pod: Obj
     ip: str = ""
     netns: str = ""
+    sandbox: bool = False
     start_time: float = field(default_factory=time.time)
     runs: dict[str, ContainerRun] = field(default_factory=dict)
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
@@ -139,6 +147,22 @@ def _body(obj: Obj) -> Any:
     return obj
 
 
+def pod_hostname(pod: Obj) -> str:
+    """spec.hostname or the pod name, cut to 63 characters as kubelet does."""
+    name = str((pod.get("spec") or {}).get("hostname") or pod["metadata"]["name"])
+    return name[:63].rstrip("-.") or name[:63]
+
+
+def probe_port(container: Obj, port: int | str) -> int:
+    """A probe's port, by number or by the name of one of the container's ports."""
+    if isinstance(port, int) or str(port).isdigit():
+        return int(port)
+    for p in container.get("ports") or []:
+        if p.get("name") == port:
+            return int(p["containerPort"])
+    raise ValueError(f"no container port named {port!r}")
+
+
 def _raw(resp: Any) -> Obj:
     data: Obj = json.loads(resp.data)
     return data
@@ -159,6 +183,7 @@ class Agent:
         self.wake = threading.Event()
         self.stop = threading.Event()
         self.requests: queue.Queue[tuple[Obj, queue.Queue[Obj]]] = queue.Queue()
+        self.events: queue.Queue[Obj] = queue.Queue()
         self.hosts_dirty = True
         self.heartbeat = True
         self.lost = False
@@ -380,6 +405,52 @@ class Agent:
             self.hosts_dirty = True
         self.wake.set()
 
+    # ---------------------------------------------------------------- events
+    def event(self, pod: Obj, etype: str, reason: str, message: str, component: str = "") -> None:
+        """Queue a core/v1 Event about a pod (what `kubectl describe pod` shows)."""
+        if self.lost or not self.heartbeat:
+            return
+        m = pod["metadata"]
+        now = rfc3339(time.time())
+        comp = component or "kubelet"
+        self.events.put(
+            {
+                "apiVersion": "v1",
+                "kind": "Event",
+                "metadata": {"generateName": f"{m['name']}.", "namespace": m["namespace"]},
+                "involvedObject": {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "name": m["name"],
+                    "namespace": m["namespace"],
+                    "uid": m["uid"],
+                },
+                "reason": reason,
+                "message": message,
+                "type": etype,
+                "source": {"component": comp, "host": self.node},
+                "firstTimestamp": now,
+                "lastTimestamp": now,
+                "count": 1,
+                "reportingComponent": comp,
+                "reportingInstance": self.node,
+            }
+        )
+
+    def event_loop(self) -> None:
+        while not self.stop.is_set():
+            try:
+                ev = self.events.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            with contextlib.suppress(Exception):  # an event is best effort, as in kubelet
+                self.core.create_namespaced_event(
+                    ev["metadata"]["namespace"],
+                    _body(ev),
+                    _preload_content=False,
+                    _request_timeout=TIMEOUT,
+                )
+
     # ---------------------------------------------------------------- records
     def record_process(self, proc: subprocess.Popen[bytes], what: str) -> None:
         ticks = procs.start_ticks(proc.pid)
@@ -427,6 +498,8 @@ class Agent:
                 _request_timeout=TIMEOUT,
             )
             log.info("bound %s/%s", m["namespace"], m["name"])
+            msg = f"Successfully assigned {m['namespace']}/{m['name']} to {self.node}"
+            self.event(pod, "Normal", "Scheduled", msg, component="default-scheduler")
         except client.ApiException as e:
             if e.status not in (404, 409):
                 log.warning("binding %s/%s: %s", m["namespace"], m["name"], e.reason)
@@ -443,6 +516,7 @@ class Agent:
                 target=self.informer, args=(kind, fn), name=f"watch-{kind}", daemon=True
             ).start()
         threading.Thread(target=self.heartbeat_loop, name="heartbeat", daemon=True).start()
+        threading.Thread(target=self.event_loop, name="events", daemon=True).start()
         threading.Thread(target=self.prober_loop, name="prober", daemon=True).start()
         self.control_server()
         self.log_server = kubelet_server.serve(
@@ -514,7 +588,7 @@ class Agent:
         return rt
 
     def allocate_ip(self) -> str:
-        used = {rt.ip for rt in self.pods.values() if rt.ip and not rt.torn_down}
+        used = {rt.ip for rt in self.pods.values() if rt.netns and not rt.torn_down}
         for host in list(self.net.hosts())[1:]:
             if str(host) not in used:
                 return str(host)
@@ -528,7 +602,7 @@ class Agent:
             return
         terminal = rt.phase in ("Succeeded", "Failed")
         if not terminal:
-            if not rt.netns:
+            if not rt.sandbox:
                 self.create_sandbox(rt)
             self.refresh_tokens(rt, now)
             p = plan(rt.spec, rt.runs, now)
@@ -546,12 +620,18 @@ class Agent:
 
     # ---------------------------------------------------------------- sandbox
     def create_sandbox(self, rt: PodRuntime) -> None:
-        rt.ip = self.allocate_ip()
-        self.write_hosts(rt)
-        rt.netns = network.create_pod_netns(self.args.cluster_network, rt.uid, rt.ip)
-        port = self.args.apiserver_port
-        ports = sorted({port, 443})
-        rt.forwarder = network.PodForwarder(rt.netns, ports, ("127.0.0.1", port))
+        """The pod's netns and API forwarding (hostNetwork pods share the host's network)."""
+        if rt.spec.get("hostNetwork"):
+            rt.ip = HOST_IP
+            self.write_hosts(rt)
+        else:
+            rt.ip = self.allocate_ip()
+            self.write_hosts(rt)
+            rt.netns = network.create_pod_netns(self.args.cluster_network, rt.uid, rt.ip)
+            port = self.args.apiserver_port
+            ports = sorted({port, 443})
+            rt.forwarder = network.PodForwarder(rt.netns, ports, ("127.0.0.1", port))
+        rt.sandbox = True
         rt.start_time = time.time()
         self.hosts_dirty = True
         log.info("pod %s/%s sandbox %s ip %s", rt.namespace, rt.name, rt.netns, rt.ip)
@@ -578,7 +658,8 @@ class Agent:
             rt.forwarder.close()
             rt.forwarder = None
         if not rt.torn_down:
-            network.delete_pod_netns(rt.uid)
+            if rt.netns:
+                network.delete_pod_netns(rt.uid)
             rt.torn_down = True
         if remove_dir:
             shutil.rmtree(rt.dir, ignore_errors=True)
@@ -698,7 +779,7 @@ class Agent:
             cms, secrets = self.referenced(rt)
             if not rt.volumes_ready:
                 self.prepare_volumes(rt, cms, secrets)
-            hostname = str(rt.spec.get("hostname") or rt.name)
+            hostname = pod_hostname(rt.pod)
             base = {
                 "PATH": self.path_env,
                 "HOSTNAME": hostname,
@@ -713,6 +794,8 @@ class Agent:
             argv = expand_command(c, env)
             mounts = self.mounts(rt, c)
         except (EnvError, VolumeError, client.ApiException, OSError) as e:
+            if run.waiting_reason != "CreateContainerConfigError":
+                self.event(rt.pod, "Warning", "Failed", f"Error: {e}")
             run.waiting_reason = "CreateContainerConfigError"
             run.waiting_message = str(e)[:500]
             run.next_start_at = now + 2.0
@@ -726,7 +809,7 @@ class Agent:
         spec_path.write_text(
             json.dumps(
                 {
-                    "netns": str(network.NETNS_DIR / rt.netns),
+                    "netns": str(network.NETNS_DIR / rt.netns) if rt.netns else "",
                     "hostname": hostname,
                     "hosts_file": str(rt.hosts_path),
                     "mounts": mounts,
@@ -753,6 +836,7 @@ class Agent:
         rt.log_paths.setdefault(name, []).append(log_path)
         run.started(proc.pid, f"devcluster://{rt.uid}/{name}/{n}", now)
         rt.probes.pop(name, None)
+        rt.probes.pop(f"{name}#liveness", None)
         out = open(log_path, "ab", buffering=0)  # noqa: SIM115 - closed by the last reader
         lock = threading.Lock()
         readers = [proc.stdout, proc.stderr]
@@ -781,6 +865,7 @@ class Agent:
 
         threading.Thread(target=waiter, daemon=True).start()
         log.info("pod %s/%s container %s started pid %d", rt.namespace, rt.name, name, proc.pid)
+        self.event(rt.pod, "Normal", "Started", f"Started container {name}")
 
     def reap(self, rt: PodRuntime, now: float) -> None:
         for name, proc in list(rt.procs.items()):
@@ -796,6 +881,12 @@ class Agent:
             else:
                 run.exited(code, None, now)
             log.info("pod %s/%s container %s exited %s", rt.namespace, rt.name, name, code)
+            last = run.last
+            deleting = rt.pod["metadata"].get("deletionTimestamp")
+            policy = restart_policy(rt.spec)
+            if last and not deleting and run.next_start_at > now and should_restart(policy, last):
+                msg = f"Back-off restarting failed container {name} in pod {rt.name}"
+                self.event(rt.pod, "Warning", "BackOff", msg)
 
     def kill_all(self, rt: PodRuntime, sig: signal.Signals) -> None:
         for proc in rt.procs.values():
@@ -819,6 +910,8 @@ class Agent:
                     os.kill(proc.pid, signal.SIGTERM)  # the main process, as kubelet does
             if rt.procs:
                 log.info("pod %s/%s: SIGTERM, grace %ss", rt.namespace, rt.name, grace)
+                for name in rt.procs:
+                    self.event(rt.pod, "Normal", "Killing", f"Stopping container {name}")
                 self.timer(float(grace) + 0.05, self.wake.set)
         if rt.procs and now < rt.kill_deadline:
             return
@@ -864,7 +957,7 @@ class Agent:
             pod_ip=rt.ip,
             host_ip=HOST_IP,
             start_time=rt.start_time,
-            sandbox_ready=bool(rt.netns) and not rt.torn_down,
+            sandbox_ready=rt.sandbox and not rt.torn_down,
             prev_conditions=prev,
             now=now,
         )
@@ -903,53 +996,90 @@ class Agent:
                         c = self.container_spec(rt, name)
                     except KeyError:
                         continue
-                    probe = c.get("readinessProbe")
-                    if not probe:
-                        continue
-                    self.maybe_probe(rt, name, run, probe)
+                    if c.get("readinessProbe"):
+                        self.readiness(rt, name, run, c["readinessProbe"])
+                    if c.get("livenessProbe"):
+                        self.liveness(rt, name, run, c["livenessProbe"])
 
-    def maybe_probe(self, rt: PodRuntime, name: str, run: ContainerRun, probe: Obj) -> None:
+    def due_probe(self, rt: PodRuntime, key: str, run: ContainerRun, probe: Obj) -> bool | None:
+        """Run the probe if its period says so; None when it is not due yet."""
         now = time.time()
-        st = rt.probes.get(name)
+        st = rt.probes.get(key)
         if st is None:
             started = run.running_since or now
             st = ProbeState(next_at=started + float(probe.get("initialDelaySeconds") or 0))
-            rt.probes[name] = st
+            rt.probes[key] = st
         if now < st.next_at:
-            return
+            return None
         st.next_at = now + float(probe.get("periodSeconds") or 10)
         ok = self.probe_once(rt, run, probe)
         if ok:
             st.successes, st.failures = st.successes + 1, 0
-            if st.successes >= int(probe.get("successThreshold") or 1) and not run.probe_ok:
-                run.probe_ok = True
-                self.wake.set()
         else:
             st.successes, st.failures = 0, st.failures + 1
-            if st.failures >= int(probe.get("failureThreshold") or 3) and run.probe_ok:
-                run.probe_ok = False
-                self.wake.set()
+        return ok
+
+    def readiness(self, rt: PodRuntime, name: str, run: ContainerRun, probe: Obj) -> None:
+        if self.due_probe(rt, name, run, probe) is None:
+            return
+        st = rt.probes[name]
+        if st.successes >= int(probe.get("successThreshold") or 1) and not run.probe_ok:
+            run.probe_ok = True
+            self.wake.set()
+        if st.failures >= int(probe.get("failureThreshold") or 3) and run.probe_ok:
+            run.probe_ok = False
+            self.wake.set()
+
+    def liveness(self, rt: PodRuntime, name: str, run: ContainerRun, probe: Obj) -> None:
+        """A container failing its liveness probe is killed; restartPolicy brings it back.
+        (Kubelet would SIGTERM first and wait the grace period; we SIGKILL at once.)"""
+        key = f"{name}#liveness"
+        if self.due_probe(rt, key, run, probe) is None:
+            return
+        if rt.probes[key].failures >= int(probe.get("failureThreshold") or 3) and run.pid:
+            log.info("pod %s/%s container %s failed liveness", rt.namespace, rt.name, name)
+            rt.probes.pop(key, None)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(run.pid, signal.SIGKILL)
 
     def probe_once(self, rt: PodRuntime, run: ContainerRun, probe: Obj) -> bool:
         timeout = float(probe.get("timeoutSeconds") or 1)
+        c = self.container_spec(rt, run.name)
         try:
             if probe.get("tcpSocket"):
                 t = probe["tcpSocket"]
-                return network.probe_tcp(rt.netns, t.get("host") or rt.ip, int(t["port"]), timeout)
+                port = probe_port(c, t["port"])
+                return network.probe_tcp(rt.netns, t.get("host") or rt.ip, port, timeout)
             if probe.get("httpGet"):
                 h = probe["httpGet"]
                 host = h.get("host") or rt.ip
-                return network.probe_http(
-                    rt.netns, host, int(h["port"]), h.get("path", "/"), timeout
-                )
+                port = probe_port(c, h["port"])
+                return network.probe_http(rt.netns, host, port, h.get("path", "/"), timeout)
             if probe.get("exec") and run.pid:
-                cmd = ["nsenter", "-t", str(run.pid), "-n", "-m", "-u", "--"]
-                cmd += probe["exec"].get("command") or []
-                r = subprocess.run(cmd, capture_output=True, timeout=timeout, check=False)
-                return r.returncode == 0
-        except (OSError, subprocess.TimeoutExpired, ValueError):
+                return self.exec_probe(run.pid, probe["exec"].get("command") or [], timeout)
+        except (OSError, ValueError):
             return False
         return False
+
+    def exec_probe(self, pid: int, command: list[str], timeout: float) -> bool:
+        """Run the probe command inside the container's namespaces (recorded like any
+        process the agent starts, and killed with its group on timeout)."""
+        cmd = ["nsenter", "-t", str(pid), "-n", "-m", "-u", "--", *command]
+        proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        self.record_process(proc, f"exec probe in {pid}")
+        try:
+            return proc.wait(timeout=timeout) == 0
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return False
 
     # ---------------------------------------------------------------- logs
     def lookup_logs(

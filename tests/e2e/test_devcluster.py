@@ -129,6 +129,12 @@ def test_pod_runs_to_succeeded(api: client.CoreV1Api, ns: str) -> None:
     assert state.exit_code == 0 and state.reason == "Completed"
     assert pod.status.pod_ip and pod.spec.node_name
 
+    def reasons() -> set[str] | None:
+        got = {e.reason for e in api.list_namespaced_event(ns).items}
+        return got if {"Scheduled", "Started"} <= got else None
+
+    wait_for("Scheduled and Started events", reasons)
+
 
 def test_pod_exiting_3_is_failed_with_exit_code_3(api: client.CoreV1Api, ns: str) -> None:
     create(api, ns, pod_manifest("three", "import sys; sys.exit(3)"))
@@ -376,6 +382,20 @@ def test_init_containers_run_first_in_order(api: client.CoreV1Api, ns: str) -> N
     create(api, ns, manifest)
     wait_phase(api, ns, "inits", "Succeeded")
     assert logs(api, ns, "inits", container="main").strip() == "first second main"
+
+
+def test_failing_liveness_probe_restarts_the_container(api: client.CoreV1Api, ns: str) -> None:
+    probe = {"tcpSocket": {"port": 9}, "periodSeconds": 1, "failureThreshold": 1}
+    manifest = pod_manifest(
+        "unhealthy", "import time; time.sleep(600)", container={"livenessProbe": probe}
+    )
+    create(api, ns, {**manifest, "spec": {**manifest["spec"], "restartPolicy": "Always"}})
+
+    def restarted() -> bool:
+        statuses = api.read_namespaced_pod("unhealthy", ns).status.container_statuses or []
+        return bool(statuses and statuses[0].restart_count >= 1)
+
+    wait_for("the unhealthy container to be restarted", restarted)
 
 
 def test_fault_kill_restarts_the_container(
