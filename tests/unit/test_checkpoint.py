@@ -227,6 +227,20 @@ def test_restarted_worker_reloads_from_node_memory_without_disk(tmp_path: Path) 
     assert ckpt.path.parent == tmp_path / "shm"
 
 
+def test_failing_memory_copy_warns_once_and_the_disk_copy_stands(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    blocker = tmp_path / "shm-full"
+    blocker.write_text("stands in for a full /dev/shm")
+    mgr = manager(tmp_path, memory_dir=blocker / "run")
+    with caplog.at_level(logging.WARNING, logger="elasticjob_runtime.checkpoint"):
+        mgr.save({"x": torch.ones(1)}, 1)
+        mgr.save({"x": torch.ones(1)}, 2)
+    [record] = caplog.records
+    assert "node-memory checkpoint copy" in record.getMessage()
+    assert committed_steps(tmp_path / "ckpt") == [1, 2]
+
+
 def test_node_memory_copy_is_preferred_at_equal_step(tmp_path: Path) -> None:
     manager(tmp_path).save({"x": torch.tensor([2.0])}, 2)
     ckpt = manager(tmp_path).load_latest()
