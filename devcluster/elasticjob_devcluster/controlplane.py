@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -36,7 +37,6 @@ from elasticjob_devcluster.certs import ClusterPKI, KeyPair, ensure_node_agent_c
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "devcluster" / "build-binaries.sh"
-CLUSTER_NETWORK = "ej-net"
 SERVICE_CIDR = "10.96.0.0/16"
 POD_CIDR_PREFIX = "10.244"
 
@@ -58,8 +58,19 @@ class ClusterConfig:
     nodes: dict[str, int] = field(default_factory=dict)  # node name -> kubelet port
 
     @property
+    def network(self) -> str:
+        """The cluster network's netns: one per cluster directory, so two clusters on one
+        machine (a developer's and a test session's) never share a bridge or pod IPs."""
+        return cluster_network_name(Path(self.dir))
+
+    @property
     def server(self) -> str:
         return f"https://127.0.0.1:{self.apiserver_port}"
+
+
+def cluster_network_name(directory: Path) -> str:
+    digest = hashlib.sha256(str(directory.resolve()).encode()).hexdigest()[:8]
+    return f"ej-net-{digest}"
 
 
 def free_ports(count: int) -> list[int]:
@@ -189,7 +200,7 @@ def node_agent_args(cfg: ClusterConfig, pki: ClusterPKI, node: str, index: int) 
         f"--state-dir={cluster_dir / 'nodes' / node}",
         f"--kubelet-port={cfg.nodes[node]}",
         f"--pod-cidr={POD_CIDR_PREFIX}.{index}.0/24",
-        f"--cluster-network={CLUSTER_NETWORK}",
+        f"--cluster-network={cfg.network}",
         f"--apiserver-port={cfg.apiserver_port}",
         f"--ca-file={pki.ca.cert}",
         f"--serving-cert={pki.kubelet.cert}",
@@ -335,7 +346,7 @@ class DevCluster:
     def _start_nodes(self, cfg: ClusterConfig, logs: Path, timeout: float) -> None:
         from elasticjob_devcluster import network
 
-        network.ensure_cluster_network(CLUSTER_NETWORK)
+        network.ensure_cluster_network(cfg.network)
         for index, node in enumerate(cfg.nodes, start=1):
             pair = ensure_node_agent_cert(self.pki, node)
             path = self.dir / f"kubeconfig-node-{node}"
@@ -399,7 +410,7 @@ class DevCluster:
         if records or (self.dir / "nodes").exists():
             from elasticjob_devcluster import network
 
-            network.remove_cluster_network(CLUSTER_NETWORK)
+            network.remove_cluster_network(cluster_network_name(self.dir))
 
     def leftover_processes(self) -> list[procs.ProcessRecord]:
         """Recorded processes (control plane, agents, pods) that are still alive."""
