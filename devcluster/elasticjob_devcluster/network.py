@@ -18,6 +18,7 @@ import os
 import socket
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
@@ -86,8 +87,11 @@ def remove_cluster_network(name: str, force: bool = False) -> bool:
     with _lock(name):
         if not netns_exists(name):
             return True
-        if bridge_ports(name) and not force:
-            return False
+        deadline = time.monotonic() + 3
+        while bridge_ports(name) and not force:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.1)  # veths of just-deleted pod netns go away asynchronously
         _ip("netns", "del", name)
         return True
 
@@ -103,7 +107,7 @@ def host_veth_name(uid: str) -> str:
 def create_pod_netns(cluster: str, uid: str, ip: str) -> str:
     """A fresh netns for a pod, wired to the bridge with `ip`; returns its name."""
     ns, veth = pod_netns_name(uid), host_veth_name(uid)
-    delete_pod_netns(uid)
+    delete_pod_netns(uid, cluster)
     _ip("netns", "add", ns)
     try:
         _ip("-n", ns, "link", "set", "lo", "up")
@@ -113,12 +117,16 @@ def create_pod_netns(cluster: str, uid: str, ip: str) -> str:
         _ip("-n", cluster, "link", "set", veth, "master", BRIDGE)
         _ip("-n", cluster, "link", "set", veth, "up")
     except NetworkError:
-        delete_pod_netns(uid)
+        delete_pod_netns(uid, cluster)
         raise
     return ns
 
 
-def delete_pod_netns(uid: str) -> None:
+def delete_pod_netns(uid: str, cluster: str = "") -> None:
+    """Remove a pod's netns; with `cluster`, unplug its veth at once (a deleted netns
+    releases its devices asynchronously, which would leave a bridge port for a while)."""
+    if cluster and netns_exists(cluster):
+        _ip("-n", cluster, "link", "del", host_veth_name(uid), check=False)
     ns = pod_netns_name(uid)
     if netns_exists(ns):
         _ip("netns", "del", ns, check=False)

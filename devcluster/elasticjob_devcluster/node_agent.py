@@ -149,7 +149,10 @@ def _body(obj: Obj) -> Any:
 
 def pod_hostname(pod: Obj) -> str:
     """spec.hostname or the pod name, cut to 63 characters as kubelet does."""
-    name = str((pod.get("spec") or {}).get("hostname") or pod["metadata"]["name"])
+    spec = pod.get("spec") or {}
+    if spec.get("hostNetwork") and spec.get("nodeName"):
+        return str(spec["nodeName"])  # the node's name, as a host-network pod sees it
+    name = str(spec.get("hostname") or pod["metadata"]["name"])
     return name[:63].rstrip("-.") or name[:63]
 
 
@@ -217,7 +220,7 @@ class Agent:
         pods_dir = self.state / "pods"
         if pods_dir.is_dir():
             for d in pods_dir.iterdir():
-                network.delete_pod_netns(d.name)
+                network.delete_pod_netns(d.name, self.args.cluster_network)
             shutil.rmtree(pods_dir, ignore_errors=True)
         with contextlib.suppress(FileNotFoundError):
             (self.state / "control.sock").unlink()
@@ -659,7 +662,7 @@ class Agent:
             rt.forwarder = None
         if not rt.torn_down:
             if rt.netns:
-                network.delete_pod_netns(rt.uid)
+                network.delete_pod_netns(rt.uid, self.args.cluster_network)
             rt.torn_down = True
         if remove_dir:
             shutil.rmtree(rt.dir, ignore_errors=True)
@@ -917,8 +920,10 @@ class Agent:
             return
         self.kill_all(rt, signal.SIGKILL)
         self.teardown(rt, remove_dir=False)
-        spec_phase = plan(rt.spec, rt.runs, now).phase
-        rt.phase = spec_phase if spec_phase in ("Succeeded", "Failed") else "Failed"
+        # like kubelet: a deleted pod ends Succeeded only if every container exited 0
+        runs = [rt.runs.get(c["name"]) for c in rt.spec.get("containers") or []]
+        ok = all(r is not None and r.last is not None and r.last.exit_code == 0 for r in runs)
+        rt.phase = "Succeeded" if ok else "Failed"
         with contextlib.suppress(client.ApiException):
             self.post_status(rt, now)
         try:

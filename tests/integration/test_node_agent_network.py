@@ -1,0 +1,113 @@
+"""The pod network on its own (root needed): netns per pod, a shared bridge, API forwarding."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from elasticjob_devcluster import network
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root"),
+]
+
+
+@pytest.fixture
+def cluster() -> Iterator[str]:
+    name = f"ej-t-{uuid.uuid4().hex[:6]}"
+    network.ensure_cluster_network(name)
+    network.ensure_cluster_network(name)  # idempotent
+    yield name
+    assert network.remove_cluster_network(name, force=True)
+
+
+def serve_once(ns: str, port: int, reply: bytes) -> threading.Thread:
+    listener = network.listen_in_netns(ns, "0.0.0.0", port)
+
+    def run() -> None:
+        conn, _ = listener.accept()
+        conn.sendall(reply)
+        conn.close()
+        listener.close()
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+def connect(ns: str, host: str, port: int) -> bytes:
+    s = network.socket_in_netns(ns)
+    s.settimeout(5)
+    try:
+        s.connect((host, port))
+        return s.recv(100)
+    finally:
+        s.close()
+
+
+def test_pods_on_different_node_cidrs_reach_each_other_on_the_same_port(cluster: str) -> None:
+    a, b, c = (str(uuid.uuid4()) for _ in range(3))
+    try:
+        ns_a = network.create_pod_netns(cluster, a, "10.244.1.2")
+        ns_b = network.create_pod_netns(cluster, b, "10.244.2.2")
+        ns_c = network.create_pod_netns(cluster, c, "10.244.2.3")
+        serve_once(ns_a, 8080, b"from a")
+        serve_once(ns_b, 8080, b"from b")
+        assert connect(ns_c, "10.244.1.2", 8080) == b"from a"
+        assert connect(ns_c, "10.244.2.2", 8080) == b"from b"
+        with pytest.raises(ConnectionRefusedError):
+            connect(ns_c, network.REFUSE_IP, 8080)
+        assert network.remove_cluster_network(cluster) is False  # pods still plugged in
+    finally:
+        for uid in (a, b, c):
+            network.delete_pod_netns(uid, cluster)
+    assert network.bridge_ports(cluster) == []
+
+
+def test_cut_network_stops_traffic_and_restore_brings_it_back(cluster: str) -> None:
+    a, b = str(uuid.uuid4()), str(uuid.uuid4())
+    try:
+        ns_a = network.create_pod_netns(cluster, a, "10.244.1.2")
+        ns_b = network.create_pod_netns(cluster, b, "10.244.1.3")
+        network.set_pod_network(cluster, a, up=False)
+        assert not network.probe_tcp(ns_b, "10.244.1.2", 8080, timeout=1)
+        network.set_pod_network(cluster, a, up=True)
+        serve_once(ns_a, 8080, b"back")
+        assert connect(ns_b, "10.244.1.2", 8080) == b"back"
+    finally:
+        network.delete_pod_netns(a, cluster)
+        network.delete_pod_netns(b, cluster)
+
+
+def test_forwarder_gives_a_pod_the_host_loopback_api_port(cluster: str) -> None:
+    uid = str(uuid.uuid4())
+    upstream = socket.socket()
+    upstream.bind(("127.0.0.1", 0))
+    upstream.listen()
+    port = upstream.getsockname()[1]
+
+    def echo() -> None:
+        conn, _ = upstream.accept()
+        conn.sendall(b"api:" + conn.recv(10))
+        conn.close()
+
+    threading.Thread(target=echo, daemon=True).start()
+    try:
+        ns = network.create_pod_netns(cluster, uid, "10.244.1.9")
+        fwd = network.PodForwarder(ns, [port, 443], ("127.0.0.1", port))
+        s = network.socket_in_netns(ns)
+        s.settimeout(5)
+        s.connect(("127.0.0.1", 443))
+        s.sendall(b"ping")
+        assert s.recv(100) == b"api:ping"
+        s.close()
+        fwd.close()
+    finally:
+        upstream.close()
+        network.delete_pod_netns(uid, cluster)
