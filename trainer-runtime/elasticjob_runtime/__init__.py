@@ -1,7 +1,5 @@
 """Trainer runtime: runs inside every worker pod of an ElasticJob.
 
-Contributors: read /work/main/CONTRIBUTING.md (environment, rules, time box) before changing anything.
-
 Importing this package must not import torch, kopf or kubernetes; the operator
 imports :mod:`elasticjob_runtime.contract` for the shared variable names.
 """
