@@ -16,6 +16,9 @@ from typing import Any
 
 Obj = dict[str, Any]
 
+OWN_CONDITIONS = frozenset(
+    {"PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady", "PodScheduled"}
+)
 BACKOFF_BASE_S = 1.0
 BACKOFF_CAP_S = 10.0
 
@@ -292,8 +295,14 @@ def pod_status(
     ]
     unready = [s["name"] for s in statuses if not s["ready"]]
     ready = not unready and not terminal
+    gates = [str(g["conditionType"]) for g in spec.get("readinessGates") or []]
+    closed = [g for g in gates if (prev.get(g) or {}).get("status") != "True"]
+    gates_ok = not closed
     if terminal:
         ready_reason, ready_msg = "PodCompleted", ""
+    elif ready and closed:
+        ready_reason = "ReadinessGatesNotReady"
+        ready_msg = f"corresponding condition of pod readiness gate {closed[0]!r} does not exist."
     else:
         ready_reason = "ContainersNotReady"
         ready_msg = f"containers with unready status: [{' '.join(unready)}]"
@@ -307,10 +316,12 @@ def pod_status(
             "ContainersNotInitialized",
             f"containers with incomplete status: [{' '.join(incomplete)}]",
         ),
-        _condition("Ready", ready, prev, now, ready_reason, ready_msg),
+        _condition("Ready", ready and gates_ok, prev, now, ready_reason, ready_msg),
         _condition("ContainersReady", ready, prev, now, ready_reason, ready_msg),
         _condition("PodScheduled", True, prev, now),
     ]
+    # conditions others own (readiness gates, DisruptionTarget, ...) are kept as they are
+    conditions += [c for t, c in prev.items() if t not in OWN_CONDITIONS]
     status: Obj = {
         "phase": phase,
         "conditions": conditions,

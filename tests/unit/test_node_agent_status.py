@@ -136,3 +136,36 @@ def test_condition_transition_time_is_kept_while_status_is_unchanged() -> None:
         s, {}, phase="Pending", prev_conditions=first["conditions"], now=5000, **kwargs
     )  # type: ignore[arg-type]
     assert first["conditions"] == again["conditions"]
+
+
+def _running_status(s: dict, prev: list[dict]) -> dict:
+    run = ContainerRun("c0")
+    run.started(5, "a", 10)
+    run.ready = True
+    return pod_status(
+        s,
+        {"c0": run},
+        phase="Running",
+        pod_ip="10.244.1.3",
+        host_ip="127.0.0.1",
+        start_time=9,
+        sandbox_ready=True,
+        prev_conditions=prev,
+        now=20,
+    )
+
+
+def test_conditions_owned_by_others_are_kept() -> None:
+    foreign = {"type": "DisruptionTarget", "status": "True", "reason": "DeletionByTaintManager"}
+    st = _running_status(spec(), [foreign])
+    assert foreign in st["conditions"]
+
+
+def test_readiness_gate_holds_ready_until_its_condition_is_true() -> None:
+    s = {**spec(), "readinessGates": [{"conditionType": "example.com/warm"}]}
+    st = _running_status(s, [])
+    ready = next(c for c in st["conditions"] if c["type"] == "Ready")
+    assert ready["status"] == "False" and ready["reason"] == "ReadinessGatesNotReady"
+    gate = {"type": "example.com/warm", "status": "True"}
+    st = _running_status(s, [gate])
+    assert next(c for c in st["conditions"] if c["type"] == "Ready")["status"] == "True"
