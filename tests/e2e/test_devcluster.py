@@ -449,3 +449,35 @@ def test_fault_node_not_ready_and_back(api: client.CoreV1Api, cluster_dir: Path)
     wait_for("the node to be NotReady", lambda: ready() != "True")
     faults.set_node_ready(cluster_dir, node, True)
     wait_for("the node to be Ready again", lambda: ready() == "True")
+
+
+@pytest.mark.slow
+def test_lost_node_goes_not_ready_and_its_pods_die(devcluster: Any, tmp_path: Path) -> None:
+    """On a cluster of its own: a lost node cannot come back, so the shared one is spared."""
+    if devcluster is None:
+        pytest.skip("losing a node needs the devcluster")
+    cluster = type(devcluster)(tmp_path / "lossy")
+    cluster.up(("doomed",))
+    try:
+        api = client.CoreV1Api(config.new_client_from_config(config_file=str(cluster.kubeconfig)))  # type: ignore[no-untyped-call]
+        create(api, "default", pod_manifest("gone", "import time; time.sleep(600)"))
+        wait_phase(api, "default", "gone", "Running")
+        pids = [r.pid for r in cluster.leftover_processes() if r.name.startswith("pod ")]
+        faults.lose_node(cluster.dir, "doomed")
+
+        def node_not_ready() -> bool:
+            conds = api.read_node("doomed").status.conditions
+            return next(c.status for c in conds if c.type == "Ready") != "True"
+
+        wait_for("the lost node to go NotReady", node_not_ready)
+        assert pids and not any(Path(f"/proc/{pid}").exists() for pid in pids)
+
+        def pod_not_ready() -> bool:
+            pod = api.read_namespaced_pod("gone", "default")
+            return next(c.status for c in pod.status.conditions if c.type == "Ready") == "False"
+
+        # marked by the node lifecycle controller: the lost agent writes nothing any more
+        wait_for("the lost node's pod to be marked not ready", pod_not_ready)
+    finally:
+        cluster.down()
+        assert not cluster.leftover_processes()
