@@ -145,6 +145,9 @@ def _sweep(kube: Kube) -> None:
 def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     global _kube
     settings.posting.level = logging.WARNING
+    # No CRD/namespace observation: the CRD is installed with the chart before the operator
+    # starts, and the namespaces are given; so RBAC needs nothing cluster-scoped.
+    settings.scanning.disabled = True
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=models.GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=models.GROUP, key="last-handled-configuration"

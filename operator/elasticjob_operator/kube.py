@@ -193,10 +193,19 @@ class Kube:
         except ApiException as exc:  # an event lost is not worth failing the round
             log.warning("could not post event %s for %s: %s", event.reason, ref.name, exc.reason)
 
+    def _still_there(self, ref: builders.JobRef) -> bool:
+        job = self.get_job(ref.namespace, ref.name)
+        if job is None:
+            return False
+        meta = job["metadata"]
+        return bool(meta.get("uid") == ref.uid and not meta.get("deletionTimestamp"))
+
     def apply(self, ref: builders.JobRef, job: Obj, decision: Decision) -> None:
         """Children first, then events, then status: a status is written only for a world
         that exists, so a crash in between is repaired by the next round's observation."""
         ns = ref.namespace
+        if (decision.create or decision.delete) and not self._still_there(ref):
+            return  # deleted while we decided: the garbage collector owns the children now
         for child in decision.delete:
             self._delete(ns, child)
         conflict: Conflict | None = None

@@ -1,0 +1,529 @@
+"""The operator on a real cluster, installed the way users install it.
+
+`helm install` puts the chart (CRD, RBAC, the kopf Deployment) on the cluster; the
+operator runs as a pod under its own ServiceAccount, so its RBAC is real. On the
+devcluster the image is recorded but not pulled: the pod's `kopf run ...` command runs
+from this repo's environment, and worker pods run `python -c ...`. Every user action
+goes through kubectl; every wait is bounded generously (to catch hangs, not to time).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from elasticjob_manifests import MALFORMED, archived, job, malformed
+from kubernetes import client, config
+
+from elasticjob_runtime import contract
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+
+T = TypeVar("T")
+Obj = dict[str, Any]
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "elasticjob-operator"
+SUFFIX = uuid.uuid4().hex[:6]
+# Unique names, and the operator restricted to its own job namespace (namespaced Roles),
+# so the suite can share a cluster with other users of the CRD.
+RELEASE = f"ejop-{SUFFIX}"
+OP_NS = f"ejop-{SUFFIX}"
+JOB_NS = f"ejjobs-{SUFFIX}"
+FULLNAME = f"{RELEASE}-elasticjob-operator"  # the chart's name for its objects
+GROUP, VERSION, PLURAL = "elastic.pytorch.org", "v1alpha1", "elasticjobs"
+WAIT = 180.0
+
+PRINT_ENV_AND_SLEEP = [
+    "python",
+    "-c",
+    "import os, json, time\n"
+    "env = {k: v for k, v in os.environ.items() if k.startswith(('PET_', 'ELASTICJOB_'))}\n"
+    "print(json.dumps(env), flush=True)\n"
+    "time.sleep(3600)\n",
+]
+
+
+def wait_for(what: str, check: Callable[[], T | None], timeout: float = WAIT) -> T:
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            value = check()
+            if value:
+                return value
+        except client.ApiException as e:
+            last = e
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last error: {last})")
+
+
+class Cluster:
+    """kubectl/helm as a user runs them, plus API clients for polling."""
+
+    def __init__(self, kubeconfig: Path) -> None:
+        self.kubeconfig = kubeconfig
+        api = config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
+        self.core = client.CoreV1Api(api)
+        self.apps = client.AppsV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
+
+    def run(
+        self, tool: str, *args: str, input: str | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        out = subprocess.run(
+            [tool, f"--kubeconfig={self.kubeconfig}", *args],
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        if check and out.returncode != 0:
+            raise AssertionError(f"{tool} {' '.join(args)} failed:\n{out.stderr}")
+        return out
+
+    def kubectl(self, *args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
+        return self.run("kubectl", *args, **kw)
+
+    def apply(self, ns: str, obj: Obj, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return self.kubectl("-n", ns, "apply", "-f", "-", input=json.dumps(obj), check=check)
+
+    def job(self, ns: str, name: str) -> Obj:
+        got: Obj = self.custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
+        return got
+
+    def status(self, ns: str, name: str) -> Obj:
+        return dict(self.job(ns, name).get("status") or {})
+
+    def workers(self, ns: str, name: str) -> dict[str, Any]:
+        pods = self.core.list_namespaced_pod(
+            ns,
+            label_selector=f"elastic.pytorch.org/job-name={name},"
+            "elastic.pytorch.org/replica-type=worker",
+        ).items
+        return {p.metadata.name: p for p in pods if p.metadata.deletion_timestamp is None}
+
+    def running_workers(self, ns: str, name: str) -> dict[str, Any]:
+        return {n: p for n, p in self.workers(ns, name).items() if p.status.phase == "Running"}
+
+
+@pytest.fixture(scope="module")
+def cluster(kubeconfig: Path) -> Cluster:
+    return Cluster(kubeconfig)
+
+
+@pytest.fixture(scope="module")
+def operator(cluster: Cluster) -> Iterator[Cluster]:
+    """The chart installed with helm; uninstalled afterwards (the CRD too if we added it)."""
+    crd = f"{PLURAL}.{GROUP}"
+    had_crd = cluster.kubectl("get", "crd", crd, check=False).returncode == 0
+    cluster.core.create_namespace({"metadata": {"name": JOB_NS}})
+    cluster.run(
+        "helm",
+        "install",
+        RELEASE,
+        str(CHART),
+        "--namespace",
+        OP_NS,
+        "--create-namespace",
+        "--set",
+        "resyncSeconds=2",
+        "--set",
+        f"watchNamespaces={{{JOB_NS}}}",
+        "--wait",
+        "--timeout=240s",
+    )
+    wait_for("the operator pod to run", lambda: operator_pods(cluster, running=True))
+    yield cluster
+    logs = cluster.kubectl("-n", OP_NS, "logs", f"deploy/{FULLNAME}", "--tail=60", check=False)
+    print("operator log tail:\n" + logs.stdout + logs.stderr)
+    cluster.run("helm", "uninstall", RELEASE, "--namespace", OP_NS, "--wait", check=False)
+    for ns in (JOB_NS, OP_NS):
+        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+    if not had_crd:
+        cluster.kubectl("delete", "crd", crd, "--wait=false", check=False)
+
+
+def operator_pods(c: Cluster, running: bool = False) -> list[Any]:
+    pods = c.core.list_namespaced_pod(
+        OP_NS, label_selector="app.kubernetes.io/name=elasticjob-operator"
+    ).items
+    return [
+        p
+        for p in pods
+        if not running or (p.status.phase == "Running" and p.metadata.deletion_timestamp is None)
+    ]
+
+
+@pytest.fixture
+def ns(operator: Cluster) -> Iterator[str]:
+    """The watched namespace; the jobs a test started are deleted after it."""
+    before = {j["metadata"]["name"] for j in list_jobs(operator)}
+    yield JOB_NS
+    for j in list_jobs(operator):
+        if j["metadata"]["name"] not in before:
+            operator.kubectl(
+                "-n",
+                JOB_NS,
+                "delete",
+                "elasticjob",
+                j["metadata"]["name"],
+                "--wait=false",
+                check=False,
+            )
+
+
+def list_jobs(c: Cluster) -> list[Obj]:
+    items: list[Obj] = c.custom.list_namespaced_custom_object(GROUP, VERSION, JOB_NS, PLURAL)[
+        "items"
+    ]
+    return items
+
+
+def start_job(c: Cluster, ns: str, obj: Obj) -> str:
+    c.apply(ns, obj)
+    name: str = obj["metadata"]["name"]
+    return name
+
+
+# -- install -----------------------------------------------------------------------------
+
+
+def test_operator_runs_under_its_own_least_privilege_service_account(operator: Cluster) -> None:
+    assert [p.spec.service_account_name for p in operator_pods(operator)] == [FULLNAME]
+    sa = f"system:serviceaccount:{OP_NS}:{FULLNAME}"
+
+    def can(*what: str) -> bool:
+        out = operator.kubectl("auth", "can-i", *what, f"--as={sa}", check=False)
+        return out.stdout.strip() == "yes"
+
+    assert can("create", "pods", "-n", JOB_NS)
+    assert can("delete", "services", "-n", JOB_NS)
+    assert can("create", "deployments.apps", "-n", JOB_NS)
+    assert can("patch", "elasticjobs.elastic.pytorch.org", "--subresource=status", "-n", JOB_NS)
+    assert can("create", "events", "-n", JOB_NS)
+    assert not can("create", "pods", "-n", "default")  # only the watched namespace
+    assert not can("get", "secrets", "-n", JOB_NS)
+    assert not can("create", "elasticjobs.elastic.pytorch.org", "-n", JOB_NS)
+    assert not can("delete", "nodes")
+
+
+# -- a job's life --------------------------------------------------------------------------
+
+
+def test_job_gets_its_workers_services_etcd_and_the_env_contract(
+    operator: Cluster, ns: str
+) -> None:
+    c = operator
+    name = start_job(c, ns, job("env", PRINT_ENV_AND_SLEEP, replicas=2))
+    uid = c.job(ns, name)["metadata"]["uid"]
+    running = wait_for("2 running workers", lambda: len(c.running_workers(ns, name)) == 2)
+    assert running
+    assert sorted(c.workers(ns, name)) == ["env-worker-0", "env-worker-1"]
+
+    svc = c.core.read_namespaced_service("env-worker", ns)
+    assert svc.spec.cluster_ip == "None"
+    etcd = wait_for(
+        "the job's etcd to be available",
+        lambda: (
+            (d := c.apps.read_namespaced_deployment("env-etcd", ns)).status.available_replicas and d
+        ),
+    )
+    assert etcd.metadata.owner_references[0].uid == uid
+    assert c.core.read_namespaced_service("env-etcd", ns).spec.ports[0].port == 2379
+
+    pod = c.core.read_namespaced_pod("env-worker-1", ns)
+    assert pod.metadata.owner_references[0].uid == uid
+    assert pod.metadata.owner_references[0].controller is True
+    assert (pod.spec.hostname, pod.spec.subdomain) == ("env-worker-1", "env-worker")
+    assert pod.metadata.labels["app"] == "env"  # the template's labels are kept
+
+    def logged_env() -> Obj | None:
+        out = c.kubectl("-n", ns, "logs", "env-worker-1", check=False).stdout.strip()
+        return json.loads(out.splitlines()[0]) if out else None
+
+    env = wait_for("the worker to print its environment", logged_env)
+    assert env[contract.RDZV_ID] == uid
+    assert env[contract.RDZV_BACKEND] == "etcd-v3"
+    assert env[contract.RDZV_ENDPOINT] == f"env-etcd.{ns}.svc:2379"
+    assert env[contract.NNODES] == "1:4"
+    assert env[contract.NPROC_PER_NODE] == "1"
+    assert env[contract.POD_NAME] == "env-worker-1"  # downward API, resolved in the pod
+    assert env[contract.POD_IP] == pod.status.pod_ip
+    assert env[contract.JOB_NAME] == "env" and env[contract.JOB_NAMESPACE] == ns
+
+    wait_for("phase Running", lambda: c.status(ns, name).get("phase") == "Running")
+    table = c.kubectl("-n", ns, "get", "elasticjobs", name).stdout.splitlines()
+    assert table[0].split() == ["NAME", "MIN", "MAX", "DESIRED", "ACTIVE", "STEP", "PHASE", "AGE"]
+    # no progress published: the Step column is blank
+    assert table[1].split()[:6] == ["env", "1", "4", "2", "2", "Running"]
+    wait_for(
+        "kubectl wait on the Running condition",
+        lambda: (
+            c.kubectl(
+                "-n",
+                ns,
+                "wait",
+                f"elasticjob/{name}",
+                "--for=condition=Running",
+                "--timeout=5s",
+                check=False,
+            ).returncode
+            == 0
+        ),
+    )
+    described = c.kubectl("-n", ns, "describe", "elasticjob", name).stdout
+    assert "CreatedWorkers" in described and "ProvisionedEtcd" in described
+
+
+# What the runtime's rank 0 does (elasticjob_runtime.progress): publish a JSON record
+# under contract.progress_key(PET_RDZV_ID) in the job's etcd.
+PUBLISH_PROGRESS_AND_SLEEP = [
+    "python",
+    "-c",
+    "import json, os, time\n"
+    "from elasticjob_runtime import contract\n"
+    "from elasticjob_runtime.etcd_client import EtcdClient, parse_endpoint\n"
+    "if os.environ['ELASTICJOB_POD_NAME'].endswith('-0'):\n"
+    "    e = EtcdClient(parse_endpoint(os.environ['PET_RDZV_ENDPOINT']))\n"
+    "    record = {'step': 1234, 'world_size': 2, 'samples_per_second': 99.5,\n"
+    "              'restart_count': 0, 'updated': time.time()}\n"
+    "    key = contract.progress_key(os.environ['PET_RDZV_ID'])\n"
+    "    while True:\n"
+    "        try:\n"
+    "            e.put(key, json.dumps(record).encode()); break\n"
+    "        except Exception as exc:\n"
+    "            print('etcd not ready:', exc, flush=True); time.sleep(0.5)\n"
+    "    print('published', flush=True)\n"
+    "time.sleep(3600)\n",
+]
+
+
+def test_training_progress_shows_in_kubectl_get(operator: Cluster, ns: str) -> None:
+    c = operator
+    name = start_job(c, ns, job("progress", PUBLISH_PROGRESS_AND_SLEEP, replicas=2))
+    status = wait_for(
+        "status.progress from the job's etcd",
+        lambda: (s := c.status(ns, name)).get("progress", {}).get("step") == 1234 and s,
+    )
+    assert status["progress"]["worldSize"] == 2
+    assert status["progress"]["samplesPerSecond"] == 99.5
+    row = c.kubectl("-n", ns, "get", "elasticjob", name).stdout.splitlines()[1].split()
+    assert row[5] == "1234"  # the Step column
+
+
+def test_kubectl_scale_changes_the_worker_count(operator: Cluster, ns: str) -> None:
+    c = operator
+    name = start_job(c, ns, job("scale", PRINT_ENV_AND_SLEEP, replicas=1))
+    wait_for("1 running worker", lambda: len(c.running_workers(ns, name)) == 1)
+    c.kubectl("-n", ns, "scale", f"elasticjob/{name}", "--replicas=3")
+    wait_for(
+        "3 running workers",
+        lambda: (
+            sorted(c.running_workers(ns, name))
+            == ["scale-worker-0", "scale-worker-1", "scale-worker-2"]
+        ),
+    )
+    wait_for(
+        "status to count 3 active",
+        lambda: c.status(ns, name)["replicaStatuses"]["Worker"]["active"] == 3,
+    )
+    c.kubectl("-n", ns, "scale", f"elasticjob/{name}", "--replicas=2")
+    wait_for(
+        "worker 2 gone", lambda: sorted(c.workers(ns, name)) == ["scale-worker-0", "scale-worker-1"]
+    )
+    refused = c.kubectl("-n", ns, "scale", f"elasticjob/{name}", "--replicas=9", check=False)
+    assert refused.returncode != 0
+    assert "spec.replicaSpecs.Worker.replicas must not exceed spec.maxReplicas" in refused.stderr
+    status = c.status(ns, name)
+    assert status["restartCount"] == 0 and status["replicaStatuses"]["Worker"]["failed"] == 0
+
+
+def test_a_deleted_worker_pod_is_replaced_and_counted(operator: Cluster, ns: str) -> None:
+    c = operator
+    name = start_job(c, ns, job("heal", PRINT_ENV_AND_SLEEP, replicas=2))
+    wait_for("2 running workers", lambda: len(c.running_workers(ns, name)) == 2)
+    old_uid = c.core.read_namespaced_pod("heal-worker-0", ns).metadata.uid
+    c.kubectl("-n", ns, "delete", "pod", "heal-worker-0", "--wait=false")
+    wait_for(
+        "a new heal-worker-0",
+        lambda: (
+            (p := c.running_workers(ns, name).get("heal-worker-0")) is not None
+            and p.metadata.uid != old_uid
+        ),
+    )
+    wait_for("restartCount 1", lambda: c.status(ns, name).get("restartCount") == 1)
+    events = c.kubectl("-n", ns, "get", "events", "--field-selector", f"involvedObject.name={name}")
+    assert "RestartingWorker" in events.stdout
+
+
+def test_restarting_the_operator_changes_nothing_that_runs(operator: Cluster, ns: str) -> None:
+    c = operator
+    name = start_job(c, ns, job("steady", PRINT_ENV_AND_SLEEP, replicas=2))
+    wait_for("phase Running", lambda: c.status(ns, name).get("phase") == "Running")
+    before = {n: p.metadata.uid for n, p in c.workers(ns, name).items()}
+    status_before = c.status(ns, name)
+    old_ops = {p.metadata.uid for p in operator_pods(c)}
+    c.kubectl("-n", OP_NS, "delete", "pod", "-l", "app.kubernetes.io/name=elasticjob-operator")
+    wait_for(
+        "a new operator pod to run",
+        lambda: [p for p in operator_pods(c, running=True) if p.metadata.uid not in old_ops],
+    )
+    time.sleep(8)  # several resyncs of the new operator
+    after = {n: p.metadata.uid for n, p in c.workers(ns, name).items()}
+    assert after == before
+    status_after = c.status(ns, name)
+    for key in ("restartCount", "incarnation", "startTime", "replicaStatuses", "conditions"):
+        assert status_after.get(key) == status_before.get(key), key
+
+
+def test_suspend_deletes_the_workers_and_resume_starts_a_new_run(
+    operator: Cluster, ns: str
+) -> None:
+    c = operator
+    name = start_job(c, ns, job("pause", PRINT_ENV_AND_SLEEP, replicas=2))
+    uid = c.job(ns, name)["metadata"]["uid"]
+    wait_for("2 running workers", lambda: len(c.running_workers(ns, name)) == 2)
+    c.kubectl(
+        "-n", ns, "patch", "elasticjob", name, "--type=merge", "-p", '{"spec":{"suspend":true}}'
+    )
+    wait_for("no workers", lambda: not c.workers(ns, name) or None, timeout=WAIT)
+    wait_for("phase Suspended", lambda: c.status(ns, name).get("phase") == "Suspended")
+    assert c.job(ns, name)  # the job is kept
+    c.kubectl(
+        "-n", ns, "patch", "elasticjob", name, "--type=merge", "-p", '{"spec":{"suspend":false}}'
+    )
+    wait_for("2 running workers again", lambda: len(c.running_workers(ns, name)) == 2)
+    pod = c.core.read_namespaced_pod("pause-worker-0", ns)
+    env = {e.name: e.value for e in pod.spec.containers[0].env}
+    assert env[contract.RDZV_ID] == f"{uid}-1"
+
+
+def test_deleting_the_job_removes_every_child(operator: Cluster, ns: str) -> None:
+    c = operator
+    name = start_job(c, ns, job("gone", PRINT_ENV_AND_SLEEP, replicas=2))
+    wait_for("2 running workers", lambda: len(c.running_workers(ns, name)) == 2)
+    wait_for("the etcd Deployment", lambda: c.apps.read_namespaced_deployment("gone-etcd", ns))
+    c.kubectl("-n", ns, "delete", "elasticjob", name, "--wait=true", "--timeout=120s")
+
+    def nothing_left() -> bool:
+        sel = "elastic.pytorch.org/job-name=gone"
+        return not (
+            c.core.list_namespaced_pod(ns, label_selector=sel).items
+            or c.core.list_namespaced_service(ns, label_selector=sel).items
+            or c.apps.list_namespaced_deployment(ns, label_selector=sel).items
+            or c.apps.list_namespaced_replica_set(ns, label_selector=sel).items
+        )
+
+    wait_for("every child of the job to be gone", nothing_left)
+
+
+# -- validation ------------------------------------------------------------------------------
+
+
+def test_malformed_manifests_are_refused_naming_the_field(operator: Cluster, ns: str) -> None:
+    base = job("bad", ["true"])
+    assert operator.apply(ns, base, check=False).returncode == 0  # the base is fine
+    operator.kubectl("-n", ns, "delete", "elasticjob", "bad", "--wait=false")
+    assert len(MALFORMED) >= 15
+    wrong = []
+    for case, edit, text in MALFORMED:
+        out = operator.apply(ns, malformed(base, edit), check=False)
+        if out.returncode == 0 or text not in out.stderr:
+            wrong.append(f"{case}: rc={out.returncode} {out.stderr.strip()[:300]}")
+    assert not wrong, "\n".join(wrong)
+
+
+# -- the archived controller's manifest --------------------------------------------------------
+
+ETCD_SERVICE = [
+    {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "etcd-service"},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "etcd-service"}},
+            "template": {
+                "metadata": {"labels": {"app": "etcd-service"}},
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "etcd",
+                            "image": "quay.io/coreos/etcd:v3.6.6",
+                            "command": [
+                                "etcd",
+                                "--data-dir=/var/lib/etcd",
+                                "--listen-client-urls=http://0.0.0.0:2379",
+                                "--advertise-client-urls=http://etcd-service:2379",
+                                "--listen-peer-urls=http://127.0.0.1:2380",
+                            ],
+                            "volumeMounts": [{"name": "data", "mountPath": "/var/lib/etcd"}],
+                        }
+                    ],
+                    "volumes": [{"name": "data", "emptyDir": {}}],
+                },
+            },
+        },
+    },
+    {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "etcd-service"},
+        "spec": {
+            "selector": {"app": "etcd-service"},
+            "ports": [{"port": 2379, "targetPort": 2379}],
+        },
+    },
+]
+
+# Each worker meets the others through the job's rendezvous store: it registers under
+# PET_RDZV_ID at PET_RDZV_ENDPOINT (the user's etcd) and exits 0 once all have.
+MEET_AND_EXIT = [
+    "python",
+    "-c",
+    "import os, sys, time\n"
+    "from elasticjob_runtime.etcd_client import EtcdClient, parse_endpoint\n"
+    "e = EtcdClient(parse_endpoint(os.environ['PET_RDZV_ENDPOINT']))\n"
+    "prefix = '/e2e/' + os.environ['PET_RDZV_ID'] + '/'\n"
+    "e.put(prefix + os.environ['ELASTICJOB_POD_NAME'], b'here')\n"
+    "want = int(os.environ['PET_NNODES'].split(':')[1])\n"
+    "deadline = time.time() + 120\n"
+    "while len(e.snapshot(prefix).items) < want:\n"
+    "    if time.time() > deadline: sys.exit(3)\n"
+    "    time.sleep(0.2)\n"
+    "print('met', len(e.snapshot(prefix).items), flush=True)\n",
+]
+
+
+def test_archived_controller_manifest_applies_and_runs(operator: Cluster, ns: str) -> None:
+    c = operator
+    for obj in ETCD_SERVICE:
+        c.apply(ns, obj)
+    wait_for(
+        "the user's etcd",
+        lambda: c.apps.read_namespaced_deployment("etcd-service", ns).status.available_replicas,
+    )
+    name = start_job(c, ns, archived("imagenet", "etcd-service:2379", MEET_AND_EXIT))
+    status = wait_for(
+        "the job to succeed",
+        lambda: (s := c.status(ns, name)).get("phase") in ("Succeeded", "Failed") and s,
+    )
+    assert status["phase"] == "Succeeded", status
+    assert status["replicaStatuses"]["Worker"]["succeeded"] == 2
+    assert "completionTime" in status
+    assert not any(
+        d.metadata.name == "imagenet-etcd" for d in c.apps.list_namespaced_deployment(ns).items
+    )
+    logs = c.kubectl("-n", ns, "logs", "imagenet-worker-0").stdout
+    assert "met 2" in logs
+    waited = c.kubectl(
+        "-n", ns, "wait", f"elasticjob/{name}", "--for=condition=Succeeded", "--timeout=10s"
+    )
+    assert waited.returncode == 0
