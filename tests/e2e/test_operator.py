@@ -366,7 +366,13 @@ def test_a_deleted_worker_pod_is_replaced_and_counted(operator: Cluster, ns: str
 def test_restarting_the_operator_changes_nothing_that_runs(operator: Cluster, ns: str) -> None:
     c = operator
     name = start_job(c, ns, job("steady", PRINT_ENV_AND_SLEEP, replicas=2))
-    wait_for("phase Running", lambda: c.status(ns, name).get("phase") == "Running")
+
+    def settled() -> bool:
+        conds = {x["type"]: x for x in c.status(ns, name).get("conditions", [])}
+        running = conds.get("Running", {})
+        return running.get("status") == "True" and "2 of 2" in running.get("message", "")
+
+    wait_for("both workers running", settled)
     before = {n: p.metadata.uid for n, p in c.workers(ns, name).items()}
     status_before = c.status(ns, name)
     old_ops = {p.metadata.uid for p in operator_pods(c)}
