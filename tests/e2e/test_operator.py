@@ -10,6 +10,7 @@ goes through kubectl; every wait is bounded generously (to catch hangs, not to t
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 import uuid
@@ -489,22 +490,21 @@ ETCD_SERVICE = [
     },
 ]
 
-# Each worker meets the others through the job's rendezvous store: it registers under
-# PET_RDZV_ID at PET_RDZV_ENDPOINT (the user's etcd) and exits 0 once all have.
-MEET_AND_EXIT = [
+# The archived example's workers ran torchelastic's launcher; ours run elasticjob-run
+# (torchrun with the etcd-v3 rendezvous), which reads what the operator injects
+# (PET_RDZV_ENDPOINT = the user's etcd, PET_RDZV_ID, PET_NNODES = 1:2). Each rank joins a
+# gloo process group, all-reduces a one and prints the world size and the sum.
+TRAIN_WITH_TORCHRUN = [
+    "elasticjob-run",
+    "--no-python",
     "python",
     "-c",
-    "import os, sys, time\n"
-    "from elasticjob_runtime.etcd_client import EtcdClient, parse_endpoint\n"
-    "e = EtcdClient(parse_endpoint(os.environ['PET_RDZV_ENDPOINT']))\n"
-    "prefix = '/e2e/' + os.environ['PET_RDZV_ID'] + '/'\n"
-    "e.put(prefix + os.environ['ELASTICJOB_POD_NAME'], b'here')\n"
-    "want = int(os.environ['PET_NNODES'].split(':')[1])\n"
-    "deadline = time.time() + 120\n"
-    "while len(e.snapshot(prefix).items) < want:\n"
-    "    if time.time() > deadline: sys.exit(3)\n"
-    "    time.sleep(0.2)\n"
-    "print('met', len(e.snapshot(prefix).items), flush=True)\n",
+    "import torch, torch.distributed as dist\n"
+    "dist.init_process_group('gloo')\n"
+    "t = torch.ones(1)\n"
+    "dist.all_reduce(t)\n"
+    "print('world', dist.get_world_size(), 'sum', int(t.item()), flush=True)\n"
+    "dist.destroy_process_group()\n",
 ]
 
 
@@ -516,19 +516,22 @@ def test_archived_controller_manifest_applies_and_runs(operator: Cluster, ns: st
         "the user's etcd",
         lambda: c.apps.read_namespaced_deployment("etcd-service", ns).status.available_replicas,
     )
-    name = start_job(c, ns, archived("imagenet", "etcd-service:2379", MEET_AND_EXIT))
+    name = start_job(c, ns, archived("imagenet", "etcd-service:2379", TRAIN_WITH_TORCHRUN))
     status = wait_for(
         "the job to succeed",
         lambda: (s := c.status(ns, name)).get("phase") in ("Succeeded", "Failed") and s,
+        timeout=300,
     )
     assert status["phase"] == "Succeeded", status
     assert status["replicaStatuses"]["Worker"]["succeeded"] == 2
     assert "completionTime" in status
-    assert not any(
-        d.metadata.name == "imagenet-etcd" for d in c.apps.list_namespaced_deployment(ns).items
-    )
-    logs = c.kubectl("-n", ns, "logs", "imagenet-worker-0").stdout
-    assert "met 2" in logs
+    deployments = c.apps.list_namespaced_deployment(ns).items
+    assert "imagenet-etcd" not in {d.metadata.name for d in deployments}  # the user's etcd
+    for i in (0, 1):
+        logs = c.kubectl("-n", ns, "logs", f"imagenet-worker-{i}").stdout
+        world = re.search(r"world (\d) sum (\d)", logs)
+        assert world is not None, logs[-2000:]
+        assert world.group(1) == world.group(2)  # every rank took part in the all-reduce
     waited = c.kubectl(
         "-n", ns, "wait", f"elasticjob/{name}", "--for=condition=Succeeded", "--timeout=10s"
     )
