@@ -1,13 +1,12 @@
 """A pod's /etc/hosts: how Service names resolve in the devcluster (there is no DNS server).
 
-Every Service with a selector maps `svc.ns`, `svc.ns.svc`, `svc.ns.svc.cluster.local`
-(and bare `svc` inside its own namespace) to the IPs of the ready pods it selects, so a
-client connects straight to a backing pod: there is no kube-proxy, so a Service's
-`port` must equal its `targetPort`. A ClusterIP Service with no ready pod maps to the
-cluster network's refusing address, so clients get "connection refused" as they would
-from kube-proxy. Headless Services also give `hostname.subdomain.ns.svc[.cluster.local]`
-for the pods that set hostname + subdomain. `kubernetes.default.svc` is 127.0.0.1, where
-the agent forwards to the API server from inside every pod.
+A Service's names `svc.ns`, `svc.ns.svc`, `svc.ns.svc.cluster.local` (and bare `svc`
+inside its own namespace) map to its clusterIP, which the agent's per-pod service proxy
+answers (services.py). Headless Services map to the IPs of the ready pods they select
+(all pods with publishNotReadyAddresses) and also give
+`hostname.subdomain.ns.svc[.cluster.local]` for pods that set hostname + subdomain.
+`kubernetes.default.svc` is 127.0.0.1, where the agent forwards to the API server from
+inside every pod.
 """
 
 from __future__ import annotations
@@ -95,22 +94,20 @@ def hosts_file(pod: Obj, pods: Iterable[Obj], services: Iterable[Obj], refuse_ip
         name, ns = str(m.get("name")), str(m.get("namespace"))
         if (name, ns) == ("kubernetes", "default") or spec.get("type") == "ExternalName":
             continue
-        if not spec.get("selector"):
-            continue
-        headless = spec.get("clusterIP") == "None"
-        chosen = backends(svc, all_pods)
         names = " ".join(service_names(name, ns, own_ns))
-        if not chosen and not headless:
-            lines.append(f"{refuse_ip}\t{names}")
+        headless = spec.get("clusterIP") == "None"
+        if not headless:
+            lines.append(f"{spec.get('clusterIP') or refuse_ip}\t{names}")
+            continue
+        chosen = backends(svc, all_pods)
         lines.extend(f"{pod_ip(p)}\t{names}" for p in chosen)
-        if headless:
-            for p in chosen:
-                pspec = p.get("spec") or {}
-                if pspec.get("subdomain") == name and pspec.get("hostname"):
-                    h = pspec["hostname"]
-                    pod_names = [f"{h}.{name}.{ns}", f"{h}.{name}.{ns}.svc"]
-                    pod_names.append(f"{h}.{name}.{ns}.svc.{CLUSTER_DOMAIN}")
-                    if ns == own_ns:
-                        pod_names.insert(0, f"{h}.{name}")
-                    lines.append(f"{pod_ip(p)}\t{' '.join(pod_names)}")
+        for p in chosen:
+            pspec = p.get("spec") or {}
+            if pspec.get("subdomain") == name and pspec.get("hostname"):
+                h = pspec["hostname"]
+                pod_names = [f"{h}.{name}.{ns}", f"{h}.{name}.{ns}.svc"]
+                pod_names.append(f"{h}.{name}.{ns}.svc.{CLUSTER_DOMAIN}")
+                if ns == own_ns:
+                    pod_names.insert(0, f"{h}.{name}")
+                lines.append(f"{pod_ip(p)}\t{' '.join(pod_names)}")
     return "\n".join(lines) + "\n"

@@ -15,7 +15,9 @@ import ctypes
 import errno
 import fcntl
 import os
+import random
 import socket
+import struct
 import subprocess
 import threading
 import time
@@ -104,8 +106,10 @@ def host_veth_name(uid: str) -> str:
     return "v" + uid.replace("-", "")[:12]
 
 
-def create_pod_netns(cluster: str, uid: str, ip: str) -> str:
-    """A fresh netns for a pod, wired to the bridge with `ip`; returns its name."""
+def create_pod_netns(cluster: str, uid: str, ip: str, service_cidr: str = "") -> str:
+    """A fresh netns for a pod, wired to the bridge with `ip`; returns its name. The
+    service CIDR, if given, is routed to the pod's loopback, where the agent's service
+    proxy listens on clusterIPs (an unserved clusterIP:port then refuses at once)."""
     ns, veth = pod_netns_name(uid), host_veth_name(uid)
     delete_pod_netns(uid, cluster)
     _ip("netns", "add", ns)
@@ -116,6 +120,8 @@ def create_pod_netns(cluster: str, uid: str, ip: str) -> str:
         _ip("-n", ns, "link", "set", "eth0", "up")
         _ip("-n", cluster, "link", "set", veth, "master", BRIDGE)
         _ip("-n", cluster, "link", "set", veth, "up")
+        if service_cidr:
+            _ip("-n", ns, "route", "add", "local", service_cidr, "dev", "lo")
     except NetworkError:
         delete_pod_netns(uid, cluster)
         raise
@@ -208,27 +214,50 @@ def _pipe(src: socket.socket, dst: socket.socket) -> None:
             dst.shutdown(socket.SHUT_WR)
 
 
-class PodForwarder:
-    """Forwards connections to a pod's 127.0.0.1:<ports> to the API server on host loopback.
+Route = tuple[str, int]
 
-    A pod netns cannot reach the host's loopback, so the agent listens inside it. TLS goes
-    end to end; the agent only copies bytes. Cutting the pod's network also closes these.
+
+class Proxy:
+    """Listens on addresses inside a pod's netns and relays each connection to one of
+    the targets routed for it (tried in random order, as kube-proxy spreads load).
+
+    dial_in_pod=True dials from the pod's netns (pod IPs on the bridge, so cutting the
+    pod's network cuts these too); False dials from the agent's own netns (host
+    loopback, where the API server listens). TLS and everything else go end to end.
     """
 
-    def __init__(self, ns: str, ports: list[int], target: tuple[str, int]) -> None:
+    def __init__(self, ns: str, dial_in_pod: bool) -> None:
         self.ns = ns
-        self.target = target
+        self.dial_in_pod = dial_in_pod
         self.cut = False
-        self._stop = threading.Event()
-        self._conns: set[socket.socket] = set()
         self._lock = threading.Lock()
-        self._listeners = [listen_in_netns(ns, "127.0.0.1", p) for p in ports]
-        for ls in self._listeners:
-            ls.settimeout(0.5)
-            threading.Thread(target=self._accept, args=(ls,), daemon=True).start()
+        self._listeners: dict[Route, socket.socket] = {}
+        self._routes: dict[Route, list[Route]] = {}
+        self._conns: set[socket.socket] = set()
 
-    def _accept(self, ls: socket.socket) -> None:
-        while not self._stop.is_set():
+    def set_routes(self, routes: dict[Route, list[Route]]) -> None:
+        """Listen on exactly the routed addresses and send new connections to the targets."""
+        with self._lock:
+            self._routes = {k: list(v) for k, v in routes.items()}
+            gone = [k for k in self._listeners if k not in routes]
+            new = [k for k in routes if k not in self._listeners]
+        for key in gone:
+            with self._lock:
+                ls = self._listeners.pop(key)
+            with contextlib.suppress(OSError):
+                ls.close()
+        for key in new:
+            ls = listen_in_netns(self.ns, key[0], key[1])
+            ls.settimeout(0.5)
+            with self._lock:
+                self._listeners[key] = ls
+            threading.Thread(target=self._accept, args=(key, ls), daemon=True).start()
+
+    def _accept(self, key: Route, ls: socket.socket) -> None:
+        while True:
+            with self._lock:
+                if self._listeners.get(key) is not ls:
+                    return
             try:
                 conn, _ = ls.accept()
             except TimeoutError:
@@ -238,15 +267,36 @@ class PodForwarder:
             if self.cut:
                 conn.close()
                 continue
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+            threading.Thread(target=self._serve, args=(key, conn), daemon=True).start()
 
-    def _serve(self, conn: socket.socket) -> None:
-        conn.settimeout(None)
-        try:
-            up = socket.create_connection(self.target, timeout=10)
-        except OSError:
-            conn.close()
+    def _dial(self, target: Route) -> socket.socket:
+        if self.dial_in_pod:
+            s = socket_in_netns(self.ns)
+            s.settimeout(5)
+            try:
+                s.connect(target)
+            except OSError:
+                s.close()
+                raise
+            return s
+        return socket.create_connection(target, timeout=5)
+
+    def _serve(self, key: Route, conn: socket.socket) -> None:
+        with self._lock:
+            targets = list(self._routes.get(key, []))
+        random.shuffle(targets)
+        up: socket.socket | None = None
+        for target in targets:
+            try:
+                up = self._dial(target)
+                break
+            except OSError:
+                continue
+        if up is None:
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            conn.close()  # a reset, as from a backend that is gone
             return
+        conn.settimeout(None)
         up.settimeout(None)
         with self._lock:
             self._conns.update((conn, up))
@@ -272,11 +322,21 @@ class PodForwarder:
                 c.shutdown(socket.SHUT_RDWR)
 
     def close(self) -> None:
-        self._stop.set()
-        for ls in self._listeners:
-            with contextlib.suppress(OSError):
-                ls.close()
+        self.set_routes({})
         self._close_conns()
+
+
+class PodForwarder(Proxy):
+    """The API server, reachable from inside the pod on 127.0.0.1:<ports> (and any other
+    listed address): a pod netns cannot reach the host's loopback."""
+
+    def __init__(
+        self, ns: str, ports: list[int], target: Route, extra: tuple[Route, ...] = ()
+    ) -> None:
+        super().__init__(ns, dial_in_pod=False)
+        routes = {("127.0.0.1", p): [target] for p in ports}
+        routes.update({addr: [target] for addr in extra})
+        self.set_routes(routes)
 
 
 def probe_tcp(ns: str, host: str, port: int, timeout: float) -> bool:

@@ -38,7 +38,7 @@ from typing import Any
 
 from kubernetes import client, config, watch
 
-from elasticjob_devcluster import hosts, kubelet_server, network, procs, scheduling
+from elasticjob_devcluster import hosts, kubelet_server, network, procs, scheduling, services
 from elasticjob_devcluster.pod_env import (
     EnvError,
     PodContext,
@@ -109,6 +109,7 @@ class PodRuntime:
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     log_paths: dict[str, list[Path]] = field(default_factory=dict)
     forwarder: network.PodForwarder | None = None
+    service_proxy: network.Proxy | None = None
     phase: str = "Pending"
     kill_deadline: float | None = None
     sigterm_sent: bool = False
@@ -575,8 +576,11 @@ class Agent:
                 self.teardown(gone, remove_dir=True)
         if self.hosts_dirty:
             self.hosts_dirty = False
+            table = services.proxy_table(self.cache.items("services"), self.cache.items("pods"))
             for rt in self.pods.values():
                 self.write_hosts(rt)
+                if rt.service_proxy is not None and not rt.torn_down:
+                    rt.service_proxy.set_routes(table)
 
     def admit(self, pod: Obj) -> PodRuntime:
         m = pod["metadata"]
@@ -630,10 +634,19 @@ class Agent:
         else:
             rt.ip = self.allocate_ip()
             self.write_hosts(rt)
-            rt.netns = network.create_pod_netns(self.args.cluster_network, rt.uid, rt.ip)
+            rt.netns = network.create_pod_netns(
+                self.args.cluster_network, rt.uid, rt.ip, self.args.service_cidr
+            )
             port = self.args.apiserver_port
             ports = sorted({port, 443})
-            rt.forwarder = network.PodForwarder(rt.netns, ports, ("127.0.0.1", port))
+            kube_svc = (str(ipaddress.ip_network(self.args.service_cidr)[1]), 443)
+            rt.forwarder = network.PodForwarder(
+                rt.netns, ports, ("127.0.0.1", port), extra=(kube_svc,)
+            )
+            rt.service_proxy = network.Proxy(rt.netns, dial_in_pod=True)
+            rt.service_proxy.set_routes(
+                services.proxy_table(self.cache.items("services"), self.cache.items("pods"))
+            )
         rt.sandbox = True
         rt.start_time = time.time()
         self.hosts_dirty = True
@@ -660,6 +673,9 @@ class Agent:
         if rt.forwarder is not None:
             rt.forwarder.close()
             rt.forwarder = None
+        if rt.service_proxy is not None:
+            rt.service_proxy.close()
+            rt.service_proxy = None
         if not rt.torn_down:
             if rt.netns:
                 network.delete_pod_netns(rt.uid, self.args.cluster_network)
@@ -783,7 +799,10 @@ class Agent:
             if not rt.volumes_ready:
                 self.prepare_volumes(rt, cms, secrets)
             hostname = pod_hostname(rt.pod)
-            base = {
+            base: dict[str, str] = {}
+            if rt.spec.get("enableServiceLinks", True):
+                base.update(services.service_env(self.cache.items("services"), rt.namespace))
+            base |= {
                 "PATH": self.path_env,
                 "HOSTNAME": hostname,
                 "HOME": str(rt.dir / "home"),
@@ -1218,8 +1237,9 @@ class Agent:
             up = bool(req.get("up"))
             network.set_pod_network(self.args.cluster_network, rt.uid, up)
             rt.network_cut = not up
-            if rt.forwarder is not None:
-                rt.forwarder.set_cut(not up)
+            for proxy in (rt.forwarder, rt.service_proxy):
+                if proxy is not None:
+                    proxy.set_cut(not up)
             return {"ok": True, "node": self.node}
         return {"ok": False, "error": f"unknown op {op!r}"}
 
@@ -1258,6 +1278,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--pod-cidr", required=True)
     p.add_argument("--cluster-network", default="ej-net")
     p.add_argument("--apiserver-port", type=int, required=True)
+    p.add_argument(
+        "--service-cidr",
+        default="10.96.0.0/16",
+        help="the API server's --service-cluster-ip-range (clusterIPs the pods can reach)",
+    )
     p.add_argument("--ca-file", required=True)
     p.add_argument("--serving-cert", required=True)
     p.add_argument("--serving-key", required=True)

@@ -173,34 +173,42 @@ def test_pod_reaches_another_by_service_name_on_the_same_port(
         "server",
         SERVE_8080,
         metadata={"labels": {"app": "web"}},
-        container={"readinessProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 1}},
+        container={
+            "ports": [{"name": "http", "containerPort": 8080}],
+            "readinessProbe": {"tcpSocket": {"port": "http"}, "periodSeconds": 1},
+        },
     )
     create(api, ns, server)
     api.create_namespaced_service(
         ns,
         {
             "metadata": {"name": "web"},
-            "spec": {"selector": {"app": "web"}, "ports": [{"port": 8080, "targetPort": 8080}]},
+            "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": "http"}]},
         },
     )
     client_script = f"""
-        import socket, threading, time, urllib.request
+        import os, socket, time, urllib.request
         # this pod listens on 8080 too: pods have their own network namespaces
         srv = socket.socket(); srv.bind(("0.0.0.0", 8080)); srv.listen()
-        for name in ("web", "web.{ns}", "web.{ns}.svc", "web.{ns}.svc.cluster.local"):
+        env_url = "http://" + os.environ["WEB_SERVICE_HOST"] + ":" + os.environ["WEB_SERVICE_PORT"]
+        names = ("http://web", "http://web.{ns}", "http://web.{ns}.svc.cluster.local:80")
+        for url in (*names, env_url):
             for _ in range(200):
                 try:
-                    body = urllib.request.urlopen(f"http://{{name}}:8080/", timeout=2).read()
-                    print(name, body.decode()); break
+                    body = urllib.request.urlopen(url + "/", timeout=2).read()
+                    print(url, body.decode()); break
                 except OSError:
                     time.sleep(0.3)
             else:
-                raise SystemExit(f"{{name}} never answered")
+                raise SystemExit(f"{{url}} never answered")
     """
     create(api, ns, pod_manifest("client", client_script))
     wait_phase(api, ns, "client", "Succeeded")
-    out = logs(api, ns, "client").split("\n")
-    assert f"web.{ns}.svc.cluster.local server" in out and "web server" in out
+    out = logs(api, ns, "client").splitlines()
+    assert out[0] == "http://web server"
+    assert f"http://web.{ns}.svc.cluster.local:80 server" in out
+    cluster_ip = api.read_namespaced_service("web", ns).spec.cluster_ip
+    assert out[-1] == f"http://{cluster_ip}:80 server"
     a = api.read_namespaced_pod("server", ns).status.pod_ip
     b = api.read_namespaced_pod("client", ns).status.pod_ip
     assert a and b and a != b

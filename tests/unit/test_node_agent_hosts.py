@@ -44,27 +44,35 @@ def lines(text: str) -> dict[str, list[str]]:
     return out
 
 
-def test_service_names_resolve_to_ready_backing_pods_in_every_form() -> None:
+def test_service_names_resolve_in_every_form_to_the_cluster_ip() -> None:
     me = pod("me", "10.244.1.2")
-    a, b = pod("a", "10.244.1.3"), pod("b", "10.244.2.2", ready=False)
-    names = lines(hosts_file(me, [me, a, b], [svc("store")], REFUSE))
+    a = pod("a", "10.244.1.3")
+    names = lines(hosts_file(me, [me, a], [svc("store")], REFUSE))
     for n in ("store", "store.ml", "store.ml.svc", "store.ml.svc.cluster.local"):
-        assert sorted(names[n]) == ["10.244.1.2", "10.244.1.3"]  # b is not ready
+        assert names[n] == ["10.96.0.9"]
     assert names["me"] == ["10.244.1.2"]
     assert names["kubernetes.default.svc"] == ["127.0.0.1"]
+
+
+def test_headless_service_names_resolve_to_ready_backing_pods() -> None:
+    me = pod("me", "10.244.1.2")
+    a, b = pod("a", "10.244.1.3"), pod("b", "10.244.2.2", ready=False)
+    names = lines(hosts_file(me, [me, a, b], [svc("store", headless=True)], REFUSE))
+    for n in ("store", "store.ml", "store.ml.svc", "store.ml.svc.cluster.local"):
+        assert sorted(names[n]) == ["10.244.1.2", "10.244.1.3"]  # b is not ready
 
 
 def test_bare_service_name_only_within_its_namespace() -> None:
     me = pod("me", "10.244.1.2", ns="other")
     a = pod("a", "10.244.1.3")
     names = lines(hosts_file(me, [me, a], [svc("store")], REFUSE))
-    assert "store" not in names and names["store.ml"] == ["10.244.1.3"]
+    assert "store" not in names and names["store.ml"] == ["10.96.0.9"]
 
 
-def test_service_without_ready_pods_refuses_and_headless_one_is_absent() -> None:
+def test_headless_service_without_ready_pods_does_not_resolve() -> None:
     me = pod("me", "10.244.1.2", ns="other")
-    names = lines(hosts_file(me, [me], [svc("cold"), svc("gone", headless=True)], REFUSE))
-    assert names["cold.ml"] == [REFUSE] and "gone.ml" not in names
+    names = lines(hosts_file(me, [me], [svc("gone", headless=True)], REFUSE))
+    assert "gone.ml" not in names
 
 
 def test_headless_service_gives_pod_hostnames_under_the_subdomain() -> None:
