@@ -89,15 +89,22 @@ class Job:
         self.pause = pause
         self.agents: list[Agent] = []
 
-    def start(self, nnodes: str, launcher: list[str] | None = None, max_restarts: int = 3) -> Agent:
+    def start(
+        self,
+        nnodes: str,
+        launcher: list[str] | None = None,
+        max_restarts: int = 3,
+        backend: str = "etcd-v3",
+        endpoint: str | None = None,
+    ) -> Agent:
         name = f"agent{len(self.agents)}"
         log = self.out / f"{name}.log"
         cmd = [
             *(launcher or [sys.executable, "-m", "elasticjob_runtime.launcher"]),
             f"--nnodes={nnodes}",
             "--nproc-per-node=1",
-            "--rdzv-backend=etcd-v3",
-            f"--rdzv-endpoint={self.etcd.endpoint}",
+            f"--rdzv-backend={backend}",
+            f"--rdzv-endpoint={endpoint or self.etcd.endpoint}",
             f"--rdzv-id={self.run_id}",
             "--local-addr=127.0.0.1",
             "--monitor-interval=0.2",

@@ -162,6 +162,16 @@ class EtcdClient:
         except (pyetcd.exceptions.Etcd3Exception, grpc.RpcError) as exc:
             raise self._fail(f"delete {prefix}*", exc) from exc
 
+    def delete_range(self, start: str, end: str) -> None:
+        """Delete every key in ``[start, end)``."""
+        t = self._client.transactions
+        try:
+            self._client.transaction(
+                compare=[], success=[t.delete(start, range_end=end)], failure=[]
+            )
+        except (pyetcd.exceptions.Etcd3Exception, grpc.RpcError) as exc:
+            raise self._fail(f"delete {start}..{end}", exc) from exc
+
     def grant(self, ttl: int) -> int:
         """Grant a lease; keys put with it vanish ``ttl`` seconds after the last refresh."""
         try:

@@ -189,6 +189,10 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
         result = self._backend.set_state(new.encode(), None if kv is None else kv.mod_revision)
         return result is not None and result[2]
 
+    def _store_prefix(self, number: int) -> str:
+        # Zero-padded so that a key range covers exactly the older rounds.
+        return f"{contract.run_prefix(self._run_id)}store/{number:010d}/"
+
     # -- RendezvousHandler --------------------------------------------------------
 
     def get_backend(self) -> str:
@@ -241,19 +245,22 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
                 if decision.until is not None:
                     left = min(left, max(decision.until - time.time(), 0.0) + 0.05)
                 self._client.wait_for_change(self._prefix, revision, left)
+            self._round = decision.number
+            self._cancel_watch = self._client.watch_prefix(
+                self._prefix, revision + 1, self._changed.set
+            )
+            store = EtcdV3Store(self._client, self._store_prefix(decision.number), self._job_lease)
+            if decision.rank == 0 and decision.number > 2:
+                # Rounds before the previous one are finished everywhere; keep etcd small.
+                try:
+                    self._client.delete_range(
+                        self._store_prefix(0), self._store_prefix(decision.number - 1)
+                    )
+                except EtcdError as exc:
+                    log.warning("etcd-v3: could not drop old rounds' keys: %s", exc)
+            bootstrap = RendezvousStoreInfo.build(decision.rank, store, local_addr=self._addr)
         except EtcdError as exc:
             raise RendezvousConnectionError(str(exc)) from exc
-
-        self._round = decision.number
-        self._cancel_watch = self._client.watch_prefix(
-            self._prefix, revision + 1, self._changed.set
-        )
-        store = EtcdV3Store(
-            self._client,
-            f"{contract.run_prefix(self._run_id)}store/{decision.number}/",
-            lease=self._job_lease,
-        )
-        bootstrap = RendezvousStoreInfo.build(decision.rank, store, local_addr=self._addr)
         log.info(
             "etcd-v3: %s joined round %d as rank %d of %d",
             self.node,
@@ -324,7 +331,7 @@ def _keep_alive(ref: weakref.ref[EtcdV3RendezvousHandler], stop: threading.Event
         interval = max(handler._lease_ttl / 4, 0.2)
         try:
             handler.keep_alive()
-        except EtcdError as exc:
+        except Exception as exc:  # keep trying: a dead keeper would silently drop the node
             log.warning("etcd-v3: lease keep-alive failed: %s", exc)
         del handler
         if stop.wait(interval):

@@ -1,0 +1,159 @@
+"""The etcd-v3 handler in-process, against a real etcd: rounds, lost peers, close, timeouts."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+
+import pytest
+from conftest import EtcdServer
+from torch.distributed.elastic.rendezvous import (
+    RendezvousClosedError,
+    RendezvousInfo,
+    RendezvousParameters,
+    RendezvousTimeoutError,
+)
+from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
+
+from elasticjob_runtime import contract
+from elasticjob_runtime.etcd_client import EtcdClient, parse_endpoint
+from elasticjob_runtime.membership import Limits
+from elasticjob_runtime.rendezvous import EtcdV3RendezvousHandler
+
+pytestmark = pytest.mark.integration
+
+
+Factory = Callable[..., tuple[EtcdV3RendezvousHandler, EtcdClient]]
+
+
+@pytest.fixture
+def handlers(etcd: EtcdServer) -> Iterator[Factory]:
+    made: list[tuple[EtcdV3RendezvousHandler, EtcdClient]] = []
+    run_id = f"handler-{uuid.uuid4().hex[:8]}"
+
+    def make(
+        lo: int = 1, hi: int = 3, join_timeout: float = 60.0
+    ) -> tuple[EtcdV3RendezvousHandler, EtcdClient]:
+        client = EtcdClient(parse_endpoint(etcd.endpoint), timeout=10)
+        handler = EtcdV3RendezvousHandler(
+            client, run_id, Limits(lo, hi, last_call=15), "127.0.0.1", join_timeout=join_timeout
+        )
+        made.append((handler, client))
+        return handler, client
+
+    yield make
+    for handler, client in made:
+        handler._leave()
+        client.close()
+
+
+def join_all(*handlers: EtcdV3RendezvousHandler) -> list[RendezvousInfo]:
+    results: dict[int, RendezvousInfo] = {}
+    errors: list[BaseException] = []
+
+    def join(i: int, h: EtcdV3RendezvousHandler) -> None:
+        try:
+            results[i] = h.next_rendezvous()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=join, args=(i, h)) for i, h in enumerate(handlers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    return [results[i] for i in range(len(handlers))]
+
+
+def wait_until(check: Callable[[], bool], timeout: float) -> float:
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        if check():
+            return time.monotonic() - started
+        time.sleep(0.05)
+    raise AssertionError(f"not within {timeout}s")
+
+
+def test_nodes_meet_at_once_when_all_live_nodes_have_joined(handlers: Factory) -> None:
+    a, _ = handlers()
+    b, _ = handlers()
+    started = time.monotonic()
+    infos = join_all(a, b)
+    # min 1, max 3: torch's dynamic handler would sit out a 30 s last call here.
+    assert time.monotonic() - started < 10
+    assert sorted(i.rank for i in infos) == [0, 1]
+    assert {i.world_size for i in infos} == {2}
+    assert (
+        len(
+            {
+                (i.bootstrap_store_info.master_addr, i.bootstrap_store_info.master_port)
+                for i in infos
+            }
+        )
+        == 1
+    )
+
+
+def test_a_crashed_peer_is_reported_within_the_lease_ttl_and_the_next_round_excludes_it(
+    handlers: Factory,
+) -> None:
+    a, _ = handlers()
+    b, _ = handlers()
+    join_all(a, b)
+    assert a.num_nodes_waiting() == 0
+
+    b._stop.set()  # b's process "dies": no more keep-alives, nothing revoked
+    took = wait_until(lambda: a.num_nodes_waiting() > 0, 15)
+    assert took < 6, f"lost peer noticed after {took:.1f}s"
+
+    (info,) = join_all(a)
+    assert (info.rank, info.world_size) == (0, 1)
+
+
+def test_old_rounds_keys_are_dropped(handlers: Factory, etcd: EtcdServer) -> None:
+    a, client = handlers(lo=1, hi=1)
+    for _ in range(4):
+        (info,) = join_all(a)
+        info.store.set("k", b"v")
+    rounds = {
+        key.split("/store/")[1].split("/")[0]
+        for key in client.snapshot(contract.run_prefix(a.get_run_id())).items
+        if "/store/" in key
+    }
+    assert len(rounds) <= 2, rounds
+
+
+def test_a_closed_rendezvous_turns_away_newcomers_with_a_clear_error(handlers: Factory) -> None:
+    a, _ = handlers()
+    join_all(a)
+    assert a.shutdown() and a.is_closed()
+    late, _ = handlers()
+    with pytest.raises(RendezvousClosedError, match="closed"):
+        late.next_rendezvous()
+
+
+def test_a_round_below_min_nodes_times_out_saying_what_is_missing(handlers: Factory) -> None:
+    a, _ = handlers(lo=2, hi=2, join_timeout=2)
+    with pytest.raises(RendezvousTimeoutError, match="1 of at least 2 nodes have joined"):
+        a.next_rendezvous()
+
+
+def test_torch_registry_builds_the_handler_from_torchrun_parameters(etcd: EtcdServer) -> None:
+    params = RendezvousParameters(
+        backend="etcd-v3",
+        endpoint=etcd.endpoint,
+        run_id=f"registry-{uuid.uuid4().hex[:6]}",
+        min_nodes=1,
+        max_nodes=2,
+        local_addr="127.0.0.1",
+        lease_ttl="3",
+    )
+    handler = get_rendezvous_handler(params)
+    assert isinstance(handler, EtcdV3RendezvousHandler)
+    assert handler.get_backend() == "etcd-v3" and not handler.use_agent_store
+    info = handler.next_rendezvous()
+    assert (info.rank, info.world_size) == (0, 1)
+    assert handler.shutdown()
