@@ -431,6 +431,65 @@ def test_deleting_the_job_removes_every_child(operator: Cluster, ns: str) -> Non
     wait_for("every child of the job to be gone", nothing_left)
 
 
+def wait_finished(c: Cluster, ns: str, name: str, timeout: float = WAIT) -> Obj:
+    return wait_for(
+        f"{name} to succeed or fail",
+        lambda: (s := c.status(ns, name)).get("phase") in ("Succeeded", "Failed") and s,
+        timeout=timeout,
+    )
+
+
+def exit_on_worker_1(code: int) -> list[str]:
+    """Worker 1 exits with `code` at once; the others run until deleted."""
+    return [
+        "python",
+        "-c",
+        "import os, sys, time\n"
+        f"if os.environ['ELASTICJOB_POD_NAME'].endswith('-1'): sys.exit({code})\n"
+        "time.sleep(3600)\n",
+    ]
+
+
+def test_exit_code_policy_fails_on_a_permanent_error_then_ttl_deletes_the_job(
+    operator: Cluster, ns: str
+) -> None:
+    c = operator
+    spec = job("perm", exit_on_worker_1(3), replicas=2, ttlSecondsAfterFinished=8)
+    spec["spec"]["replicaSpecs"]["Worker"]["restartPolicy"] = "ExitCode"
+    name = start_job(c, ns, spec)
+    status = wait_finished(c, ns, name)
+    assert status["phase"] == "Failed", status
+    failed = next(x for x in status["conditions"] if x["type"] == "Failed")
+    assert failed["reason"] == "PermanentError"
+    assert "perm-worker-1 failed with exit code 3" in failed["message"]
+    assert status["restartCount"] == 0
+    # cleanPodPolicy Running (the default): the running worker goes, the failed one stays
+    wait_for("worker 0 deleted", lambda: "perm-worker-0" not in c.workers(ns, name))
+    assert c.core.read_namespaced_pod("perm-worker-1", ns).status.phase == "Failed"
+    wait_for(
+        "the job deleted by its TTL",
+        lambda: c.kubectl("-n", ns, "get", "elasticjob", name, check=False).returncode != 0,
+        timeout=60,
+    )
+
+
+def test_retryable_failures_are_replaced_until_the_backoff_limit(
+    operator: Cluster, ns: str
+) -> None:
+    c = operator
+    spec = job("flaky", exit_on_worker_1(137), replicas=2, backoffLimit=2)
+    spec["spec"]["replicaSpecs"]["Worker"]["restartPolicy"] = "ExitCode"
+    name = start_job(c, ns, spec)
+    status = wait_finished(c, ns, name)
+    assert status["phase"] == "Failed", status
+    failed = next(x for x in status["conditions"] if x["type"] == "Failed")
+    assert failed["reason"] == "BackoffLimitExceeded"
+    assert status["restartCount"] == 2
+    assert status["replicaStatuses"]["Worker"]["failed"] == 3
+    described = c.kubectl("-n", ns, "describe", "elasticjob", name).stdout
+    assert "exit code 137; deleting it to replace it" in described
+
+
 # -- validation ------------------------------------------------------------------------------
 
 
@@ -517,11 +576,7 @@ def test_archived_controller_manifest_applies_and_runs(operator: Cluster, ns: st
         lambda: c.apps.read_namespaced_deployment("etcd-service", ns).status.available_replicas,
     )
     name = start_job(c, ns, archived("imagenet", "etcd-service:2379", TRAIN_WITH_TORCHRUN))
-    status = wait_for(
-        "the job to succeed",
-        lambda: (s := c.status(ns, name)).get("phase") in ("Succeeded", "Failed") and s,
-        timeout=300,
-    )
+    status = wait_finished(c, ns, name, timeout=300)
     assert status["phase"] == "Succeeded", status
     assert status["replicaStatuses"]["Worker"]["succeeded"] == 2
     assert "completionTime" in status
