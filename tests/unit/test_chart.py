@@ -1,0 +1,142 @@
+"""The Helm chart and the Dockerfile, checked without a cluster: `helm lint` is clean, the
+rendered objects are what the operator needs (and no more), and both images run non-root."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "elasticjob-operator"
+
+
+def helm(*args: str) -> str:
+    exe = shutil.which("helm")
+    assert exe, "helm is not on PATH: run `make setup` (it installs the pinned helm)"
+    out = subprocess.run([exe, *args], capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def render(*sets: str) -> list[dict[str, Any]]:
+    args = ["template", "rel", str(CHART), "--namespace", "ops"]
+    for s in sets:
+        args += ["--set", s]
+    return [d for d in yaml.safe_load_all(helm(*args)) if d]
+
+
+def by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def test_helm_lint_is_clean_in_both_modes() -> None:
+    assert "0 chart(s) failed" in helm("lint", str(CHART))
+    assert "0 chart(s) failed" in helm("lint", str(CHART), "--set", "watchNamespaces={a,b}")
+
+
+def test_bad_values_are_refused_by_the_values_schema() -> None:
+    out = subprocess.run(
+        ["helm", "template", "rel", str(CHART), "--set", "resyncSeconds=-1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert out.returncode != 0 and "resyncSeconds" in out.stderr
+
+
+def test_deployment_runs_one_standalone_kopf_with_a_liveness_probe() -> None:
+    (dep,) = by_kind(render(), "Deployment")
+    spec = dep["spec"]
+    assert spec["replicas"] == 1
+    assert spec["strategy"] == {"type": "Recreate"}
+    pod = spec["template"]["spec"]
+    (container,) = pod["containers"]
+    cmd = container["command"]
+    assert cmd[:5] == ["kopf", "run", "--standalone", "-m", "elasticjob_operator.handlers"]
+    assert "--all-namespaces" in cmd
+    assert "--liveness=http://0.0.0.0:8080/healthz" in cmd
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "liveness"}
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert pod["serviceAccountName"] == "rel-elasticjob-operator"
+
+
+def rules(role: dict[str, Any]) -> set[tuple[str, str, str]]:
+    return {
+        (group, resource, verb)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+def test_cluster_wide_install_uses_one_least_privilege_cluster_role() -> None:
+    docs = render()
+    (role,) = by_kind(docs, "ClusterRole")
+    granted = rules(role)
+    assert ("", "pods", "create") in granted
+    assert ("elastic.pytorch.org", "elasticjobs/status", "patch") in granted
+    assert ("apps", "deployments", "delete") in granted
+    assert not any(r in ("secrets", "configmaps", "nodes", "*") for _, r, _ in granted)
+    assert not any(v == "*" for _, _, v in granted)
+    assert ("elastic.pytorch.org", "elasticjobs", "create") not in granted
+    (binding,) = by_kind(docs, "ClusterRoleBinding")
+    assert binding["subjects"][0]["namespace"] == "ops"
+    assert not by_kind(docs, "Role")
+
+
+def test_restricted_namespaces_get_roles_only_there() -> None:
+    docs = render("watchNamespaces={team-a,team-b}")
+    assert not by_kind(docs, "ClusterRole") and not by_kind(docs, "ClusterRoleBinding")
+    assert sorted(r["metadata"]["namespace"] for r in by_kind(docs, "Role")) == [
+        "team-a",
+        "team-b",
+    ]
+    assert len(by_kind(docs, "RoleBinding")) == 2
+    (dep,) = by_kind(docs, "Deployment")
+    (container,) = dep["spec"]["template"]["spec"]["containers"]
+    assert "--namespace=team-a" in container["command"]
+    assert "--all-namespaces" not in container["command"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["ELASTICJOB_NAMESPACES"] == "team-a,team-b"
+
+
+def test_chart_carries_the_generated_crd() -> None:
+    assert (CHART / "crds" / "elasticjob.yaml").read_text() == (
+        REPO / "crds" / "elasticjob.yaml"
+    ).read_text()
+
+
+def test_dockerfile_has_both_targets_non_root_with_cis_pip_lines() -> None:
+    text = (REPO / "Dockerfile").read_text()
+    assert re.search(r"^FROM .* AS operator$", text, re.M)
+    assert re.search(r"^FROM .* AS runtime$", text, re.M)
+    assert text.count("USER 65532:65532") == 2
+    # the same pip invocations as scripts/bootstrap.sh, with each image's extra
+    assert 'pip install -q -c constraints.txt ".[operator]"' in text
+    assert 'pip install -q -c constraints.txt ".[runtime]"' in text
+    bootstrap = (REPO / "scripts" / "bootstrap.sh").read_text()
+    assert 'pip" install -q -U pip setuptools wheel' in bootstrap
+    assert "pip install -q -U pip setuptools wheel" in text
+    operator_stage = text.split("AS operator-build", 1)[1].split("FROM", 1)[0]
+    assert "torch" not in operator_stage.replace("'torch' not in sys.modules", "")
+
+
+@pytest.mark.parametrize("values", [[], ["metrics.service.enabled=true"]])
+def test_metrics_port_is_exposed_when_enabled(values: list[str]) -> None:
+    docs = render(*values)
+    (dep,) = by_kind(docs, "Deployment")
+    ports = {
+        p["name"]: p["containerPort"]
+        for p in dep["spec"]["template"]["spec"]["containers"][0]["ports"]
+    }
+    assert ports == {"liveness": 8080, "metrics": 8000}
+    assert bool(by_kind(docs, "Service")) == bool(values)
