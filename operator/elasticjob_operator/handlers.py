@@ -170,13 +170,28 @@ def last_resync(**_: Any) -> float:
     return _last_sweep
 
 
+def is_own_status_echo(type: str | None, body: Mapping[str, Any]) -> bool:
+    """A MODIFIED event for a spec the operator has already acted on: our own status
+    write coming back (or a label change). Reacting would only re-read the same world."""
+    meta = body.get("metadata") or {}
+    status = body.get("status") or {}
+    return (
+        type == "MODIFIED"
+        and meta.get("generation") is not None
+        and meta.get("generation") == status.get("observedGeneration")
+        and not meta.get("deletionTimestamp")
+    )
+
+
 @kopf.on.event(models.GROUP, models.VERSION, models.PLURAL)
-def job_event(type: str, name: str, namespace: str | None, **_: Any) -> None:
+def job_event(
+    type: str, name: str, namespace: str | None, body: Mapping[str, Any], **_: Any
+) -> None:
     if type == "DELETED":
         with _locks_guard:
             _locks.pop((namespace or "", name), None)
         return
-    if _kube is not None and namespace:
+    if _kube is not None and namespace and not is_own_status_echo(type, body):
         reconcile_job(_kube, namespace, name)
 
 

@@ -1,5 +1,6 @@
-"""The status write is an RFC 7386 merge patch: only what changed is sent, and a field the
-new status no longer has is removed (null), so status never keeps stale values."""
+"""The thin layer around the decisions: the status write is an RFC 7386 merge patch (only
+what changed is sent, a field the new status lost becomes null), and the operator's own
+status write does not trigger another round."""
 
 from __future__ import annotations
 
@@ -24,3 +25,14 @@ def test_removed_fields_become_null_and_lists_are_replaced() -> None:
         "belowMinSince": None,
         "conditions": [{"type": "A"}, {"type": "B"}],
     }
+
+
+def test_the_operators_own_status_write_does_not_trigger_another_round() -> None:
+    from elasticjob_operator.handlers import is_own_status_echo
+
+    acted = {"metadata": {"generation": 3}, "status": {"observedGeneration": 3}}
+    assert is_own_status_echo("MODIFIED", acted)
+    scaled = {"metadata": {"generation": 4}, "status": {"observedGeneration": 3}}
+    assert not is_own_status_echo("MODIFIED", scaled)  # kubectl scale bumps generation
+    assert not is_own_status_echo(None, acted)  # the initial listing always reconciles
+    assert not is_own_status_echo("ADDED", {"metadata": {"generation": 1}})
