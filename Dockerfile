@@ -21,6 +21,7 @@ COPY pyproject.toml constraints.txt README.md ./
 COPY operator ./operator
 COPY trainer-runtime ./trainer-runtime
 COPY devcluster/elasticjob_devcluster ./devcluster/elasticjob_devcluster
+COPY examples ./examples
 
 FROM base AS operator-build
 RUN /opt/venv/bin/pip install -q -c constraints.txt ".[operator]" \
