@@ -1,0 +1,1 @@
+"""Benchmarks: elasticjob-run beside torchrun on the same script (`make bench`)."""

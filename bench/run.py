@@ -1,0 +1,293 @@
+"""`make bench`: recovery and scale-up times of elasticjob-run beside torchrun's.
+
+Same training script (examples/train_regression.py, one step line per step with a unix
+timestamp), same machine, a real etcd on loopback. Scenarios:
+
+* ``worker-kill``: 2 agents (``--nnodes=2:2``); SIGKILL one agent's worker process.
+* ``node-kill``:   3 agents (``--nnodes=2:3``); SIGKILL one agent and its worker together.
+* ``scale-up``:    2 agents (``--nnodes=2:3``) training; start a third agent.
+
+Recovery time is from the kill to the first training step completed after it by a
+worker process started after it (an old worker finishing a step already in flight does
+not count); scale-up time is from starting the new agent's process (interpreter start
+and imports included) to the first step at world size 3. Launchers run with their
+defaults apart from ``--max-restarts=3`` and ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``
+(without it torch 2.13's c10d scale-up crashes, see DESIGN.md).
+
+Every scenario has hard timeouts and ends by killing every process it started by its
+recorded process group. Results: a table on stdout, ``bench/results/latest.json`` and a
+dated copy beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from bench.harness import (
+    LAUNCHERS,
+    REPO,
+    Etcd,
+    Job,
+    StepLine,
+    first_step_after,
+    free_port,
+    wait_for,
+)
+
+RESULTS = REPO / "bench" / "results"
+SCENARIOS = ("worker-kill", "node-kill", "scale-up")
+DEFAULT_LAUNCHERS = ("elasticjob-run", "torchrun-c10d")
+CHECKPOINT_INTERVAL = 20
+WARMUP_STEPS = 2 * CHECKPOINT_INTERVAL  # a checkpoint exists before any fault
+TRAIN_ARGS = [
+    "--steps=1000000",
+    "--epochs=1000",
+    "--log-every=1",
+    "--sleep=0.05",
+    f"--checkpoint-interval={CHECKPOINT_INTERVAL}",
+    "--batch-size=32",
+]
+
+
+@dataclass
+class Result:
+    launcher: str
+    scenario: str
+    rep: int
+    seconds: float | None = None  # fault (or join) -> first step after it
+    steps_redone: int | None = None  # steps trained again after the restore
+    world_before: int | None = None
+    world_after: int | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Limits:
+    start: float  # until the job trains steadily
+    recover: float  # from the fault to the first step after it
+
+
+def steady(job: Job, world: int) -> StepLine | None:
+    """A step at ``world`` past the warm-up (so a checkpoint exists)."""
+    return next((s for s in job.steps() if s.world == world and s.step >= WARMUP_STEPS), None)
+
+
+def start_agents(job: Job, count: int) -> None:
+    job.start_agent()
+    if LAUNCHERS[job.launcher][1] == "c10d":
+        # the first agent hosts the c10d store; start the others once it listens, so the
+        # host is known (it is never the one killed: its store would take the job down)
+        port = int(job.rdzv_endpoint.rsplit(":", 1)[1])
+        wait_for("c10d store listening", lambda: True if _listening(port) else None, 120)
+    for _ in range(count - 1):
+        job.start_agent()
+
+
+def _listening(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def run_scenario(
+    scenario: str, launcher: str, rep: int, etcd: Etcd, workdir: Path, limits: Limits
+) -> Result:
+    result = Result(launcher, scenario, rep)
+    backend = LAUNCHERS[launcher][1]
+    endpoint = etcd.endpoint if backend != "c10d" else f"127.0.0.1:{free_port()}"
+    run_id = f"bench-{uuid.uuid4().hex[:10]}"
+    nnodes, agents, world_after = {
+        "worker-kill": ("2:2", 2, 2),
+        "node-kill": ("2:3", 3, 2),
+        "scale-up": ("2:3", 2, 3),
+    }[scenario]
+    job = Job(launcher, workdir, endpoint, nnodes, TRAIN_ARGS, run_id)
+    workdir.mkdir(parents=True)
+    try:
+        start_agents(job, agents)
+        wait_for(f"training at world size {agents}", lambda: steady(job, agents), limits.start)
+        job.remember_pids()
+        result.world_before = agents
+        old_pids = {s.pid for s in job.steps()}
+        if scenario == "worker-kill":
+            victim = job.agents[-1]
+            workers = wait_for("a worker process", lambda: victim.workers() or None, 30)
+            old_pids.update(workers)
+            fault_at = time.time()
+            for pid in workers:
+                os.kill(pid, 9)
+        elif scenario == "node-kill":
+            for agent in job.agents:
+                old_pids.update(agent.workers())
+            fault_at = time.time()
+            job.agents[-1].kill_node()
+        else:
+            fault_at = time.time()
+            job.start_agent()
+        after = wait_for(
+            f"a training step after the {scenario}",
+            lambda: first_step_after(job.steps(), fault_at, old_pids, world_after),
+            limits.recover,
+        )
+        result.seconds = round(after.t - fault_at, 2)
+        result.world_after = after.world
+        before = [s.step for s in job.steps() if s.t <= fault_at]
+        if before:
+            result.steps_redone = max(0, max(before) - (after.step - 1))
+    except TimeoutError as exc:
+        result.error = str(exc)
+        (workdir / "timeout.txt").write_text(job.tail(40))
+    finally:
+        job.stop()
+        shutil.rmtree(Path("/dev/shm/elasticjob") / run_id, ignore_errors=True)
+    return result
+
+
+# ---------------------------------------------------------------- reporting
+
+
+def summarize(results: Sequence[Result]) -> dict[str, dict[str, dict[str, Any]]]:
+    """Per launcher and scenario: median/min/max seconds, runs, failures, steps redone."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for r in results:
+        cell = out.setdefault(r.launcher, {}).setdefault(
+            r.scenario, {"seconds": [], "failures": [], "steps_redone": []}
+        )
+        if r.seconds is None:
+            cell["failures"].append(r.error)
+        else:
+            cell["seconds"].append(r.seconds)
+            if r.steps_redone is not None:
+                cell["steps_redone"].append(r.steps_redone)
+    for scenarios in out.values():
+        for cell in scenarios.values():
+            secs = cell["seconds"]
+            cell["median"] = round(statistics.median(secs), 2) if secs else None
+            cell["min"] = min(secs, default=None)
+            cell["max"] = max(secs, default=None)
+            cell["n"] = len(secs)
+    return out
+
+
+def format_cell(cell: dict[str, Any] | None) -> str:
+    if cell is None:
+        return "-"
+    if cell["median"] is None:
+        return f"failed ({len(cell['failures'])})"
+    text = f"{cell['median']:.1f} s"
+    if cell["n"] > 1:
+        text += f" ({cell['min']:.1f}-{cell['max']:.1f}, n={cell['n']})"
+    if cell["failures"]:
+        text += f", {len(cell['failures'])} failed"
+    return text
+
+
+LABELS = {
+    "worker-kill": "SIGKILL a worker -> next step",
+    "node-kill": "SIGKILL an agent (3->2) -> next step",
+    "scale-up": "agent joins (2->3) -> step at 3",
+}
+
+
+def table(summary: dict[str, dict[str, dict[str, Any]]], launchers: Sequence[str]) -> str:
+    rows = [["scenario", *launchers]]
+    for scenario in SCENARIOS:
+        if any(scenario in summary.get(lch, {}) for lch in launchers):
+            row = [LABELS[scenario]]
+            row += [format_cell(summary.get(lch, {}).get(scenario)) for lch in launchers]
+            rows.append(row)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = [
+        "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |" for r in rows
+    ]
+    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    return "\n".join(lines)
+
+
+def machine() -> dict[str, Any]:
+    import torch
+
+    return {
+        "cpus": os.cpu_count(),
+        "loadavg_at_start": list(os.getloadavg()),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "platform": platform.platform(),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="one repetition (default: --reps)")
+    p.add_argument("--reps", type=int, default=2, help="repetitions per launcher and scenario")
+    p.add_argument("--launchers", nargs="+", default=list(DEFAULT_LAUNCHERS), choices=LAUNCHERS)
+    p.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), choices=SCENARIOS)
+    p.add_argument("--start-timeout", type=float, default=240.0, help="seconds to start training")
+    p.add_argument("--recover-timeout", type=float, default=150.0, help="seconds to recover")
+    p.add_argument("--out", type=Path, default=RESULTS, help="directory for the JSON results")
+    p.add_argument("--keep", action="store_true", help="keep the logs' temp directory")
+    args = p.parse_args(argv)
+    reps = 1 if args.quick else args.reps
+    if reps < 1:
+        p.error(f"--reps must be at least 1 (got {reps})")
+    limits = Limits(args.start_timeout, args.recover_timeout)
+
+    started = time.monotonic()
+    info = machine()
+    workdir = Path(tempfile.mkdtemp(prefix="elasticjob-bench-"))
+    results: list[Result] = []
+    etcd = Etcd.start(workdir / "etcd")
+    try:
+        for rep in range(reps):
+            for scenario in args.scenarios:
+                for launcher in args.launchers:
+                    where = workdir / f"{scenario}-{launcher}-{rep}"
+                    r = run_scenario(scenario, launcher, rep, etcd, where, limits)
+                    shown = f"{r.seconds:.2f} s" if r.seconds is not None else f"FAILED: {r.error}"
+                    print(f"{scenario:<12} {launcher:<17} rep {rep}: {shown}", flush=True)
+                    results.append(r)
+    finally:
+        etcd.stop()
+        if args.keep:
+            print(f"logs kept in {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+    summary = summarize(results)
+    print()
+    print(table(summary, args.launchers))
+    doc = {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "command": "python -m bench.run " + " ".join(sys.argv[1:] if argv is None else argv),
+        "machine": info,
+        "train_args": TRAIN_ARGS,
+        "seconds_total": round(time.monotonic() - started, 1),
+        "summary": summary,
+        "runs": [asdict(r) for r in results],
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H%M")
+    text = json.dumps(doc, indent=2) + "\n"
+    (args.out / "latest.json").write_text(text)
+    (args.out / f"{stamp}.json").write_text(text)
+    print(f"\nwritten: {args.out / 'latest.json'} and {stamp}.json ({doc['seconds_total']} s)")
+
+
+if __name__ == "__main__":
+    main()
