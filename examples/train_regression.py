@@ -76,7 +76,7 @@ class Config:
 
 
 # (flag, env name, type, default, help)
-_OPTIONS: tuple[tuple[str, str, type, Any, str], ...] = (
+OPTIONS: tuple[tuple[str, str, type, Any, str], ...] = (
     ("--steps", "TRAIN_STEPS", int, 2000, "stop after this many optimizer steps"),
     ("--epochs", "TRAIN_EPOCHS", int, 3, "passes over the data (whichever ends first)"),
     ("--batch-size", "TRAIN_BATCH_SIZE", int, 32, "samples per rank per step"),
@@ -108,7 +108,7 @@ _OPTIONS: tuple[tuple[str, str, type, Any, str], ...] = (
 def parse_config(argv: Sequence[str] | None = None) -> Config:
     """Flags win over ``TRAIN_*`` variables, which win over the defaults."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    for flag, env, kind, default, text in _OPTIONS:
+    for flag, env, kind, default, text in OPTIONS:
         raw = os.environ.get(env)
         try:
             value = kind(raw) if raw not in (None, "") else default
