@@ -200,10 +200,13 @@ def etcd_deployment(ref: JobRef, spec: models.ElasticJobSpec) -> Obj:
         "name": "etcd",
         "image": settings.image,
         "command": ["etcd"],
+        # Listen on the pod IP (what the Service targets) and loopback, not 0.0.0.0: a
+        # node-local service proxy may hold clusterIP:2379 inside the pod's netns.
+        "env": [_field_env(contract.POD_IP, "status.podIP")],
         "args": [
             f"--name={name}",
             f"--data-dir={ETCD_DATA_DIR}",
-            f"--listen-client-urls=http://0.0.0.0:{port}",
+            f"--listen-client-urls=http://$({contract.POD_IP}):{port},http://127.0.0.1:{port}",
             f"--advertise-client-urls={advertise}",
             "--listen-peer-urls=http://127.0.0.1:2380",
             "--initial-advertise-peer-urls=http://127.0.0.1:2380",

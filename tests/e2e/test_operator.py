@@ -523,10 +523,16 @@ ETCD_SERVICE = [
                         {
                             "name": "etcd",
                             "image": "quay.io/coreos/etcd:v3.6.6",
+                            "env": [
+                                {
+                                    "name": "POD_IP",
+                                    "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}},
+                                }
+                            ],
                             "command": [
                                 "etcd",
                                 "--data-dir=/var/lib/etcd",
-                                "--listen-client-urls=http://0.0.0.0:2379",
+                                "--listen-client-urls=http://$(POD_IP):2379",
                                 "--advertise-client-urls=http://etcd-service:2379",
                                 "--listen-peer-urls=http://127.0.0.1:2380",
                             ],

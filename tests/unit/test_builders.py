@@ -149,7 +149,13 @@ def test_etcd_deployment_and_service() -> None:
     assert container["image"] == "etcd:test"
     assert container["resources"] == {"limits": {"cpu": "1"}}
     assert "--advertise-client-urls=http://train-etcd.ml.svc:2379" in container["args"]
-    assert "--listen-client-urls=http://0.0.0.0:2379" in container["args"]
+    assert (
+        "--listen-client-urls=http://$(ELASTICJOB_POD_IP):2379,http://127.0.0.1:2379"
+        in container["args"]
+    )
+    assert container["env"] == [
+        {"name": "ELASTICJOB_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
+    ]
     svc = builders.etcd_service(REF)
     assert svc["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"]
     port = svc["spec"]["ports"][0]
