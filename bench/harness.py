@@ -70,6 +70,19 @@ def first_step_after(
     return min(fresh, key=lambda s: s.t, default=None)
 
 
+_STARTUP_RE = re.compile(r"\bstartup=([0-9.]+)s\(.*\bt=([0-9.]+)\s*$")
+
+
+def parse_startups(lines: Iterable[str]) -> list[tuple[float, float]]:
+    """(t, seconds) of each worker start-up line: process exec to checkpoint restored."""
+    found = []
+    for line in lines:
+        m = _STARTUP_RE.search(line)
+        if m is not None:
+            found.append((float(m.group(2)), float(m.group(1))))
+    return sorted(found)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -284,6 +297,13 @@ class Job:
             if agent.log.exists():
                 found += parse_steps(agent.log.read_text(errors="replace").splitlines())
         return sorted(found, key=lambda s: s.t)
+
+    def startups(self) -> list[tuple[float, float]]:
+        found: list[tuple[float, float]] = []
+        for agent in self.agents:
+            if agent.log.exists():
+                found += parse_startups(agent.log.read_text(errors="replace").splitlines())
+        return sorted(found)
 
     def remember_pids(self) -> None:
         """Record the agents and their current workers (called while they run)."""

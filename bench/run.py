@@ -70,6 +70,7 @@ class Result:
     rep: int
     seconds: float | None = None  # fault (or join) -> first step after it
     steps_redone: int | None = None  # steps trained again after the restore
+    worker_startup: float | None = None  # of ``seconds``: new worker's exec -> restored
     world_before: int | None = None
     world_after: int | None = None
     error: str | None = None
@@ -146,6 +147,8 @@ def run_scenario(
             limits.recover,
         )
         result.seconds = round(after.t - fault_at, 2)
+        startup = [secs for t, secs in job.startups() if fault_at < t <= after.t]
+        result.worker_startup = startup[-1] if startup else None
         result.world_after = after.world
         before = [s.step for s in job.steps() if s.t <= fault_at]
         if before:
@@ -167,7 +170,7 @@ def summarize(results: Sequence[Result]) -> dict[str, dict[str, dict[str, Any]]]
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for r in results:
         cell = out.setdefault(r.launcher, {}).setdefault(
-            r.scenario, {"seconds": [], "failures": [], "steps_redone": []}
+            r.scenario, {"seconds": [], "failures": [], "steps_redone": [], "worker_startup": []}
         )
         if r.seconds is None:
             cell["failures"].append(r.error)
@@ -175,6 +178,8 @@ def summarize(results: Sequence[Result]) -> dict[str, dict[str, dict[str, Any]]]
             cell["seconds"].append(r.seconds)
             if r.steps_redone is not None:
                 cell["steps_redone"].append(r.steps_redone)
+            if r.worker_startup is not None:
+                cell["worker_startup"].append(r.worker_startup)
     for scenarios in out.values():
         for cell in scenarios.values():
             secs = cell["seconds"]
@@ -212,6 +217,11 @@ def table(summary: dict[str, dict[str, dict[str, Any]]], launchers: Sequence[str
             row = [LABELS[scenario]]
             row += [format_cell(summary.get(lch, {}).get(scenario)) for lch in launchers]
             rows.append(row)
+            startup = ["  of which: new worker exec -> restored"]
+            for lch in launchers:
+                values = summary.get(lch, {}).get(scenario, {}).get("worker_startup") or []
+                startup.append(f"{statistics.median(values):.1f} s" if values else "-")
+            rows.append(startup)
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = [
         "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |" for r in rows

@@ -1,0 +1,50 @@
+"""The benchmark's measurement rules: which logged step counts as "training again"."""
+
+from __future__ import annotations
+
+from bench.harness import StepLine, first_step_after, parse_startups, parse_step_line
+from bench.run import Result, summarize, table
+
+LINE = "step=41 epoch=0 loss=0.2096 world=2 rank=0 restarts=1 samples=3200 pid=77 t=100.500"
+
+
+def test_a_step_line_of_the_example_is_parsed() -> None:
+    assert parse_step_line(LINE) == StepLine(step=41, world=2, pid=77, t=100.5)
+    assert parse_step_line("resumed from step 40 world=2 t=1.0") is None
+    assert parse_step_line("[rank0]: step=3 world=2 pid=1 t=2.0 Traceback") is None
+
+
+def test_a_step_an_old_worker_finishes_after_the_fault_does_not_count_as_recovery() -> None:
+    steps = [
+        StepLine(10, 3, pid=1, t=9.0),
+        StepLine(11, 3, pid=1, t=10.2),  # in flight when the fault hit at t=10
+        StepLine(9, 2, pid=5, t=14.0),  # the restarted group, resumed from a checkpoint
+        StepLine(10, 2, pid=5, t=14.1),
+    ]
+    after = first_step_after(steps, 10.0, old_pids={1}, world=2)
+    assert after == StepLine(9, 2, pid=5, t=14.0)
+    assert first_step_after(steps, 10.0, old_pids={1, 5}) is None
+    assert first_step_after(steps, 10.0, old_pids={1}, world=3) is None
+
+
+def test_worker_startup_lines_are_read_with_their_time() -> None:
+    lines = [
+        "resumed from step 40 (/x) world=2 rank=0 restarts=1 "
+        "startup=3.77s(imports=2.36,process_group=0.05,ddp=1.35,restore=0.01) t=12.5",
+        LINE,
+    ]
+    assert parse_startups(lines) == [(12.5, 3.77)]
+
+
+def test_summary_keeps_failures_apart_from_timings() -> None:
+    results = [
+        Result("elasticjob-run", "node-kill", 0, seconds=5.0, steps_redone=3, worker_startup=3.0),
+        Result("elasticjob-run", "node-kill", 1, seconds=7.0, steps_redone=1, worker_startup=4.0),
+        Result("torchrun-c10d", "node-kill", 0, error="no step within 150s"),
+    ]
+    summary = summarize(results)
+    ours = summary["elasticjob-run"]["node-kill"]
+    assert (ours["median"], ours["min"], ours["max"], ours["n"]) == (6.0, 5.0, 7.0, 2)
+    assert summary["torchrun-c10d"]["node-kill"]["failures"] == ["no step within 150s"]
+    text = table(summary, ["elasticjob-run", "torchrun-c10d"])
+    assert "6.0 s (5.0-7.0, n=2)" in text and "failed (1)" in text and "3.5 s" in text
