@@ -45,7 +45,7 @@ crds: setup
 	python -m elasticjob_operator.crd --write crds/elasticjob.yaml charts/elasticjob-operator/crds/elasticjob.yaml
 
 demo: setup
-	python -m examples.demo
+	python scripts/demo.py
 
 bench: setup
 	python -m bench.run

@@ -1,0 +1,332 @@
+"""`make demo`: an elastic job trained through injected faults on a local cluster.
+
+Starts a devcluster (real kube-apiserver, controller-manager and etcd; two node agents
+running pods as local processes), installs the operator with helm, submits the small
+example as an ElasticJob, then kills a worker process, deletes a worker pod and scales
+the job up while it trains, showing live progress; it ends with a summary and leaves
+nothing running (the cluster is stopped even on Ctrl-C or an error).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client, config
+
+from elasticjob_devcluster import faults
+from elasticjob_devcluster.controlplane import DevCluster
+from elasticjob_operator.builders import selector_string
+
+REPO = Path(__file__).resolve().parents[1]
+CHART = REPO / "charts" / "elasticjob-operator"
+MANIFEST = REPO / "examples" / "manifests" / "elastic.yaml"
+NAMESPACE = "demo"
+OPERATOR_NAMESPACE = "elasticjob-system"
+JOB = "demo"
+GROUP, VERSION, PLURAL = "elastic.pytorch.org", "v1alpha1", "elasticjobs"
+Obj = dict[str, Any]
+
+
+@dataclass
+class Fault:
+    """One injected fault and what it cost."""
+
+    name: str
+    inject: Callable[[], object]
+    at_step: int = 0
+    injected_at: float = 0.0  # unix time, the clock of the workers' `t=` log field
+    recovered_after: float | None = None
+
+
+@dataclass(frozen=True)
+class StepLine:
+    """One training log line of the example: ``step=N ... loss=L world=W ... t=T``."""
+
+    step: int
+    loss: float
+    world: int
+    time: float
+
+
+def parse_step_line(line: str) -> StepLine | None:
+    fields = dict(token.split("=", 1) for token in line.split() if "=" in token)
+    try:
+        return StepLine(
+            int(fields["step"]), float(fields["loss"]), int(fields["world"]), float(fields["t"])
+        )
+    except (KeyError, ValueError):
+        return None
+
+
+def parse_result(line: str) -> Obj | None:
+    """The example's final ``ELASTICJOB_RESULT {json}`` line."""
+    _, sep, payload = line.partition("ELASTICJOB_RESULT ")
+    if not sep:
+        return None
+    try:
+        result: Obj = json.loads(payload)
+    except ValueError:
+        return None
+    return result
+
+
+@dataclass
+class Demo:
+    cluster: DevCluster
+    kubeconfig: Path
+    started: float = field(default_factory=time.monotonic)
+    custom: client.CustomObjectsApi = field(init=False)
+    core: client.CoreV1Api = field(init=False)
+
+    def __post_init__(self) -> None:
+        api = config.new_client_from_config(config_file=str(self.kubeconfig))  # type: ignore[no-untyped-call]
+        self.custom = client.CustomObjectsApi(api)
+        self.core = client.CoreV1Api(api)
+
+    # -- user actions, through the tools a user has --------------------------------------
+    def run(self, *args: str, input: str | None = None) -> str:
+        tool = args[0]
+        out = subprocess.run(
+            [tool, f"--kubeconfig={self.kubeconfig}", *args[1:]],
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        if out.returncode != 0:
+            raise RuntimeError(f"{' '.join(args)} failed: {out.stderr.strip()}")
+        return out.stdout
+
+    def say(self, message: str) -> None:
+        print(f"[{time.monotonic() - self.started:6.1f}s] {message}", flush=True)
+
+    # -- observation ---------------------------------------------------------------------
+    def job(self) -> Obj:
+        obj = self.custom.get_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, JOB)
+        assert isinstance(obj, dict)
+        return obj
+
+    def progress(self) -> Obj:
+        status: Obj = self.job().get("status") or {}
+        progress: Obj = status.get("progress") or {}
+        return progress
+
+    def step(self) -> int:
+        return int(self.progress().get("step") or 0)
+
+    def worker_logs(self) -> list[str]:
+        """Every current worker pod's log lines (kubectl logs, through the API server)."""
+        lines: list[str] = []
+        pods = self.core.list_namespaced_pod(NAMESPACE, label_selector=selector_string(JOB))
+        for pod in pods.items:
+            name = pod.metadata.name if pod.metadata else None
+            if not name:
+                continue
+            try:
+                text = self.core.read_namespaced_pod_log(name, NAMESPACE)
+            except client.ApiException:
+                continue
+            lines += text.splitlines()
+        return lines
+
+    def step_lines(self) -> list[StepLine]:
+        parsed = (parse_step_line(line) for line in self.worker_logs())
+        return sorted((p for p in parsed if p is not None), key=lambda p: p.time)
+
+    def result(self) -> Obj | None:
+        for line in self.worker_logs():
+            result = parse_result(line)
+            if result is not None:
+                return result
+        return None
+
+    def succeeded(self) -> bool:
+        conditions = (self.job().get("status") or {}).get("conditions", [])
+        return any(c.get("type") == "Succeeded" and c.get("status") == "True" for c in conditions)
+
+    def moved_past(self, fault: Fault) -> StepLine | None:
+        """The first logged step beyond the fault's step, done after the fault."""
+        for line in self.step_lines():
+            if line.time > fault.injected_at and line.step > fault.at_step:
+                return line
+        return None
+
+    def events(self, limit: int = 3) -> list[str]:
+        items = self.core.list_namespaced_event(NAMESPACE).items
+        items.sort(key=event_time)
+        return [f"{e.reason}: {e.message}" for e in items[-limit:]]
+
+    def show(self, last_events: list[str]) -> list[str]:
+        job = self.job()
+        status: Obj = job.get("status") or {}
+        progress: Obj = status.get("progress") or {}
+        active = (status.get("replicaStatuses") or {}).get("Worker", {}).get("active")
+        line = (
+            f"phase={status.get('phase', '?'):<10} step={progress.get('step', '-'):>5} "
+            f"world={progress.get('worldSize', '-')} pods={active} "
+            f"restarts={status.get('restartCount', 0)} "
+            f"samples/s={float(progress.get('samplesPerSecond') or 0):.0f}"
+        )
+        self.say(line)
+        events = self.events()
+        for event in events:
+            if event not in last_events:
+                print(f"          event  {event}", flush=True)
+        return events
+
+    def watch_until(self, what: str, done: Callable[[], bool], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        seen: list[str] = []
+        while time.monotonic() < deadline:
+            seen = self.show(seen)
+            if done():
+                return
+            time.sleep(2)
+        raise RuntimeError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def event_time(event: Any) -> datetime:
+    stamp = event.last_timestamp or event.event_time or event.metadata.creation_timestamp
+    return stamp if isinstance(stamp, datetime) else datetime.min.replace(tzinfo=UTC)
+
+
+def demo_manifest(steps: int) -> str:
+    """The elastic example manifest, named for the demo and sized to train a few minutes."""
+    doc: Obj = yaml.safe_load(MANIFEST.read_text())
+    doc["metadata"] = {"name": JOB, "namespace": NAMESPACE}
+    worker = doc["spec"]["replicaSpecs"]["Worker"]
+    worker["replicas"] = 2
+    container = worker["template"]["spec"]["containers"][0]
+    env = [e for e in container.get("env", []) if e["name"] != "TRAIN_STEPS"]
+    container["env"] = [*env, {"name": "TRAIN_STEPS", "value": str(steps)}]
+    return yaml.safe_dump(doc)
+
+
+def run_demo(demo: Demo, steps: int) -> list[Fault]:
+    demo.say("installing the operator with helm")
+    demo.run(
+        "helm",
+        "install",
+        "elasticjob-operator",
+        str(CHART),
+        "--namespace",
+        OPERATOR_NAMESPACE,
+        "--create-namespace",
+        "--wait",
+        "--timeout=3m",
+        # mirror progress into status every 2 s, so the live view keeps up
+        "--set=resyncSeconds=2",
+    )
+    demo.run("kubectl", "create", "namespace", NAMESPACE)
+    demo.say(f"kubectl apply: ElasticJob {NAMESPACE}/{JOB} (min 1, max 4, 2 workers)")
+    demo.run("kubectl", "apply", "-f", "-", input=demo_manifest(steps))
+    demo.watch_until("training to start", lambda: demo.step() > 0, timeout=300)
+
+    cluster_dir = demo.cluster.dir
+    faults_to_inject = [
+        Fault(
+            "SIGKILL a worker process",
+            lambda: faults.kill_container(cluster_dir, NAMESPACE, f"{JOB}-worker-1"),
+        ),
+        Fault(
+            "delete a worker pod",
+            lambda: demo.run("kubectl", "-n", NAMESPACE, "delete", "pod", f"{JOB}-worker-0"),
+        ),
+        Fault(
+            "kubectl scale 2 -> 3",
+            lambda: demo.run(
+                "kubectl", "-n", NAMESPACE, "scale", f"elasticjob/{JOB}", "--replicas=3"
+            ),
+        ),
+    ]
+    for fault in faults_to_inject:
+        target = demo.step() + 40
+        demo.watch_until(
+            f"step {target}",
+            lambda t=target: demo.step() >= t or demo.succeeded(),  # type: ignore[misc]
+            timeout=300,
+        )
+        if demo.succeeded():
+            demo.say(f"training finished before '{fault.name}'; raise --steps to see it")
+            break
+        fault.at_step = max((line.step for line in demo.step_lines()), default=0)
+        demo.say(f"FAULT: {fault.name} (last logged step {fault.at_step})")
+        fault.injected_at = time.time()
+        fault.inject()
+        demo.watch_until(
+            "training to get past the fault",
+            lambda f=fault: demo.moved_past(f) is not None or demo.succeeded(),  # type: ignore[misc]
+            timeout=300,
+        )
+        moved = demo.moved_past(fault)
+        if moved is not None:
+            fault.recovered_after = moved.time - fault.injected_at
+            demo.say(
+                f"training past step {fault.at_step} again {fault.recovered_after:.1f}s after "
+                f"'{fault.name}' (world size {moved.world})"
+            )
+    demo.watch_until("the job to succeed", demo.succeeded, timeout=900)
+    return faults_to_inject
+
+
+def summary(demo: Demo, injected: list[Fault]) -> str:
+    status: Obj = demo.job().get("status") or {}
+    result = demo.result() or {}
+    lines = [
+        "",
+        "== elasticjob demo summary ==",
+        f"job {NAMESPACE}/{JOB}:  {status.get('phase')}",
+        f"steps trained:    {result.get('steps', '?')} "
+        f"(final world size {result.get('world_size', '?')})",
+        f"worker pods replaced: {status.get('restartCount', 0)}",
+    ]
+    for fault in injected:
+        if fault.injected_at == 0.0:
+            continue
+        after = "-" if fault.recovered_after is None else f"{fault.recovered_after:.1f}s"
+        lines.append(f"  {fault.name:<26} at step {fault.at_step:>4}: seconds lost {after}")
+    lines.append(
+        f"loss:             {result.get('initial_loss', float('nan')):.4f} -> "
+        f"{result.get('final_loss', float('nan')):.4f}"
+    )
+    lines.append(f"wall time:        {time.monotonic() - demo.started:.0f}s")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--dir", type=Path, default=REPO / ".devcluster-demo")
+    parser.add_argument("--steps", type=int, default=900, help="training steps of the job")
+    args = parser.parse_args(argv)
+    cluster = DevCluster(args.dir)
+    print("starting the devcluster (kube-apiserver, controller-manager, etcd, 2 nodes)")
+    try:
+        cluster.up(("node-1", "node-2"))
+        demo = Demo(cluster, cluster.kubeconfig)
+        injected = run_demo(demo, args.steps)
+        print(summary(demo, injected))
+        return 0
+    except KeyboardInterrupt:
+        print("\ninterrupted; stopping everything", file=sys.stderr)
+        return 130
+    finally:
+        cluster.down()
+        left = cluster.leftover_processes()
+        if left:
+            print(f"demo: processes left after stopping: {json.dumps([r.name for r in left])}")
+        else:
+            print("devcluster stopped; nothing left running")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
