@@ -33,8 +33,8 @@ SINGULAR: Final = "elasticjob"
 SHORT_NAMES: Final = ("ej",)
 API_VERSION: Final = f"{GROUP}/{VERSION}"
 
-# etcd 3.6: the provisioned store only needs the v3 API our rendezvous speaks.
-DEFAULT_ETCD_IMAGE: Final = "quay.io/coreos/etcd:v3.6.6"
+# etcd 3.6 (the release devcluster/go/go.mod pins): the store only needs the v3 API.
+DEFAULT_ETCD_IMAGE: Final = "quay.io/coreos/etcd:v3.6.16"
 DEFAULT_BACKOFF_LIMIT: Final = 6
 DEFAULT_MAX_RESTARTS: Final = 3
 C10D_PORT: Final = 29400

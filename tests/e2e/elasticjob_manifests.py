@@ -4,10 +4,20 @@ malformed ones the API server must refuse with a message naming the field."""
 from __future__ import annotations
 
 import copy
+import os
 from collections.abc import Callable
 from typing import Any
 
 Obj = dict[str, Any]
+# The devcluster records images without pulling them (pods run from this repo's
+# environment); on another cluster set this to the Dockerfile's `runtime` image.
+RUNTIME_IMAGE = os.environ.get("ELASTICJOB_E2E_RUNTIME_IMAGE", "elasticjob-runtime:dev")
+# The archived example's image and pull policy, unless a runtime image is given.
+ARCHIVED_CONTAINER: Obj = (
+    {"image": RUNTIME_IMAGE, "imagePullPolicy": "IfNotPresent"}
+    if "ELASTICJOB_E2E_RUNTIME_IMAGE" in os.environ
+    else {"image": "torchelastic/examples:0.2.0", "imagePullPolicy": "Always"}
+)
 
 
 def job(name: str, command: list[str], replicas: int = 2, **spec: Any) -> Obj:
@@ -29,7 +39,7 @@ def job(name: str, command: list[str], replicas: int = 2, **spec: Any) -> Obj:
                             "containers": [
                                 {
                                     "name": "trainer",
-                                    "image": "elasticjob-runtime:dev",
+                                    "image": RUNTIME_IMAGE,
                                     "command": command,
                                 }
                             ]
@@ -63,8 +73,7 @@ def archived(name: str, endpoint: str, command: list[str]) -> Obj:
                             "containers": [
                                 {
                                     "name": "elasticjob-worker",
-                                    "image": "torchelastic/examples:0.2.0",
-                                    "imagePullPolicy": "Always",
+                                    **ARCHIVED_CONTAINER,
                                     "command": command,
                                 }
                             ]

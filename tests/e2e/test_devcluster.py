@@ -188,8 +188,10 @@ def test_pod_reaches_another_by_service_name_on_the_same_port(
     )
     client_script = f"""
         import os, socket, time, urllib.request
-        # this pod listens on 8080 too: pods have their own network namespaces
-        srv = socket.socket(); srv.bind(("0.0.0.0", 8080)); srv.listen()
+        # this pod listens on 8080 and 80 too: pods have their own network namespaces,
+        # and the Service's port is not taken in the client's
+        for port in (8080, 80):
+            srv = socket.socket(); srv.bind(("0.0.0.0", port)); srv.listen()
         env_url = "http://" + os.environ["WEB_SERVICE_HOST"] + ":" + os.environ["WEB_SERVICE_PORT"]
         names = ("http://web", "http://web.{ns}", "http://web.{ns}.svc.cluster.local:80")
         for url in (*names, env_url):

@@ -10,6 +10,7 @@ goes through kubectl; every wait is bounded generously (to catch hangs, not to t
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import time
@@ -125,6 +126,10 @@ def operator(cluster: Cluster) -> Iterator[Cluster]:
     crd = f"{PLURAL}.{GROUP}"
     had_crd = cluster.kubectl("get", "crd", crd, check=False).returncode == 0
     cluster.core.create_namespace({"metadata": {"name": JOB_NS}})
+    image: list[str] = []
+    if os.environ.get("ELASTICJOB_E2E_OPERATOR_IMAGE"):  # e.g. on kind: a loaded image
+        repo, _, tag = os.environ["ELASTICJOB_E2E_OPERATOR_IMAGE"].rpartition(":")
+        image = ["--set", f"image.repository={repo}", "--set", f"image.tag={tag}"]
     cluster.run(
         "helm",
         "install",
@@ -137,6 +142,7 @@ def operator(cluster: Cluster) -> Iterator[Cluster]:
         "resyncSeconds=2",
         "--set",
         f"watchNamespaces={{{JOB_NS}}}",
+        *image,
         "--wait",
         "--timeout=240s",
     )
@@ -522,7 +528,7 @@ ETCD_SERVICE = [
                     "containers": [
                         {
                             "name": "etcd",
-                            "image": "quay.io/coreos/etcd:v3.6.6",
+                            "image": "quay.io/coreos/etcd:v3.6.16",
                             "env": [
                                 {
                                     "name": "POD_IP",
