@@ -5,8 +5,8 @@ inside its own namespace) map to its clusterIP, which the agent's per-pod servic
 answers (services.py). Headless Services map to the IPs of the ready pods they select
 (all pods with publishNotReadyAddresses) and also give
 `hostname.subdomain.ns.svc[.cluster.local]` for pods that set hostname + subdomain.
-`kubernetes.default.svc` is 127.0.0.1, where the agent forwards to the API server from
-inside every pod.
+`kubernetes.default.svc` is the `kubernetes` Service's clusterIP like any other; the
+agents relay it to the API server on the host's loopback.
 """
 
 from __future__ import annotations
@@ -79,12 +79,10 @@ def hosts_file(pod: Obj, pods: Iterable[Obj], services: Iterable[Obj], refuse_ip
     """The full /etc/hosts text for `pod`, given every pod and Service in the cluster."""
     all_pods = list(pods)
     own_ns = str(_meta(pod).get("namespace"))
-    api_names = service_names("kubernetes", "default", own_ns)
     lines = [
         "# Kubernetes-managed hosts file (elasticjob devcluster node agent).",
         "127.0.0.1\tlocalhost",
         "::1\tlocalhost ip6-localhost ip6-loopback",
-        "127.0.0.1\t" + " ".join(api_names),
     ]
     if pod_ip(pod):
         lines.append(f"{pod_ip(pod)}\t{' '.join(own_names(pod))}")
@@ -92,7 +90,7 @@ def hosts_file(pod: Obj, pods: Iterable[Obj], services: Iterable[Obj], refuse_ip
         m = _meta(svc)
         spec = svc.get("spec") or {}
         name, ns = str(m.get("name")), str(m.get("namespace"))
-        if (name, ns) == ("kubernetes", "default") or spec.get("type") == "ExternalName":
+        if spec.get("type") == "ExternalName":
             continue
         names = " ".join(service_names(name, ns, own_ns))
         headless = spec.get("clusterIP") == "None"

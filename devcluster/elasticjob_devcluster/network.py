@@ -1,11 +1,14 @@
 """The devcluster's pod network: a bridge in its own netns and one netns per pod.
 
-Layout: netns `<cluster>` (e.g. ej-net) holds bridge `ej-br` with address REFUSE_IP;
-pod netns `ej-<uid12>` holds `eth0` (pod IP, prefix /16 so pods of every node's /24 are
-on-link) whose veth peer `v<uid12>` is a port of the bridge. Nothing is added to the root
-netns, so the host's own network never changes. The agent reaches into a pod netns from
-a helper thread that calls setns(2): sockets keep the netns they were created in, which
-is how the agent listens on a pod's loopback (API server forwarding) and probes pods.
+Layout: netns `<cluster>` (e.g. ej-net-1a2b3c4d) holds bridge `ej-br` with address
+BRIDGE_IP; pod netns `ej-<uid12>` holds `eth0` (pod IP, prefix /16 so pods of every
+node's /24 are on-link) whose veth peer `v<uid12>` is a port of the bridge. Each pod
+routes the service CIDR to BRIDGE_IP, and the cluster netns treats the whole service
+CIDR as local, so connections to any clusterIP land in the cluster netns, where the
+node agents' Proxy listens (SO_REUSEPORT: every agent may listen on the same clusterIP,
+the kernel spreads connections). Nothing listens inside a pod's own netns, so a pod may
+bind any port. Nothing is added to the root netns. The agent reaches into a netns from a
+helper thread that calls setns(2): sockets keep the netns they were created in.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ from typing import TypeVar
 
 CLUSTER_CIDR = "10.244.0.0/16"
 CLUSTER_PREFIX = 16
-REFUSE_IP = "10.244.255.254"
+BRIDGE_IP = "10.244.255.254"
+REFUSE_IP = BRIDGE_IP  # nothing listens there: connecting is refused at once
 BRIDGE = "ej-br"
 NETNS_DIR = Path("/run/netns")
 CLONE_NEWNET = 0x40000000
@@ -70,8 +74,8 @@ def ensure_cluster_network(name: str) -> None:
         if _ip("-n", name, "link", "show", BRIDGE, check=False).returncode != 0:
             _ip("-n", name, "link", "add", BRIDGE, "type", "bridge")
         addrs = _ip("-n", name, "-o", "addr", "show", "dev", BRIDGE).stdout
-        if f"{REFUSE_IP}/" not in addrs:
-            _ip("-n", name, "addr", "add", f"{REFUSE_IP}/{CLUSTER_PREFIX}", "dev", BRIDGE)
+        if f"{BRIDGE_IP}/" not in addrs:
+            _ip("-n", name, "addr", "add", f"{BRIDGE_IP}/{CLUSTER_PREFIX}", "dev", BRIDGE)
         _ip("-n", name, "link", "set", BRIDGE, "up")
 
 
@@ -81,6 +85,11 @@ def bridge_ports(name: str) -> list[str]:
         return []
     out = _ip("-n", name, "-o", "link", "show", "master", BRIDGE, check=False).stdout
     return [line.split(":")[1].strip().split("@")[0] for line in out.splitlines() if ":" in line]
+
+
+def route_services(cluster: str, service_cidr: str) -> None:
+    """Make every clusterIP a local address of the cluster netns (idempotent)."""
+    _ip("-n", cluster, "route", "replace", "local", service_cidr, "dev", "lo")
 
 
 def remove_cluster_network(name: str, force: bool = False) -> bool:
@@ -108,8 +117,8 @@ def host_veth_name(uid: str) -> str:
 
 def create_pod_netns(cluster: str, uid: str, ip: str, service_cidr: str = "") -> str:
     """A fresh netns for a pod, wired to the bridge with `ip`; returns its name. The
-    service CIDR, if given, is routed to the pod's loopback, where the agent's service
-    proxy listens on clusterIPs (an unserved clusterIP:port then refuses at once)."""
+    service CIDR, if given, is routed through the bridge to the cluster netns, where the
+    agents' service proxy listens on clusterIPs."""
     ns, veth = pod_netns_name(uid), host_veth_name(uid)
     delete_pod_netns(uid, cluster)
     _ip("netns", "add", ns)
@@ -121,7 +130,7 @@ def create_pod_netns(cluster: str, uid: str, ip: str, service_cidr: str = "") ->
         _ip("-n", cluster, "link", "set", veth, "master", BRIDGE)
         _ip("-n", cluster, "link", "set", veth, "up")
         if service_cidr:
-            _ip("-n", ns, "route", "add", "local", service_cidr, "dev", "lo")
+            _ip("-n", ns, "route", "add", service_cidr, "via", BRIDGE_IP, "dev", "eth0")
     except NetworkError:
         delete_pod_netns(uid, cluster)
         raise
@@ -187,10 +196,12 @@ def in_netns(ns: str, fn: Callable[[], T]) -> T:
     return result[0]
 
 
-def listen_in_netns(ns: str, host: str, port: int) -> socket.socket:
+def listen_in_netns(ns: str, host: str, port: int, reuse_port: bool = False) -> socket.socket:
     def make() -> socket.socket:
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         s.bind((host, port))
         s.listen(64)
         return s
@@ -218,18 +229,17 @@ Route = tuple[str, int]
 
 
 class Proxy:
-    """Listens on addresses inside a pod's netns and relays each connection to one of
-    the targets routed for it (tried in random order, as kube-proxy spreads load).
+    """Listens on addresses in netns `ns` and relays each connection to one of the
+    targets routed for it (tried in random order, as kube-proxy spreads load).
 
-    dial_in_pod=True dials from the pod's netns (pod IPs on the bridge, so cutting the
-    pod's network cuts these too); False dials from the agent's own netns (host
-    loopback, where the API server listens). TLS and everything else go end to end.
+    `dial_ns` is the netns the relay dials from: the cluster netns reaches pod IPs on
+    the bridge; "" dials from the agent's own netns (host loopback, where the API
+    server listens). Bytes are copied as they are: TLS goes end to end.
     """
 
-    def __init__(self, ns: str, dial_in_pod: bool) -> None:
+    def __init__(self, ns: str, dial_ns: str) -> None:
         self.ns = ns
-        self.dial_in_pod = dial_in_pod
-        self.cut = False
+        self.dial_ns = dial_ns
         self._lock = threading.Lock()
         self._listeners: dict[Route, socket.socket] = {}
         self._routes: dict[Route, list[Route]] = {}
@@ -247,7 +257,10 @@ class Proxy:
             with contextlib.suppress(OSError):
                 ls.close()
         for key in new:
-            ls = listen_in_netns(self.ns, key[0], key[1])
+            try:
+                ls = listen_in_netns(self.ns, key[0], key[1], reuse_port=True)
+            except OSError:
+                continue  # e.g. an address outside the routed service CIDR
             ls.settimeout(0.5)
             with self._lock:
                 self._listeners[key] = ls
@@ -264,14 +277,11 @@ class Proxy:
                 continue
             except OSError:
                 return
-            if self.cut:
-                conn.close()
-                continue
             threading.Thread(target=self._serve, args=(key, conn), daemon=True).start()
 
     def _dial(self, target: Route) -> socket.socket:
-        if self.dial_in_pod:
-            s = socket_in_netns(self.ns)
+        if self.dial_ns:
+            s = socket_in_netns(self.dial_ns)
             s.settimeout(5)
             try:
                 s.connect(target)
@@ -309,11 +319,6 @@ class Proxy:
         conn.close()
         up.close()
 
-    def set_cut(self, cut: bool) -> None:
-        self.cut = cut
-        if cut:
-            self._close_conns()
-
     def _close_conns(self) -> None:
         with self._lock:
             conns = list(self._conns)
@@ -324,19 +329,6 @@ class Proxy:
     def close(self) -> None:
         self.set_routes({})
         self._close_conns()
-
-
-class PodForwarder(Proxy):
-    """The API server, reachable from inside the pod on 127.0.0.1:<ports> (and any other
-    listed address): a pod netns cannot reach the host's loopback."""
-
-    def __init__(
-        self, ns: str, ports: list[int], target: Route, extra: tuple[Route, ...] = ()
-    ) -> None:
-        super().__init__(ns, dial_in_pod=False)
-        routes = {("127.0.0.1", p): [target] for p in ports}
-        routes.update({addr: [target] for addr in extra})
-        self.set_routes(routes)
 
 
 def probe_tcp(ns: str, host: str, port: int, timeout: float) -> bool:

@@ -108,8 +108,6 @@ class PodRuntime:
     runs: dict[str, ContainerRun] = field(default_factory=dict)
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     log_paths: dict[str, list[Path]] = field(default_factory=dict)
-    forwarder: network.PodForwarder | None = None
-    service_proxy: network.Proxy | None = None
     phase: str = "Pending"
     kill_deadline: float | None = None
     sigterm_sent: bool = False
@@ -200,6 +198,12 @@ class Agent:
         self.boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
         self._transitions: dict[str, tuple[str, str]] = {}
         self.log_server: Any = None
+        self.kube_ip = str(ipaddress.ip_network(args.service_cidr)[1])
+        cluster = args.cluster_network
+        # clusterIPs live in the cluster netns: the API server's (relayed to the host's
+        # loopback) and every Service's (relayed to ready pods over the bridge)
+        self.api_proxy = network.Proxy(cluster, dial_ns="")
+        self.service_proxy = network.Proxy(cluster, dial_ns=cluster)
         self.control: socket.socket | None = None
 
     # ---------------------------------------------------------------- setup
@@ -523,6 +527,8 @@ class Agent:
         threading.Thread(target=self.event_loop, name="events", daemon=True).start()
         threading.Thread(target=self.prober_loop, name="prober", daemon=True).start()
         self.control_server()
+        network.route_services(self.args.cluster_network, self.args.service_cidr)
+        self.api_proxy.set_routes({(self.kube_ip, 443): [("127.0.0.1", self.args.apiserver_port)]})
         self.log_server = kubelet_server.serve(
             self.args.kubelet_port,
             Path(self.args.serving_cert),
@@ -576,11 +582,9 @@ class Agent:
                 self.teardown(gone, remove_dir=True)
         if self.hosts_dirty:
             self.hosts_dirty = False
-            table = services.proxy_table(self.cache.items("services"), self.cache.items("pods"))
+            self.sync_service_proxy()
             for rt in self.pods.values():
                 self.write_hosts(rt)
-                if rt.service_proxy is not None and not rt.torn_down:
-                    rt.service_proxy.set_routes(table)
 
     def admit(self, pod: Obj) -> PodRuntime:
         m = pod["metadata"]
@@ -625,9 +629,16 @@ class Agent:
                 self.teardown(rt, remove_dir=False)
         self.post_status(rt, now)
 
+    def sync_service_proxy(self) -> None:
+        if self.lost:
+            return
+        table = services.proxy_table(self.cache.items("services"), self.cache.items("pods"))
+        table.pop((self.kube_ip, 443), None)
+        self.service_proxy.set_routes(table)
+
     # ---------------------------------------------------------------- sandbox
     def create_sandbox(self, rt: PodRuntime) -> None:
-        """The pod's netns and API forwarding (hostNetwork pods share the host's network)."""
+        """The pod's netns (hostNetwork pods share the host's network)."""
         if rt.spec.get("hostNetwork"):
             rt.ip = HOST_IP
             self.write_hosts(rt)
@@ -637,16 +648,7 @@ class Agent:
             rt.netns = network.create_pod_netns(
                 self.args.cluster_network, rt.uid, rt.ip, self.args.service_cidr
             )
-            port = self.args.apiserver_port
-            ports = sorted({port, 443})
-            kube_svc = (str(ipaddress.ip_network(self.args.service_cidr)[1]), 443)
-            rt.forwarder = network.PodForwarder(
-                rt.netns, ports, ("127.0.0.1", port), extra=(kube_svc,)
-            )
-            rt.service_proxy = network.Proxy(rt.netns, dial_in_pod=True)
-            rt.service_proxy.set_routes(
-                services.proxy_table(self.cache.items("services"), self.cache.items("pods"))
-            )
+
         rt.sandbox = True
         rt.start_time = time.time()
         self.hosts_dirty = True
@@ -670,12 +672,6 @@ class Agent:
         rt.hosts_text = text
 
     def teardown(self, rt: PodRuntime, remove_dir: bool) -> None:
-        if rt.forwarder is not None:
-            rt.forwarder.close()
-            rt.forwarder = None
-        if rt.service_proxy is not None:
-            rt.service_proxy.close()
-            rt.service_proxy = None
         if not rt.torn_down:
             if rt.netns:
                 network.delete_pod_netns(rt.uid, self.args.cluster_network)
@@ -806,11 +802,23 @@ class Agent:
                 "PATH": self.path_env,
                 "HOSTNAME": hostname,
                 "HOME": str(rt.dir / "home"),
-                "KUBERNETES_SERVICE_HOST": "127.0.0.1",
-                "KUBERNETES_SERVICE_PORT": str(self.args.apiserver_port),
-                "KUBERNETES_SERVICE_PORT_HTTPS": str(self.args.apiserver_port),
-                "KUBERNETES_PORT": f"tcp://127.0.0.1:{self.args.apiserver_port}",
+                "KUBERNETES_SERVICE_HOST": self.kube_ip,
+                "KUBERNETES_SERVICE_PORT": "443",
+                "KUBERNETES_SERVICE_PORT_HTTPS": "443",
+                "KUBERNETES_PORT": f"tcp://{self.kube_ip}:443",
+                "KUBERNETES_PORT_443_TCP": f"tcp://{self.kube_ip}:443",
+                "KUBERNETES_PORT_443_TCP_PROTO": "tcp",
+                "KUBERNETES_PORT_443_TCP_PORT": "443",
+                "KUBERNETES_PORT_443_TCP_ADDR": self.kube_ip,
             }
+            if rt.spec.get("hostNetwork"):  # no clusterIPs out there: the API server directly
+                port = str(self.args.apiserver_port)
+                base |= {
+                    "KUBERNETES_SERVICE_HOST": HOST_IP,
+                    "KUBERNETES_SERVICE_PORT": port,
+                    "KUBERNETES_SERVICE_PORT_HTTPS": port,
+                    "KUBERNETES_PORT": f"tcp://{HOST_IP}:{port}",
+                }
             ctx = PodContext(rt.ip, HOST_IP, self.capacity)
             env = resolve_env(rt.pod, c, ctx, cms, secrets, base)
             argv = expand_command(c, env)
@@ -1207,6 +1215,8 @@ class Agent:
         if op == "lose-node":
             self.lost = True
             self.heartbeat = False
+            self.api_proxy.close()
+            self.service_proxy.close()
             for each in list(self.pods.values()):
                 self.kill_all(each, signal.SIGKILL)
                 self.teardown(each, remove_dir=False)
@@ -1237,9 +1247,6 @@ class Agent:
             up = bool(req.get("up"))
             network.set_pod_network(self.args.cluster_network, rt.uid, up)
             rt.network_cut = not up
-            for proxy in (rt.forwarder, rt.service_proxy):
-                if proxy is not None:
-                    proxy.set_cut(not up)
             return {"ok": True, "node": self.node}
         return {"ok": False, "error": f"unknown op {op!r}"}
 
@@ -1261,6 +1268,8 @@ class Agent:
         for rt in self.pods.values():
             self.kill_all(rt, signal.SIGKILL)
             self.teardown(rt, remove_dir=True)
+        self.api_proxy.close()
+        self.service_proxy.close()
         with contextlib.suppress(Exception):
             self.log_server.shutdown()
         if self.control is not None:

@@ -85,29 +85,44 @@ def test_cut_network_stops_traffic_and_restore_brings_it_back(cluster: str) -> N
         network.delete_pod_netns(b, cluster)
 
 
-def test_forwarder_gives_a_pod_the_host_loopback_api_port(cluster: str) -> None:
-    uid = str(uuid.uuid4())
+def test_cluster_ips_reach_pods_and_the_host_without_taking_pod_ports(cluster: str) -> None:
+    """A pod connects to clusterIPs while binding the same ports itself (0.0.0.0)."""
+    cidr = "10.96.0.0/16"
+    network.route_services(cluster, cidr)
+    a, b = str(uuid.uuid4()), str(uuid.uuid4())
     upstream = socket.socket()
     upstream.bind(("127.0.0.1", 0))
     upstream.listen()
-    port = upstream.getsockname()[1]
+    host_port = upstream.getsockname()[1]
 
     def echo() -> None:
         conn, _ = upstream.accept()
-        conn.sendall(b"api:" + conn.recv(10))
+        conn.sendall(b"host:" + conn.recv(10))
         conn.close()
 
     threading.Thread(target=echo, daemon=True).start()
+    to_host = network.Proxy(cluster, dial_ns="")
+    to_pods = network.Proxy(cluster, dial_ns=cluster)
     try:
-        ns = network.create_pod_netns(cluster, uid, "10.244.1.9")
-        fwd = network.PodForwarder(ns, [port, 443], ("127.0.0.1", port))
-        s = network.socket_in_netns(ns)
+        ns_a = network.create_pod_netns(cluster, a, "10.244.1.2", cidr)
+        ns_b = network.create_pod_netns(cluster, b, "10.244.1.3", cidr)
+        to_host.set_routes({("10.96.0.1", 443): [("127.0.0.1", host_port)]})
+        to_pods.set_routes({("10.96.0.7", 80): [("10.244.1.2", 8080)]})
+        serve_once(ns_a, 8080, b"pod a")
+        busy = network.listen_in_netns(ns_b, "0.0.0.0", 443)  # b's own 443 stays free
+        busy.close()
+        assert connect(ns_b, "10.96.0.7", 80) == b"pod a"
+        s = network.socket_in_netns(ns_b)
         s.settimeout(5)
-        s.connect(("127.0.0.1", 443))
+        s.connect(("10.96.0.1", 443))
         s.sendall(b"ping")
-        assert s.recv(100) == b"api:ping"
+        assert s.recv(100) == b"host:ping"
         s.close()
-        fwd.close()
+        with pytest.raises(ConnectionRefusedError):
+            connect(ns_b, "10.96.0.8", 80)  # no such service: refused at once
     finally:
+        to_host.close()
+        to_pods.close()
         upstream.close()
-        network.delete_pod_netns(uid, cluster)
+        network.delete_pod_netns(a, cluster)
+        network.delete_pod_netns(b, cluster)

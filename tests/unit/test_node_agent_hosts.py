@@ -47,11 +47,15 @@ def lines(text: str) -> dict[str, list[str]]:
 def test_service_names_resolve_in_every_form_to_the_cluster_ip() -> None:
     me = pod("me", "10.244.1.2")
     a = pod("a", "10.244.1.3")
-    names = lines(hosts_file(me, [me, a], [svc("store")], REFUSE))
+    api = {
+        "metadata": {"name": "kubernetes", "namespace": "default"},
+        "spec": {"clusterIP": "10.96.0.1", "ports": [{"port": 443}]},
+    }
+    names = lines(hosts_file(me, [me, a], [svc("store"), api], REFUSE))
     for n in ("store", "store.ml", "store.ml.svc", "store.ml.svc.cluster.local"):
         assert names[n] == ["10.96.0.9"]
     assert names["me"] == ["10.244.1.2"]
-    assert names["kubernetes.default.svc"] == ["127.0.0.1"]
+    assert names["kubernetes.default.svc"] == ["10.96.0.1"] and "kubernetes" not in names
 
 
 def test_headless_service_names_resolve_to_ready_backing_pods() -> None:
