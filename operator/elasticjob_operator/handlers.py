@@ -145,6 +145,9 @@ def _sweep(kube: Kube) -> None:
 def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     global _kube
     settings.posting.level = logging.WARNING
+    # One log line per decision (ours), not one per watch event or liveness probe.
+    logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     # No CRD/namespace observation: the CRD is installed with the chart before the operator
     # starts, and the namespaces are given; so RBAC needs nothing cluster-scoped.
     settings.scanning.disabled = True
