@@ -3,13 +3,15 @@
 Every step all-reduces a one over gloo (so the sum is the world size every rank
 really sees) and appends one JSON line per rank to ``$RDZV_TEST_OUT/steps.jsonl``.
 Rank 0 records the next step in ``$RDZV_TEST_OUT/step`` so a restarted group
-resumes where the last one stopped instead of from zero.
+resumes where the last one stopped instead of from zero. SIGUSR1 makes a worker
+fail the way a collective fails when a peer vanishes: a Python exception, exit 1.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -17,7 +19,12 @@ import torch
 import torch.distributed as dist
 
 
+def fail_like_a_broken_collective(signum: int, frame: object) -> None:
+    raise RuntimeError("simulated: all_reduce failed because a peer vanished")
+
+
 def main() -> None:
+    signal.signal(signal.SIGUSR1, fail_like_a_broken_collective)
     out = Path(os.environ["RDZV_TEST_OUT"])
     steps = int(os.environ.get("RDZV_TEST_STEPS", "30"))
     pause = float(os.environ.get("RDZV_TEST_PAUSE", "0.2"))

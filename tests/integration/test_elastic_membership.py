@@ -159,11 +159,11 @@ class Job:
 
 
 @pytest.fixture
-def job_factory(etcd: EtcdServer, tmp_path: Path) -> Iterator[Callable[[int], Job]]:
+def job_factory(etcd: EtcdServer, tmp_path: Path) -> Iterator[Callable[..., Job]]:
     jobs: list[Job] = []
 
-    def make(steps: int) -> Job:
-        job = Job(etcd, tmp_path / f"job{len(jobs)}", steps)
+    def make(steps: int, pause: float = 0.15) -> Job:
+        job = Job(etcd, tmp_path / f"job{len(jobs)}", steps, pause)
         job.out.mkdir()
         jobs.append(job)
         return job
@@ -180,11 +180,11 @@ def assert_every_step_saw_its_world(job: Job) -> None:
 
 
 def test_three_agents_one_killed_the_other_two_continue_at_world_size_two(
-    job_factory: Callable[[int], Job],
+    job_factory: Callable[..., Job],
 ) -> None:
     job = job_factory(120)
     for _ in range(3):
-        job.start("2:3")
+        job.start("2:3", max_restarts=0)
     job.wait_for(
         "3 nodes training", lambda: job.first(lambda s: s["world"] == 3 and s["step"] >= 5), 180
     )
@@ -211,8 +211,37 @@ def test_three_agents_one_killed_the_other_two_continue_at_world_size_two(
     assert_every_step_saw_its_world(job)
 
 
+def test_a_worker_failure_caused_by_a_lost_peer_spends_no_restart(
+    job_factory: Callable[..., Job],
+) -> None:
+    # No restarts to spend: the survivor's worker fails (as gloo does when a peer
+    # dies mid-collective) just before the peer's lease runs out. Stock torch would
+    # charge that to this node and, with none left, end the job.
+    job = job_factory(120)
+    for _ in range(3):
+        job.start("2:3", max_restarts=0)
+    job.wait_for(
+        "3 nodes training", lambda: job.first(lambda s: s["world"] == 3 and s["step"] >= 5), 180
+    )
+    survivor_workers = descendants(job.agents[0].proc.pid)
+    assert survivor_workers
+    failed_at = time.time()
+    for pid in survivor_workers:
+        os.kill(pid, signal.SIGUSR1)
+    time.sleep(0.1)
+    job.agents[2].kill_node()
+    job.wait_for(
+        "the survivors to train at world size 2",
+        lambda: job.first(lambda s: s["t"] > failed_at and s["world"] == 2),
+        60,
+    )
+    assert job.wait_exit(job.agents[:2], 240) == [0, 0]
+    assert "not counted as a restart" in job.agents[0].log.read_text()
+    assert max(s["step"] for s in job.lines()) == job.steps - 1
+
+
 def test_a_node_that_vanishes_silently_is_dropped_in_seconds_not_a_collective_timeout(
-    job_factory: Callable[[int], Job],
+    job_factory: Callable[..., Job],
 ) -> None:
     # The survivors' gloo peers never see a reset connection, so without the lease
     # they would sit in all_reduce until the collective timeout (pytorch#111646).
@@ -238,7 +267,7 @@ def test_a_node_that_vanishes_silently_is_dropped_in_seconds_not_a_collective_ti
 
 
 def test_an_agent_started_mid_run_joins_and_the_world_grows(
-    job_factory: Callable[[int], Job],
+    job_factory: Callable[..., Job],
 ) -> None:
     job = job_factory(120)
     job.start("2:3")
@@ -263,7 +292,7 @@ def test_an_agent_started_mid_run_joins_and_the_world_grows(
 
 
 def test_a_killed_worker_restarts_the_group_which_resumes_where_it_stopped(
-    job_factory: Callable[[int], Job],
+    job_factory: Callable[..., Job],
 ) -> None:
     job = job_factory(60)
     job.start("2:2")
@@ -287,9 +316,14 @@ def test_a_killed_worker_restarts_the_group_which_resumes_where_it_stopped(
     assert again["step"] >= last_step - 1, "the restarted group did not resume"
     assert job.wait_exit(job.agents, 240) == [0, 0]
     assert max(s["step"] for s in job.lines()) == job.steps - 1
+    # Only the node whose worker died spends a restart; its peer merely regrouped.
+    after = [s for s in job.lines() if s["t"] >= again["t"]]
+    origin, peer = job.agents[0].proc.pid, job.agents[1].proc.pid
+    assert {s["restart"] for s in after if s["agent"] == origin} == {1}
+    assert {s["restart"] for s in after if s["agent"] == peer} == {0}
 
 
-def test_plain_torchrun_runs_a_two_node_job_on_etcd_v3(job_factory: Callable[[int], Job]) -> None:
+def test_plain_torchrun_runs_a_two_node_job_on_etcd_v3(job_factory: Callable[..., Job]) -> None:
     job = job_factory(8)
     torchrun = [sys.executable, "-m", "torch.distributed.run"]
     job.start("2", launcher=torchrun, max_restarts=0)

@@ -6,7 +6,9 @@ environment, torch's ``LocalElasticAgent`` runs the workers), with three changes
 * the rendezvous backend defaults to ``etcd-v3`` (``PET_RDZV_BACKEND`` still wins);
 * the pod IP the operator injects is the default ``--local-addr``;
 * bad configuration (a node range with min > max, an unknown backend, an etcd that
-  does not answer) stops before anything starts, with one line saying what to fix.
+  does not answer) stops before anything starts, with one line saying what to fix;
+* with etcd-v3, workers that fail because a peer left do not use up ``--max-restarts``
+  (:mod:`elasticjob_runtime.agent`).
 """
 
 from __future__ import annotations
@@ -130,10 +132,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     # torch 2.13's agent-shared TCPStore crashed c10d scale-up (DESIGN.md); ours never shares.
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
 
+    import torch.distributed.launcher.api as launcher_api
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous import RendezvousError
     from torch.distributed.run import run
 
+    from elasticjob_runtime.agent import MembershipAwareAgent
+
+    # torch's launch_agent builds a LocalElasticAgent by this module-level name; ours
+    # is a subclass that does not charge restarts for peers that left (see agent.py).
+    launcher_api.LocalElasticAgent = MembershipAwareAgent  # type: ignore[attr-defined]
     try:
         run(args)  # type: ignore[no-untyped-call]
     except ChildFailedError as exc:

@@ -289,6 +289,21 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
         log.info("etcd-v3: %s restarts its workers: %s", self.node, self._restart_why)
         return 1
 
+    def wait_for_membership_change(self, timeout: float) -> str | None:
+        """Why this node must move to a new round, waiting up to ``timeout`` to find out."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.num_nodes_waiting() > 0:
+                return self._restart_why
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            self._changed.wait(left)
+
+    @property
+    def lease_ttl(self) -> int:
+        return self._lease_ttl
+
     def is_closed(self) -> bool:
         try:
             _, current, _, _ = self._read()
