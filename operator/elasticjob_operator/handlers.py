@@ -51,6 +51,8 @@ def _env_float(name: str, default: float) -> float:
 NAMESPACES = [n for n in os.environ.get("ELASTICJOB_NAMESPACES", "").split(",") if n.strip()]
 RESYNC_SECONDS = _env_float("ELASTICJOB_RESYNC_SECONDS", 10.0)
 METRICS_PORT = int(_env_float("ELASTICJOB_METRICS_PORT", 8000))
+# loopback unless told otherwise (the chart sets 0.0.0.0 inside the operator's pod)
+METRICS_ADDR = os.environ.get("ELASTICJOB_METRICS_ADDR", "127.0.0.1")
 CONFIG = Config(below_min_grace_seconds=_env_float("ELASTICJOB_BELOW_MIN_GRACE_SECONDS", 300.0))
 
 _kube: Kube | None = None
@@ -159,7 +161,7 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     _kube = Kube()
     _stop.clear()
     if METRICS_PORT:
-        metrics.serve(METRICS_PORT)
+        metrics.serve(METRICS_PORT, METRICS_ADDR)
     threading.Thread(target=_sweep, args=(_kube,), name="elasticjob-resync", daemon=True).start()
 
 

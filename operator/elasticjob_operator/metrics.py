@@ -33,5 +33,5 @@ def set_phases(phases: Iterable[str]) -> None:
         JOBS.labels(phase=phase).set(tally.get(phase, 0))
 
 
-def serve(port: int, addr: str = "0.0.0.0") -> None:
+def serve(port: int, addr: str = "127.0.0.1") -> None:
     start_http_server(port, addr=addr)
