@@ -244,6 +244,13 @@ class Agent:
                 os.kill(pid, signal.SIGKILL)
         self.proc.wait(timeout=30)
 
+    def freeze(self) -> None:
+        """SIGSTOP the agent and its workers: a node that vanishes without closing a socket
+        (``Job.stop`` SIGKILLs them later; a stopped process still dies on SIGKILL)."""
+        for pid in [self.proc.pid, *descendants(self.proc.pid)]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+
 
 @dataclass
 class Job:

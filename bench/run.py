@@ -6,6 +6,8 @@ timestamp), same machine, a real etcd on loopback. Scenarios:
 * ``worker-kill``: 2 agents (``--nnodes=2:2``); SIGKILL one agent's worker process.
 * ``node-kill``:   3 agents (``--nnodes=2:3``); SIGKILL one agent and its worker together.
 * ``scale-up``:    2 agents (``--nnodes=2:3``) training; start a third agent.
+* ``node-freeze`` (not run by default): like node-kill, but SIGSTOP: a node that vanishes
+  without closing its connections, so no peer sees a reset socket.
 
 Recovery time is from the kill to the first training step completed after it by a
 worker process started after it (an old worker finishing a step already in flight does
@@ -49,7 +51,8 @@ from bench.harness import (
 )
 
 RESULTS = REPO / "bench" / "results"
-SCENARIOS = ("worker-kill", "node-kill", "scale-up")
+SCENARIOS = ("worker-kill", "node-kill", "scale-up", "node-freeze")
+DEFAULT_SCENARIOS = SCENARIOS[:3]  # node-freeze costs torchrun its full --recover-timeout
 DEFAULT_LAUNCHERS = ("elasticjob-run", "torchrun-c10d")
 CHECKPOINT_INTERVAL = 20
 WARMUP_STEPS = 2 * CHECKPOINT_INTERVAL  # a checkpoint exists before any fault
@@ -71,6 +74,8 @@ class Result:
     seconds: float | None = None  # fault (or join) -> first step after it
     steps_redone: int | None = None  # steps trained again after the restore
     worker_startup: float | None = None  # of ``seconds``: new worker's exec -> restored
+    load: float | None = None  # 1-minute load average when the fault was injected
+    gave_up_after: float | None = None  # no recovery within this many seconds of the fault
     world_before: int | None = None
     world_after: int | None = None
     error: str | None = None
@@ -116,6 +121,7 @@ def run_scenario(
     nnodes, agents, world_after = {
         "worker-kill": ("2:2", 2, 2),
         "node-kill": ("2:3", 3, 2),
+        "node-freeze": ("2:3", 3, 2),
         "scale-up": ("2:3", 2, 3),
     }[scenario]
     job = Job(launcher, workdir, endpoint, nnodes, TRAIN_ARGS, run_id)
@@ -125,6 +131,7 @@ def run_scenario(
         wait_for(f"training at world size {agents}", lambda: steady(job, agents), limits.start)
         job.remember_pids()
         result.world_before = agents
+        result.load = round(os.getloadavg()[0], 2)
         old_pids = {s.pid for s in job.steps()}
         if scenario == "worker-kill":
             victim = job.agents[-1]
@@ -133,19 +140,26 @@ def run_scenario(
             fault_at = time.time()
             for pid in workers:
                 os.kill(pid, 9)
-        elif scenario == "node-kill":
+        elif scenario in ("node-kill", "node-freeze"):
             for agent in job.agents:
                 old_pids.update(agent.workers())
             fault_at = time.time()
-            job.agents[-1].kill_node()
+            if scenario == "node-kill":
+                job.agents[-1].kill_node()
+            else:
+                job.agents[-1].freeze()
         else:
             fault_at = time.time()
             job.start_agent()
-        after = wait_for(
-            f"a training step after the {scenario}",
-            lambda: first_step_after(job.steps(), fault_at, old_pids, world_after),
-            limits.recover,
-        )
+        try:
+            after = wait_for(
+                f"a training step after the {scenario}",
+                lambda: first_step_after(job.steps(), fault_at, old_pids, world_after),
+                limits.recover,
+            )
+        except TimeoutError:
+            result.gave_up_after = limits.recover
+            raise
         result.seconds = round(after.t - fault_at, 2)
         startup = [secs for t, secs in job.startups() if fault_at < t <= after.t]
         result.worker_startup = startup[-1] if startup else None
@@ -174,6 +188,8 @@ def summarize(results: Sequence[Result]) -> dict[str, dict[str, dict[str, Any]]]
         )
         if r.seconds is None:
             cell["failures"].append(r.error)
+            if r.gave_up_after is not None:
+                cell.setdefault("gave_up_after", []).append(r.gave_up_after)
         else:
             cell["seconds"].append(r.seconds)
             if r.steps_redone is not None:
@@ -194,6 +210,8 @@ def format_cell(cell: dict[str, Any] | None) -> str:
     if cell is None:
         return "-"
     if cell["median"] is None:
+        if len(cell.get("gave_up_after", [])) == len(cell["failures"]):
+            return f"> {min(cell['gave_up_after']):.0f} s (no step, n={len(cell['failures'])})"
         return f"failed ({len(cell['failures'])})"
     text = f"{cell['median']:.1f} s"
     if cell["n"] > 1:
@@ -206,6 +224,7 @@ def format_cell(cell: dict[str, Any] | None) -> str:
 LABELS = {
     "worker-kill": "SIGKILL a worker -> next step",
     "node-kill": "SIGKILL an agent (3->2) -> next step",
+    "node-freeze": "SIGSTOP an agent (3->2) -> next step",
     "scale-up": "agent joins (2->3) -> step at 3",
 }
 
@@ -247,7 +266,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--quick", action="store_true", help="one repetition (default: --reps)")
     p.add_argument("--reps", type=int, default=2, help="repetitions per launcher and scenario")
     p.add_argument("--launchers", nargs="+", default=list(DEFAULT_LAUNCHERS), choices=LAUNCHERS)
-    p.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), choices=SCENARIOS)
+    p.add_argument(
+        "--scenarios",
+        nargs="+",
+        default=list(DEFAULT_SCENARIOS),
+        choices=SCENARIOS,
+        help="node-freeze (a node that vanishes without closing its sockets) is not in the "
+        "default set: torchrun sits in the collective until its timeout",
+    )
     p.add_argument("--start-timeout", type=float, default=240.0, help="seconds to start training")
     p.add_argument("--recover-timeout", type=float, default=150.0, help="seconds to recover")
     p.add_argument("--out", type=Path, default=RESULTS, help="directory for the JSON results")
@@ -285,7 +311,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     doc = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": "python -m bench.run " + " ".join(sys.argv[1:] if argv is None else argv),
-        "machine": info,
+        "machine": {**info, "loadavg_at_end": list(os.getloadavg())},
         "train_args": TRAIN_ARGS,
         "seconds_total": round(time.monotonic() - started, 1),
         "summary": summary,

@@ -48,3 +48,12 @@ def test_summary_keeps_failures_apart_from_timings() -> None:
     assert summary["torchrun-c10d"]["node-kill"]["failures"] == ["no step within 150s"]
     text = table(summary, ["elasticjob-run", "torchrun-c10d"])
     assert "6.0 s (5.0-7.0, n=2)" in text and "failed (1)" in text and "3.5 s" in text
+
+
+def test_a_run_that_never_recovers_shows_as_a_lower_bound_not_a_time() -> None:
+    results = [
+        Result("torchrun-c10d", "node-freeze", 0, error="no step", gave_up_after=150.0),
+        Result("elasticjob-run", "node-freeze", 0, seconds=4.2),
+    ]
+    text = table(summarize(results), ["elasticjob-run", "torchrun-c10d"])
+    assert "> 150 s (no step, n=1)" in text and "4.2 s" in text
