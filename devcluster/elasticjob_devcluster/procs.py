@@ -122,6 +122,10 @@ def stop(records: Sequence[ProcessRecord], grace_seconds: float = 10.0) -> None:
             time.sleep(0.1)
     for record in pending:
         _signal_group(record, signal.SIGKILL)
+    # SIGKILL is asynchronous: wait (briefly) until the kernel has taken the groups down
+    deadline = time.monotonic() + 5.0
+    while alive_groups(pending) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def _leader_reused(record: ProcessRecord) -> bool:
@@ -131,3 +135,31 @@ def _leader_reused(record: ProcessRecord) -> bool:
 def alive_groups(records: Sequence[ProcessRecord]) -> list[ProcessRecord]:
     """Records whose process group still has a live member."""
     return [r for r in records if not _leader_reused(r) and _group_alive(r.pid)]
+
+
+# Helper processes that multiprocessing starts beside the real workers.
+HELPER_MARKERS = ("resource_tracker", "semaphore_tracker", "forkserver")
+
+
+def newest_worker_child(pid: int) -> tuple[int, str] | None:
+    """The newest live child of ``pid`` that runs python and is not one of
+    multiprocessing's helpers: for a launcher such as torchrun, a training worker.
+    Returns (pid, command line) or None."""
+    best: tuple[int, int, str] | None = None
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+        except (OSError, UnicodeDecodeError):
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if fields[0] == "Z" or int(fields[1]) != pid:
+            continue
+        if "python" not in cmdline or any(m in cmdline for m in HELPER_MARKERS):
+            continue
+        ticks = int(fields[19])
+        if best is None or ticks > best[0]:
+            best = (ticks, int(entry.name), cmdline)
+    return None if best is None else (best[1], best[2])
