@@ -68,6 +68,20 @@ def parse_step_line(line: str) -> StepLine | None:
         return None
 
 
+def parse_start_time(line: str) -> float | None:
+    """When a worker (re)started training: the example's ``resumed from step`` /
+    ``starting fresh`` line carries ``t=<unix time>``."""
+    if "resumed from step" not in line and "starting fresh" not in line:
+        return None
+    for token in line.split():
+        if token.startswith("t="):
+            try:
+                return float(token[2:])
+            except ValueError:
+                return None
+    return None
+
+
 def parse_result(line: str) -> Obj | None:
     """The example's final ``ELASTICJOB_RESULT {json}`` line."""
     _, sep, payload = line.partition("ELASTICJOB_RESULT ")
@@ -85,6 +99,7 @@ class Demo:
     cluster: DevCluster
     kubeconfig: Path
     started: float = field(default_factory=time.monotonic)
+    shown_events: set[str] = field(default_factory=set)
     custom: client.CustomObjectsApi = field(init=False)
     core: client.CoreV1Api = field(init=False)
 
@@ -139,9 +154,8 @@ class Demo:
             lines += text.splitlines()
         return lines
 
-    def step_lines(self) -> list[StepLine]:
-        parsed = (parse_step_line(line) for line in self.worker_logs())
-        return sorted((p for p in parsed if p is not None), key=lambda p: p.time)
+    def last_logged_step(self) -> int:
+        return max((p.step for p in map(parse_step_line, self.worker_logs()) if p), default=0)
 
     def result(self) -> Obj | None:
         for line in self.worker_logs():
@@ -155,18 +169,22 @@ class Demo:
         return any(c.get("type") == "Succeeded" and c.get("status") == "True" for c in conditions)
 
     def moved_past(self, fault: Fault) -> StepLine | None:
-        """The first logged step beyond the fault's step, done after the fault."""
-        for line in self.step_lines():
-            if line.time > fault.injected_at and line.step > fault.at_step:
-                return line
-        return None
+        """The first step beyond the fault's step logged by workers that (re)started after
+        the fault: steps the old round still logged while it wound down do not count."""
+        lines = self.worker_logs()
+        starts = [t for t in map(parse_start_time, lines) if t is not None]
+        restarted = min((t for t in starts if t > fault.injected_at), default=None)
+        if restarted is None:
+            return None
+        steps = sorted(filter(None, map(parse_step_line, lines)), key=lambda p: p.time)
+        return next((p for p in steps if p.time > restarted and p.step > fault.at_step), None)
 
     def events(self, limit: int = 3) -> list[str]:
         items = self.core.list_namespaced_event(NAMESPACE).items
         items.sort(key=event_time)
         return [f"{e.reason}: {e.message}" for e in items[-limit:]]
 
-    def show(self, last_events: list[str]) -> list[str]:
+    def show(self) -> None:
         job = self.job()
         status: Obj = job.get("status") or {}
         progress: Obj = status.get("progress") or {}
@@ -178,17 +196,15 @@ class Demo:
             f"samples/s={float(progress.get('samplesPerSecond') or 0):.0f}"
         )
         self.say(line)
-        events = self.events()
-        for event in events:
-            if event not in last_events:
+        for event in self.events():
+            if event not in self.shown_events:
+                self.shown_events.add(event)
                 print(f"          event  {event}", flush=True)
-        return events
 
     def watch_until(self, what: str, done: Callable[[], bool], timeout: float) -> None:
         deadline = time.monotonic() + timeout
-        seen: list[str] = []
         while time.monotonic() < deadline:
-            seen = self.show(seen)
+            self.show()
             if done():
                 return
             time.sleep(2)
@@ -207,8 +223,9 @@ def demo_manifest(steps: int) -> str:
     worker = doc["spec"]["replicaSpecs"]["Worker"]
     worker["replicas"] = 2
     container = worker["template"]["spec"]["containers"][0]
-    env = [e for e in container.get("env", []) if e["name"] != "TRAIN_STEPS"]
-    container["env"] = [*env, {"name": "TRAIN_STEPS", "value": str(steps)}]
+    settings = {"TRAIN_STEPS": str(steps), "TRAIN_EPOCHS": "1000"}  # steps decide the end
+    env = [e for e in container.get("env", []) if e["name"] not in settings]
+    container["env"] = [*env, *({"name": k, "value": v} for k, v in settings.items())]
     return yaml.safe_dump(doc)
 
 
@@ -259,7 +276,7 @@ def run_demo(demo: Demo, steps: int) -> list[Fault]:
         if demo.succeeded():
             demo.say(f"training finished before '{fault.name}'; raise --steps to see it")
             break
-        fault.at_step = max((line.step for line in demo.step_lines()), default=0)
+        fault.at_step = demo.last_logged_step()
         demo.say(f"FAULT: {fault.name} (last logged step {fault.at_step})")
         fault.injected_at = time.time()
         fault.inject()
@@ -306,7 +323,7 @@ def summary(demo: Demo, injected: list[Fault]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--dir", type=Path, default=REPO / ".devcluster-demo")
-    parser.add_argument("--steps", type=int, default=900, help="training steps of the job")
+    parser.add_argument("--steps", type=int, default=700, help="training steps of the job")
     args = parser.parse_args(argv)
     cluster = DevCluster(args.dir)
     print("starting the devcluster (kube-apiserver, controller-manager, etcd, 2 nodes)")
