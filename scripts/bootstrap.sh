@@ -31,12 +31,17 @@ if [[ ! -x "$venv/bin/python" ]]; then
 fi
 if [[ "$(cat "$venv/.elasticjob-stamp" 2>/dev/null)" != "$stamp_src" ]]; then
   log "pip install -e .[dev] (first time downloads torch, a few GB)"
-  "$venv/bin/pip" install -q -U pip setuptools wheel
-  "$venv/bin/pip" install -q -c "$repo/constraints.txt" -e "$repo[dev]"
+  pip_log="$cache/pip-install.log"
+  if ! { "$venv/bin/pip" install -U pip setuptools wheel &&
+         "$venv/bin/pip" install -c "$repo/constraints.txt" -e "$repo[dev]"; } >"$pip_log" 2>&1; then
+    tail -n 30 "$pip_log" >&2
+    log "pip install failed; full log: $pip_log"
+    exit 1
+  fi
   echo "$stamp_src" > "$venv/.elasticjob-stamp"
 else
   # the editable install points at this checkout (a fresh clone may live elsewhere)
-  "$venv/bin/python" - "$repo" <<'PY' || "$venv/bin/pip" install -q --no-deps -e "$repo"
+  "$venv/bin/python" - "$repo" <<'PY' || "$venv/bin/pip" install -q --no-deps -e "$repo" >/dev/null 2>&1
 import sys, pathlib, elasticjob_runtime
 sys.exit(0 if pathlib.Path(elasticjob_runtime.__file__).resolve().is_relative_to(pathlib.Path(sys.argv[1]).resolve()) else 1)
 PY
