@@ -4,6 +4,7 @@ Every agent listens on `<cluster dir>/nodes/<node>/control.sock` (one JSON reque
 one JSON reply per connection). Pod faults find the agent running the pod themselves.
 
     kill_container(dir, "default", "worker-0")      # SIGKILL; restartPolicy decides
+    kill_worker_process(dir, "default", "worker-0")  # SIGKILL one training process in it
     cut_network(dir, "default", "worker-0")          # veth down both ends (and API access)
     restore_network(dir, "default", "worker-0")
     set_node_ready(dir, "node-2", False)             # stop heartbeats; processes keep running
@@ -79,6 +80,19 @@ def kill_container(
     if container:
         req["container"] = container
     killed: list[int] = pod_call(state_dir, namespace, pod, req)["killed"]
+    return killed
+
+
+def kill_worker_process(
+    state_dir: Path, namespace: str, pod: str, container: str | None = None
+) -> int:
+    """SIGKILL one training process inside a container: the newest python child of the
+    container's main process (for `elasticjob-run`/torchrun, a worker), not the container.
+    The launcher is left to notice. Returns the pid killed."""
+    req: dict[str, Any] = {"op": "kill-worker"}
+    if container:
+        req["container"] = container
+    killed: int = pod_call(state_dir, namespace, pod, req)["killed"]
     return killed
 
 

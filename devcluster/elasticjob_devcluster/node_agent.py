@@ -1243,6 +1243,17 @@ class Agent:
                 "node": self.node,
                 **({} if killed else {"error": "no running container matched"}),
             }
+        if op == "kill-worker":
+            # one training process inside the container (a child of its main process,
+            # e.g. of elasticjob-run), not the container: the launcher must notice
+            name = req.get("container") or next(iter(rt.procs), "")
+            proc = rt.procs.get(name)
+            child = procs.newest_worker_child(proc.pid) if proc is not None else None
+            if child is None:
+                return {"ok": False, "error": f"container {name!r} has no python child process"}
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child[0], signal.SIGKILL)
+            return {"ok": True, "killed": child[0], "cmdline": child[1], "node": self.node}
         if op == "network":
             up = bool(req.get("up"))
             network.set_pod_network(self.args.cluster_network, rt.uid, up)
