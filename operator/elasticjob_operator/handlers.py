@@ -53,7 +53,10 @@ RESYNC_SECONDS = _env_float("ELASTICJOB_RESYNC_SECONDS", 10.0)
 METRICS_PORT = int(_env_float("ELASTICJOB_METRICS_PORT", 8000))
 # loopback unless told otherwise (the chart sets 0.0.0.0 inside the operator's pod)
 METRICS_ADDR = os.environ.get("ELASTICJOB_METRICS_ADDR", "127.0.0.1")
-CONFIG = Config(below_min_grace_seconds=_env_float("ELASTICJOB_BELOW_MIN_GRACE_SECONDS", 300.0))
+CONFIG = Config(
+    below_min_grace_seconds=_env_float("ELASTICJOB_BELOW_MIN_GRACE_SECONDS", 300.0),
+    node_lost_grace_seconds=_env_float("ELASTICJOB_NODE_LOST_GRACE_SECONDS", 10.0),
+)
 
 _kube: Kube | None = None
 _locks: dict[tuple[str, str], threading.Lock] = {}

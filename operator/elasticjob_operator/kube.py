@@ -153,7 +153,9 @@ class Kube:
 
     def _delete(self, ns: str, child: ChildRef) -> None:
         try:
-            if child.kind == "Pod":
+            if child.kind == "Pod" and child.force:
+                self.core.delete_namespaced_pod(child.name, ns, grace_period_seconds=0)
+            elif child.kind == "Pod":
                 self.core.delete_namespaced_pod(child.name, ns)
             elif child.kind == "Service":
                 self.core.delete_namespaced_service(child.name, ns)

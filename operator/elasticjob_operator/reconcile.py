@@ -17,6 +17,13 @@ Rules
   on a trainer exit code 1-127 and otherwise acts as OnFailure. A failed pod is first
   deleted (its name is stable), then re-created once it is gone; ``restartCount`` counts
   re-creations.
+* A pod on a lost node: when the node lifecycle controller has marked a pod not ready
+  (Ready False while its containers were last reported ready: a kubelet never reports
+  that itself) for ``node_lost_grace_seconds``, the node has stopped answering. Its
+  kubelet will never confirm a deletion, so the pod is force-deleted (grace 0) and, if it
+  was not already being deleted, counted as a failed worker and replaced as above.
+  Without this the pod object stays Running (or Terminating) for ever and the index is
+  never refilled.
 * Scaling: pods at index ``>= replicas`` are deleted (highest index first, since they are
   the ones past the end); missing indexes below it are created.
 * Suspend deletes every worker pod and keeps the job; resuming starts a new incarnation
@@ -69,6 +76,7 @@ class Config:
     """Operator-wide settings (from the chart's values)."""
 
     below_min_grace_seconds: float = 300.0
+    node_lost_grace_seconds: float = 10.0
 
 
 @dataclass(frozen=True)
@@ -83,6 +91,30 @@ class ObservedPod:
     reason: str = ""
     incarnation: int = 0
     foreign: bool = False  # carries our labels but another owner: never touched
+    node_lost_since: datetime | None = None  # marked not ready by the node controller
+
+
+def node_lost_since(pod: Obj) -> datetime | None:
+    """When the node lifecycle controller marked this pod not ready, or None.
+
+    That controller flips only the Ready condition of the pods on a node that stopped
+    answering; the kubelet itself reports Ready False only together with ContainersReady
+    False (or, with readiness gates, reason ReadinessGatesNotReady)."""
+    status = pod.get("status") or {}
+    if status.get("phase") in ("Succeeded", "Failed"):
+        return None
+    conds = {c.get("type"): c for c in status.get("conditions") or []}
+    ready, containers = conds.get("Ready") or {}, conds.get("ContainersReady") or {}
+    if (
+        ready.get("status") != "False"
+        or containers.get("status") != "True"
+        or ready.get("reason") == "ReadinessGatesNotReady"
+    ):
+        return None
+    try:
+        return datetime.fromisoformat(str(ready["lastTransitionTime"]).replace("Z", "+00:00"))
+    except (KeyError, ValueError):
+        return None
 
 
 @dataclass(frozen=True)
@@ -104,6 +136,7 @@ class Event:
 class ChildRef:
     kind: Literal["Pod", "Service", "Deployment"]
     name: str
+    force: bool = False  # delete with grace 0: no kubelet is left to confirm it
 
 
 @dataclass
@@ -162,6 +195,7 @@ def observe_pod(pod: Obj, job_uid: str) -> ObservedPod | None:
         reason=str(status.get("reason") or ""),
         incarnation=incarnation,
         foreign=foreign,
+        node_lost_since=node_lost_since(pod),
     )
 
 
@@ -272,13 +306,15 @@ def _count(st: ElasticJobStatus, pods: list[ObservedPod], deleted: set[str]) -> 
     w.succeeded = sum(1 for p in mine if p.phase == "Succeeded")
 
 
-def _delete_pods(d: Decision, pods: list[ObservedPod], deleted: set[str]) -> list[str]:
+def _delete_pods(
+    d: Decision, pods: list[ObservedPod], deleted: set[str], force: bool = False
+) -> list[str]:
     """Delete these pods, highest index first; returns the names."""
     names = []
     for p in sorted(pods, key=lambda p: -p.index):
         if p.foreign or p.terminating or p.name in deleted:
             continue
-        d.delete.append(ChildRef("Pod", p.name))
+        d.delete.append(ChildRef("Pod", p.name, force=force))
         deleted.add(p.name)
         names.append(p.name)
     return names
@@ -411,6 +447,20 @@ def reconcile(
         if etcd not in observed.services:
             d.create.append(builders.etcd_service(ref))
 
+    # -- pods on a lost node: a terminating one is force-deleted (its kubelet is gone);
+    # a live one is a failed worker (below)
+    lost = {
+        p.name
+        for p in pods
+        if not p.foreign
+        and p.node_lost_since is not None
+        and (now - p.node_lost_since).total_seconds() >= config.node_lost_grace_seconds
+    }
+    for gone in pods:
+        if gone.name in lost and gone.terminating:
+            d.delete.append(ChildRef("Pod", gone.name, force=True))
+            d.normal("ForceDeletedPod", f"force-deleted {gone.name}: its node stopped responding")
+
     # -- pods from an older run or past the end: delete
     stale = [p for p in pods if not p.foreign and p.incarnation != st.incarnation]
     names = _delete_pods(d, stale, deleted)
@@ -454,7 +504,8 @@ def reconcile(
         p = current.get(i)
         if p is not None and (p.terminating or p.foreign or p.incarnation != st.incarnation):
             continue  # wait for the old pod to go: the name is stable
-        if p is not None and p.phase != "Failed":
+        on_lost_node = p is not None and p.name in lost
+        if p is not None and p.phase != "Failed" and not on_lost_node:
             continue  # pending, running or succeeded
         pod_name = builders.worker_pod_name(ref.name, i)
         if completing:
@@ -482,6 +533,8 @@ def reconcile(
         code = p.exit_code if p is not None else None
         if p is None:
             why = "was deleted"
+        elif on_lost_node:
+            why = "is on a node that stopped responding"
         elif code is not None:
             why = f"failed with exit code {code}"
         else:
@@ -512,7 +565,7 @@ def reconcile(
             replaced += 1
             d.normal("RestartingWorker", f"worker {pod_name} {why}; replacing it")
         else:
-            _delete_pods(d, [p], deleted)
+            _delete_pods(d, [p], deleted, force=on_lost_node)
             replacing.add(i)
             d.normal("RestartingWorker", f"worker {pod_name} {why}; deleting it to replace it")
 

@@ -741,3 +741,68 @@ def test_random_histories_keep_the_invariants(actions: list[Any], policy: str) -
     w.settle()
     d = w.round()
     assert d.create == [] and d.delete == [] and d.events == []
+
+
+# -- pods on a lost node -----------------------------------------------------------------
+
+
+def pod_with_conditions(
+    ready: str, containers_ready: str, reason: str = "", phase: str = "Running"
+) -> dict[str, Any]:
+    ready_cond = {"type": "Ready", "status": ready, "lastTransitionTime": "2026-01-01T12:00:00Z"}
+    if reason:
+        ready_cond["reason"] = reason
+    containers = {"type": "ContainersReady", "status": containers_ready}
+    return raw_pod(phase=phase, conditions=[ready_cond, containers])
+
+
+def test_a_pod_the_node_controller_marked_not_ready_is_seen_as_on_a_lost_node() -> None:
+    marked = observe_pod(pod_with_conditions("False", "True"), REF.uid)
+    assert marked is not None and marked.node_lost_since == T0
+    # what a kubelet reports itself is not a lost node
+    for pod in (
+        pod_with_conditions("True", "True"),
+        pod_with_conditions("False", "False", reason="ContainersNotReady"),
+        pod_with_conditions("False", "True", reason="ReadinessGatesNotReady"),
+        pod_with_conditions("False", "True", phase="Succeeded"),
+    ):
+        seen = observe_pod(pod, REF.uid)
+        assert seen is not None and seen.node_lost_since is None, pod
+
+
+def lose(w: World, i: int, terminating: bool = False) -> str:
+    name = builders.worker_pod_name(REF.name, i)
+    w.pods[name] = replace(w.pods[name], node_lost_since=w.now, terminating=terminating)
+    return name
+
+
+def test_a_worker_on_a_lost_node_is_force_deleted_after_the_grace_and_replaced() -> None:
+    w = running_world(replicas=2, backoffLimit=3)
+    w.config = Config(below_min_grace_seconds=60, node_lost_grace_seconds=10)
+    name = lose(w, 1)
+    w.advance(5)
+    d = w.round()
+    assert d.delete == [] and d.create == []  # a short blip of the node is tolerated
+    w.advance(5)
+    d = w.round()
+    assert d.delete == [ChildRef("Pod", name, force=True)]
+    assert d.status.replica_statuses.worker.failed == 1
+    assert any("stopped responding" in e.message for e in d.events)
+    w.settle()  # a force-deleted pod is gone at once
+    d = w.round()
+    assert pod_names(d) == [name]
+    assert d.status.restart_count == 1
+
+
+def test_a_terminating_pod_on_a_lost_node_is_force_deleted_not_waited_for() -> None:
+    w = running_world(replicas=2)
+    name = lose(w, 0, terminating=True)  # e.g. evicted, or deleted by a user
+    d = w.round()
+    assert d.delete == []  # within the grace: wait, as for any terminating pod
+    w.advance(10)
+    d = w.round()
+    assert d.delete == [ChildRef("Pod", name, force=True)]
+    assert "ForceDeletedPod" in reasons(d)
+    del w.pods[name]
+    d = w.round()
+    assert pod_names(d) == [name]
