@@ -73,6 +73,7 @@ class Config:
     sleep: float
     threads: int
     collective_timeout: float | None
+    log_samples: int
 
 
 # (flag, env name, type, default, help)
@@ -101,6 +102,14 @@ OPTIONS: tuple[tuple[str, str, type, Any, str], ...] = (
         float,
         None,
         "process-group timeout in seconds (default: torch's)",
+    ),
+    (
+        "--log-samples",
+        "TRAIN_LOG_SAMPLES",
+        int,
+        0,
+        "1: every rank logs the sample indices of every step (`samples step= idx=...`), "
+        "so a test can prove no sample repeats within an epoch across resizes",
     ),
 )
 
@@ -280,6 +289,7 @@ def train(config: Config) -> dict[str, Any] | None:
 
     reporter = reporter_from_env()
     step: int = meta["step"]
+    saved_step = step if resumed is not None else None
     window_loss, window_n = 0.0, 0
     started = time.monotonic()
     for epoch in range(sampler.epoch, config.epochs):
@@ -298,16 +308,20 @@ def train(config: Config) -> dict[str, Any] | None:
             sampler.advance(world * config.batch_size)
             step += 1
             meta.update(step=step, samples=meta["samples"] + global_n)
+            if config.log_samples:
+                log(
+                    f"samples step={step} epoch={epoch} world={world} rank={rank} "
+                    f"idx={','.join(str(i) for i in idx.tolist())} t={time.time():.3f}"
+                )
             if len(idx):
                 window_loss += float(sse.item()) / len(idx)
                 window_n += 1
             ckpt.mark_step(step)
             if step % config.checkpoint_interval == 0:
                 ckpt.save(state(), step)
+                saved_step = step
             if reporter is not None:
-                reporter.update(
-                    step, global_n, epoch=epoch, checkpoint_step=ckpt_step(step, config)
-                )
+                reporter.update(step, global_n, epoch=epoch, checkpoint_step=saved_step)
             if logs and (step % config.log_every == 0 or step == config.steps):
                 mean = window_loss / window_n if window_n else float("nan")
                 log(
@@ -344,11 +358,6 @@ def train(config: Config) -> dict[str, Any] | None:
         }
     dist.destroy_process_group()
     return result
-
-
-def ckpt_step(step: int, config: Config) -> int:
-    """The newest saved step at ``step`` (saves happen every ``checkpoint_interval``)."""
-    return step - step % config.checkpoint_interval
 
 
 def main(argv: Sequence[str] | None = None) -> None:
