@@ -10,36 +10,27 @@ goes through kubectl; every wait is bounded generously (to catch hangs, not to t
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 from elasticjob_manifests import MALFORMED, archived, job, malformed
-from kubernetes import client, config
+from kube_helpers import WAIT, Cluster, Obj, Operator, installed_operator, wait_for
 
 from elasticjob_runtime import contract
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
-T = TypeVar("T")
-Obj = dict[str, Any]
-REPO = Path(__file__).resolve().parents[2]
-CHART = REPO / "charts" / "elasticjob-operator"
-SUFFIX = uuid.uuid4().hex[:6]
 # Unique names, and the operator restricted to its own job namespace (namespaced Roles),
 # so the suite can share a cluster with other users of the CRD.
-RELEASE = f"ejop-{SUFFIX}"
-OP_NS = f"ejop-{SUFFIX}"
+SUFFIX = uuid.uuid4().hex[:6]
+RELEASE = OP_NS = f"ejop-{SUFFIX}"
 JOB_NS = f"ejjobs-{SUFFIX}"
 FULLNAME = f"{RELEASE}-elasticjob-operator"  # the chart's name for its objects
-GROUP, VERSION, PLURAL = "elastic.pytorch.org", "v1alpha1", "elasticjobs"
-WAIT = 180.0
 
 PRINT_ENV_AND_SLEEP = [
     "python",
@@ -51,133 +42,35 @@ PRINT_ENV_AND_SLEEP = [
 ]
 
 
-def wait_for(what: str, check: Callable[[], T | None], timeout: float = WAIT) -> T:
-    deadline = time.monotonic() + timeout
-    last: Exception | None = None
-    while time.monotonic() < deadline:
-        try:
-            value = check()
-            if value:
-                return value
-        except client.ApiException as e:
-            last = e
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last error: {last})")
-
-
-class Cluster:
-    """kubectl/helm as a user runs them, plus API clients for polling."""
-
-    def __init__(self, kubeconfig: Path) -> None:
-        self.kubeconfig = kubeconfig
-        api = config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
-        self.core = client.CoreV1Api(api)
-        self.apps = client.AppsV1Api(api)
-        self.custom = client.CustomObjectsApi(api)
-
-    def run(
-        self, tool: str, *args: str, input: str | None = None, check: bool = True
-    ) -> subprocess.CompletedProcess[str]:
-        out = subprocess.run(
-            [tool, f"--kubeconfig={self.kubeconfig}", *args],
-            input=input,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
-        if check and out.returncode != 0:
-            raise AssertionError(f"{tool} {' '.join(args)} failed:\n{out.stderr}")
-        return out
-
-    def kubectl(self, *args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
-        return self.run("kubectl", *args, **kw)
-
-    def apply(self, ns: str, obj: Obj, check: bool = True) -> subprocess.CompletedProcess[str]:
-        return self.kubectl("-n", ns, "apply", "-f", "-", input=json.dumps(obj), check=check)
-
-    def job(self, ns: str, name: str) -> Obj:
-        got: Obj = self.custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
-        return got
-
-    def status(self, ns: str, name: str) -> Obj:
-        return dict(self.job(ns, name).get("status") or {})
-
-    def workers(self, ns: str, name: str) -> dict[str, Any]:
-        pods = self.core.list_namespaced_pod(
-            ns,
-            label_selector=f"elastic.pytorch.org/job-name={name},"
-            "elastic.pytorch.org/replica-type=worker",
-        ).items
-        return {p.metadata.name: p for p in pods if p.metadata.deletion_timestamp is None}
-
-    def running_workers(self, ns: str, name: str) -> dict[str, Any]:
-        return {n: p for n, p in self.workers(ns, name).items() if p.status.phase == "Running"}
-
-
 @pytest.fixture(scope="module")
 def cluster(kubeconfig: Path) -> Cluster:
     return Cluster(kubeconfig)
 
 
 @pytest.fixture(scope="module")
-def operator(cluster: Cluster) -> Iterator[Cluster]:
+def installed(cluster: Cluster) -> Iterator[Operator]:
     """The chart installed with helm; uninstalled afterwards (the CRD too if we added it)."""
-    crd = f"{PLURAL}.{GROUP}"
-    had_crd = cluster.kubectl("get", "crd", crd, check=False).returncode == 0
-    cluster.core.create_namespace({"metadata": {"name": JOB_NS}})
-    image: list[str] = []
-    if os.environ.get("ELASTICJOB_E2E_OPERATOR_IMAGE"):  # e.g. on kind: a loaded image
-        repo, _, tag = os.environ["ELASTICJOB_E2E_OPERATOR_IMAGE"].rpartition(":")
-        image = ["--set", f"image.repository={repo}", "--set", f"image.tag={tag}"]
-    cluster.run(
-        "helm",
-        "install",
-        RELEASE,
-        str(CHART),
-        "--namespace",
-        OP_NS,
-        "--create-namespace",
-        "--set",
-        "resyncSeconds=2",
-        "--set",
-        f"watchNamespaces={{{JOB_NS}}}",
-        *image,
-        "--wait",
-        "--timeout=240s",
-    )
-    wait_for("the operator pod to run", lambda: operator_pods(cluster, running=True))
-    yield cluster
-    logs = cluster.kubectl("-n", OP_NS, "logs", f"deploy/{FULLNAME}", "--tail=60", check=False)
-    print("operator log tail:\n" + logs.stdout + logs.stderr)
-    cluster.run("helm", "uninstall", RELEASE, "--namespace", OP_NS, "--wait", check=False)
-    for ns in (JOB_NS, OP_NS):
-        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
-    if not had_crd:
-        cluster.kubectl("delete", "crd", crd, "--wait=false", check=False)
+    with installed_operator(cluster, "ej", suffix=SUFFIX) as op:
+        assert (op.release, op.namespace, op.job_namespace) == (RELEASE, OP_NS, JOB_NS)
+        yield op
 
 
-def operator_pods(c: Cluster, running: bool = False) -> list[Any]:
-    pods = c.core.list_namespaced_pod(
-        OP_NS, label_selector="app.kubernetes.io/name=elasticjob-operator"
-    ).items
-    return [
-        p
-        for p in pods
-        if not running or (p.status.phase == "Running" and p.metadata.deletion_timestamp is None)
-    ]
+@pytest.fixture(scope="module")
+def operator(installed: Operator) -> Cluster:
+    return installed.cluster
 
 
 @pytest.fixture
-def ns(operator: Cluster) -> Iterator[str]:
+def ns(installed: Operator) -> Iterator[str]:
     """The watched namespace; the jobs a test started are deleted after it."""
-    before = {j["metadata"]["name"] for j in list_jobs(operator)}
-    yield JOB_NS
-    for j in list_jobs(operator):
+    c, job_ns = installed.cluster, installed.job_namespace
+    before = {j["metadata"]["name"] for j in c.list_jobs(job_ns)}
+    yield job_ns
+    for j in c.list_jobs(job_ns):
         if j["metadata"]["name"] not in before:
-            operator.kubectl(
+            c.kubectl(
                 "-n",
-                JOB_NS,
+                job_ns,
                 "delete",
                 "elasticjob",
                 j["metadata"]["name"],
@@ -186,11 +79,8 @@ def ns(operator: Cluster) -> Iterator[str]:
             )
 
 
-def list_jobs(c: Cluster) -> list[Obj]:
-    items: list[Obj] = c.custom.list_namespaced_custom_object(GROUP, VERSION, JOB_NS, PLURAL)[
-        "items"
-    ]
-    return items
+def operator_pods(c: Cluster, running: bool = False) -> list[Any]:
+    return Operator(c, RELEASE, OP_NS, JOB_NS).pods(running)
 
 
 def start_job(c: Cluster, ns: str, obj: Obj) -> str:
@@ -494,6 +384,45 @@ def test_retryable_failures_are_replaced_until_the_backoff_limit(
     assert status["replicaStatuses"]["Worker"]["failed"] == 3
     described = c.kubectl("-n", ns, "describe", "elasticjob", name).stdout
     assert "exit code 137; deleting it to replace it" in described
+
+
+def test_metrics_are_scrapeable_through_the_charts_service(operator: Cluster, ns: str) -> None:
+    c = operator
+    name = start_job(c, ns, job("metered", PRINT_ENV_AND_SLEEP, replicas=1))
+    wait_for("phase Running", lambda: c.status(ns, name).get("phase") == "Running")
+    url = f"http://{FULLNAME}-metrics.{OP_NS}.svc:8000/metrics"
+    scraper = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "scrape"},
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [
+                {
+                    "name": "scrape",
+                    "image": "python:3.11-slim",
+                    "command": [
+                        "python",
+                        "-c",
+                        "import time, urllib.request\n"
+                        "time.sleep(5)  # two resyncs after the job runs\n"
+                        f"print(urllib.request.urlopen('{url}', timeout=30).read().decode())\n",
+                    ],
+                }
+            ],
+        },
+    }
+    c.apply(ns, scraper)
+    wait_for(
+        "the scrape to finish",
+        lambda: c.core.read_namespaced_pod("scrape", ns).status.phase in ("Succeeded", "Failed"),
+    )
+    body = c.kubectl("-n", ns, "logs", "scrape").stdout
+    running = re.search(r'^elasticjob_jobs\{phase="Running"\} (\S+)$', body, re.M)
+    assert running is not None and float(running.group(1)) >= 1, body[-3000:]
+    count = re.search(r"^elasticjob_reconcile_duration_seconds_count (\S+)$", body, re.M)
+    assert count is not None and float(count.group(1)) > 0
+    c.kubectl("-n", ns, "delete", "pod", "scrape", "--wait=false")
 
 
 # -- validation ------------------------------------------------------------------------------

@@ -1,0 +1,177 @@
+"""What the e2e modules share: kubectl/helm as a user runs them, bounded waits, and the
+operator installed from the chart with helm into namespaces of its own.
+
+Each module installs its own release (unique names, the operator watching only its job
+namespace through namespaced Roles), so modules can share one cluster. The devcluster
+and another cluster differ only in what the environment hands over:
+ELASTICJOB_E2E_KUBECONFIG (conftest.py), ELASTICJOB_E2E_HELM_ARGS (extra `helm install`
+arguments, e.g. the operator image kind was loaded with) and ELASTICJOB_E2E_RUNTIME_IMAGE
+(the workers' image; the devcluster runs commands from this checkout's environment and
+ignores images).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from kubernetes import client, config
+
+T = TypeVar("T")
+Obj = dict[str, Any]
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "elasticjob-operator"
+GROUP, VERSION, PLURAL = "elastic.pytorch.org", "v1alpha1", "elasticjobs"
+WAIT = 180.0
+RUNTIME_IMAGE = os.environ.get("ELASTICJOB_E2E_RUNTIME_IMAGE", "elasticjob-runtime:dev")
+HELM_ARGS = tuple(shlex.split(os.environ.get("ELASTICJOB_E2E_HELM_ARGS", "")))
+
+
+def wait_for(what: str, check: Callable[[], T | None], timeout: float = WAIT) -> T:
+    """Poll ``check`` until it returns something truthy; fail naming ``what``."""
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            value = check()
+            if value:
+                return value
+        except client.ApiException as e:
+            last = e
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last error: {last})")
+
+
+class Cluster:
+    """kubectl/helm as a user runs them, plus API clients for polling."""
+
+    def __init__(self, kubeconfig: Path) -> None:
+        self.kubeconfig = kubeconfig
+        api = config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
+        self.core = client.CoreV1Api(api)
+        self.apps = client.AppsV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
+
+    def run(
+        self, tool: str, *args: str, input: str | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        out = subprocess.run(
+            [tool, f"--kubeconfig={self.kubeconfig}", *args],
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        if check and out.returncode != 0:
+            raise AssertionError(f"{tool} {' '.join(args)} failed:\n{out.stderr}")
+        return out
+
+    def kubectl(self, *args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
+        return self.run("kubectl", *args, **kw)
+
+    def apply(self, ns: str, obj: Obj, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return self.kubectl("-n", ns, "apply", "-f", "-", input=json.dumps(obj), check=check)
+
+    def job(self, ns: str, name: str) -> Obj:
+        got: Obj = self.custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
+        return got
+
+    def status(self, ns: str, name: str) -> Obj:
+        return dict(self.job(ns, name).get("status") or {})
+
+    def list_jobs(self, ns: str) -> list[Obj]:
+        items: list[Obj] = self.custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL)[
+            "items"
+        ]
+        return items
+
+    def workers(self, ns: str, name: str) -> dict[str, Any]:
+        pods = self.core.list_namespaced_pod(
+            ns,
+            label_selector=f"elastic.pytorch.org/job-name={name},"
+            "elastic.pytorch.org/replica-type=worker",
+        ).items
+        return {p.metadata.name: p for p in pods if p.metadata.deletion_timestamp is None}
+
+    def running_workers(self, ns: str, name: str) -> dict[str, Any]:
+        return {n: p for n, p in self.workers(ns, name).items() if p.status.phase == "Running"}
+
+
+@dataclass(frozen=True)
+class Operator:
+    """One helm release of the chart, watching one job namespace."""
+
+    cluster: Cluster
+    release: str
+    namespace: str  # the operator's own
+    job_namespace: str  # the one it watches
+
+    @property
+    def fullname(self) -> str:
+        return f"{self.release}-elasticjob-operator"  # the chart's name for its objects
+
+    def pods(self, running: bool = False) -> list[Any]:
+        pods = self.cluster.core.list_namespaced_pod(
+            self.namespace, label_selector="app.kubernetes.io/name=elasticjob-operator"
+        ).items
+        return [
+            p
+            for p in pods
+            if not running
+            or (p.status.phase == "Running" and p.metadata.deletion_timestamp is None)
+        ]
+
+
+@contextmanager
+def installed_operator(
+    cluster: Cluster, prefix: str, *helm_args: str, suffix: str | None = None
+) -> Iterator[Operator]:
+    """``helm install`` the chart (progress mirrored every 2 s), yield, then uninstall it
+    and delete its namespaces (the CRD too if this install added it)."""
+    suffix = suffix or uuid.uuid4().hex[:6]
+    op = Operator(cluster, f"{prefix}op-{suffix}", f"{prefix}op-{suffix}", f"{prefix}jobs-{suffix}")
+    crd = f"{PLURAL}.{GROUP}"
+    had_crd = cluster.kubectl("get", "crd", crd, check=False).returncode == 0
+    cluster.core.create_namespace({"metadata": {"name": op.job_namespace}})
+    try:
+        cluster.run(
+            "helm",
+            "install",
+            op.release,
+            str(CHART),
+            "--namespace",
+            op.namespace,
+            "--create-namespace",
+            "--set",
+            "resyncSeconds=2",
+            "--set",
+            f"watchNamespaces={{{op.job_namespace}}}",
+            *HELM_ARGS,
+            *helm_args,
+            "--wait",
+            "--timeout=240s",
+        )
+        wait_for("the operator pod to run", lambda: op.pods(running=True))
+        yield op
+    finally:
+        logs = cluster.kubectl(
+            "-n", op.namespace, "logs", f"deploy/{op.fullname}", "--tail=60", check=False
+        )
+        print("operator log tail:\n" + logs.stdout + logs.stderr)
+        cluster.run(
+            "helm", "uninstall", op.release, "--namespace", op.namespace, "--wait", check=False
+        )
+        for ns in (op.job_namespace, op.namespace):
+            cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+        if not had_crd:
+            cluster.kubectl("delete", "crd", crd, "--wait=false", check=False)
