@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -20,7 +21,10 @@ import torch.distributed as dist
 
 
 def fail_like_a_broken_collective(signum: int, frame: object) -> None:
-    raise RuntimeError("simulated: all_reduce failed because a peer vanished")
+    # Exit at once (no slow interpreter teardown) so the agent sees the failure
+    # well before the vanished peer's lease runs out.
+    print("simulated: all_reduce failed because a peer vanished", file=sys.stderr, flush=True)
+    os._exit(1)
 
 
 def main() -> None:
