@@ -249,6 +249,18 @@ def table(summary: dict[str, dict[str, dict[str, Any]]], launchers: Sequence[str
     return "\n".join(lines)
 
 
+def source_state() -> dict[str, Any]:
+    """The commit measured and whether the runtime/example differed from it."""
+    import subprocess
+
+    def git(*args: str) -> str:
+        out = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=30)
+        return out.stdout.strip()
+
+    dirty = git("status", "--porcelain", "--", "trainer-runtime", "examples", "bench")
+    return {"commit": git("rev-parse", "HEAD"), "uncommitted": dirty.splitlines()}
+
+
 def machine() -> dict[str, Any]:
     import torch
 
@@ -312,6 +324,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": "python -m bench.run " + " ".join(sys.argv[1:] if argv is None else argv),
         "machine": {**info, "loadavg_at_end": list(os.getloadavg())},
+        "source": source_state(),
         "train_args": TRAIN_ARGS,
         "seconds_total": round(time.monotonic() - started, 1),
         "summary": summary,

@@ -208,17 +208,17 @@ def default_checkpoint_dir() -> str:
 
 
 def process_start_time() -> float | None:
-    """When this process started (unix seconds), from /proc; None where there is no /proc."""
+    """When this process started (unix seconds), from /proc; None where there is no /proc.
+
+    Measured back from now with /proc/uptime (10 ms ticks): /proc/stat's boot time is
+    whole seconds, too coarse for start-ups of a few seconds.
+    """
     try:
         ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
-        boot = next(
-            int(line.split()[1])
-            for line in Path("/proc/stat").read_text().splitlines()
-            if line.startswith("btime ")
-        )
-    except (OSError, ValueError, IndexError, StopIteration):
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
         return None
-    return boot + ticks / os.sysconf("SC_CLK_TCK")
+    return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
 
 
 class Phases:
