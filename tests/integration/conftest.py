@@ -13,7 +13,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -43,11 +43,44 @@ class EtcdServer:
     version: str
     proc: subprocess.Popen[bytes]
     log: Path
+    cmd: list[str] = field(default_factory=list)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=30)
+
+    def restart(self) -> None:
+        """Kill and start again on the same ports and data (an etcd crash and recovery)."""
+        self.stop()
+        self.proc = _spawn(self.cmd, self.log)
+        _wait_healthy(self)
+
+
+def _spawn(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        cmd, stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True
+    )
+
+
+def _wait_healthy(server: EtcdServer) -> None:
+    from elasticjob_runtime.etcd_client import EtcdClient, EtcdError, parse_endpoint
+
+    probe = EtcdClient(parse_endpoint(server.endpoint), timeout=2)
+    deadline = time.monotonic() + 60
+    try:
+        while True:
+            try:
+                probe.check()
+                return
+            except EtcdError as exc:
+                if server.proc.poll() is not None or time.monotonic() > deadline:
+                    server.stop()
+                    tail = server.log.read_text()[-2000:]
+                    raise RuntimeError(f"etcd {server.version} did not start: {tail}") from exc
+                time.sleep(0.2)
+    finally:
+        probe.close()
 
 
 def start_etcd(version: str, workdir: Path) -> EtcdServer:
@@ -57,46 +90,26 @@ def start_etcd(version: str, workdir: Path) -> EtcdServer:
     client, peer = free_port(), free_port()
     workdir.mkdir(parents=True, exist_ok=True)
     log = workdir / "etcd.log"
-    proc = subprocess.Popen(
-        [
-            str(binary),
-            "--name",
-            "test",
-            "--data-dir",
-            str(workdir / "data"),
-            "--listen-client-urls",
-            f"http://127.0.0.1:{client}",
-            "--advertise-client-urls",
-            f"http://127.0.0.1:{client}",
-            "--listen-peer-urls",
-            f"http://127.0.0.1:{peer}",
-            "--initial-advertise-peer-urls",
-            f"http://127.0.0.1:{peer}",
-            "--initial-cluster",
-            f"test=http://127.0.0.1:{peer}",
-        ],
-        stdout=log.open("wb"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    server = EtcdServer(f"127.0.0.1:{client}", version, proc, log)
-    from elasticjob_runtime.etcd_client import EtcdClient, EtcdError, parse_endpoint
-
-    probe = EtcdClient(parse_endpoint(server.endpoint), timeout=2)
-    deadline = time.monotonic() + 60
-    try:
-        while True:
-            try:
-                probe.check()
-                return server
-            except EtcdError as exc:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    server.stop()
-                    tail = log.read_text()[-2000:]
-                    raise RuntimeError(f"etcd {version} did not start: {tail}") from exc
-                time.sleep(0.2)
-    finally:
-        probe.close()
+    cmd = [
+        str(binary),
+        "--name",
+        "test",
+        "--data-dir",
+        str(workdir / "data"),
+        "--listen-client-urls",
+        f"http://127.0.0.1:{client}",
+        "--advertise-client-urls",
+        f"http://127.0.0.1:{client}",
+        "--listen-peer-urls",
+        f"http://127.0.0.1:{peer}",
+        "--initial-advertise-peer-urls",
+        f"http://127.0.0.1:{peer}",
+        "--initial-cluster",
+        f"test=http://127.0.0.1:{peer}",
+    ]
+    server = EtcdServer(f"127.0.0.1:{client}", version, _spawn(cmd, log), log, cmd)
+    _wait_healthy(server)
+    return server
 
 
 @pytest.fixture(scope="session")

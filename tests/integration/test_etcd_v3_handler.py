@@ -6,9 +6,10 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
-from conftest import EtcdServer
+from conftest import EtcdServer, start_etcd
 from torch.distributed.elastic.rendezvous import (
     RendezvousClosedError,
     RendezvousInfo,
@@ -157,3 +158,28 @@ def test_torch_registry_builds_the_handler_from_torchrun_parameters(etcd: EtcdSe
     info = handler.next_rendezvous()
     assert (info.rank, info.world_size) == (0, 1)
     assert handler.shutdown()
+
+
+def test_membership_is_still_watched_after_etcd_restarts(tmp_path: Path) -> None:
+    server = start_etcd("3.5", tmp_path / "etcd")
+    made: list[tuple[EtcdV3RendezvousHandler, EtcdClient]] = []
+    try:
+        for _ in range(2):
+            client = EtcdClient(parse_endpoint(server.endpoint), timeout=10)
+            handler = EtcdV3RendezvousHandler(client, "restarts", Limits(1, 3, 15), "127.0.0.1")
+            made.append((handler, client))
+        (a, _), (b, _) = made
+        join_all(a, b)
+
+        server.restart()
+        time.sleep(1.0)
+        assert a.num_nodes_waiting() == 0  # nothing changed; a notices its watch is gone
+
+        b._leave()
+        took = wait_until(lambda: a.num_nodes_waiting() > 0, 15)
+        assert took < 10
+    finally:
+        for handler, client in made:
+            handler._leave()
+            client.close()
+        server.stop()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,15 +33,26 @@ class Endpoint:
         return f"{self.host}:{self.port}"
 
 
+def parse_endpoints(text: str, default_port: int = 2379) -> list[Endpoint]:
+    """Parse ``host[:port][,host[:port]...]``, the members of one etcd cluster."""
+    parts = [p for p in text.split(",") if p.strip()]
+    if not parts:
+        raise ValueError("the etcd endpoint is empty; pass host:port, e.g. 127.0.0.1:2379")
+    return [parse_endpoint(p, default_port) for p in parts]
+
+
 def parse_endpoint(text: str, default_port: int = 2379) -> Endpoint:
-    """Parse ``host[:port]`` (an ``http://`` scheme and a trailing ``/`` are tolerated)."""
+    """Parse ``host[:port]`` (an ``http://`` scheme and a trailing ``/`` are tolerated).
+
+    Given a comma-separated list, returns the first; :func:`parse_endpoints` returns all.
+    """
     raw = text.strip()
+    if "," in raw:
+        raw = next((p.strip() for p in raw.split(",") if p.strip()), "")
     for scheme in ("http://", "https://"):
         if raw.startswith(scheme):
             raw = raw[len(scheme) :]
     raw = raw.rstrip("/")
-    if "," in raw:
-        raw = raw.split(",", 1)[0]
     if not raw:
         raise ValueError("the etcd endpoint is empty; pass host:port, e.g. 127.0.0.1:2379")
     host, sep, port_text = raw.rpartition(":")
@@ -84,15 +95,23 @@ def _describe(exc: BaseException) -> str:
 class EtcdClient:
     """A thin, typed face over ``pyetcd`` with the few operations the runtime needs."""
 
-    def __init__(self, endpoint: Endpoint, timeout: float = 5.0) -> None:
-        self.endpoint = endpoint
-        # time_retry=0: pyetcd otherwise refuses a single endpoint for 300 s after one
-        # failed call, which would turn a brief etcd restart into a five-minute outage.
-        channel = _PyEndpoint(endpoint.host, endpoint.port, secure=False, time_retry=0.0)
-        self._client: Any = MultiEndpointEtcd3Client(endpoints=[channel], timeout=timeout)
+    def __init__(self, endpoint: Endpoint | Sequence[Endpoint], timeout: float = 5.0) -> None:
+        endpoints = [endpoint] if isinstance(endpoint, Endpoint) else list(endpoint)
+        if not endpoints:
+            raise ValueError("no etcd endpoint given")
+        self.endpoint = endpoints[0]
+        self._where = ",".join(str(e) for e in endpoints)
+        # pyetcd sets a failed endpoint aside for time_retry seconds (300 by default).
+        # With one endpoint that would turn a brief etcd restart into a five-minute
+        # outage, so retry it at once; with several, fail over for a few seconds.
+        retry = 0.0 if len(endpoints) == 1 else 5.0
+        channels = [_PyEndpoint(e.host, e.port, secure=False, time_retry=retry) for e in endpoints]
+        self._client: Any = MultiEndpointEtcd3Client(
+            endpoints=channels, timeout=timeout, failover=len(endpoints) > 1
+        )
 
     def _fail(self, what: str, exc: BaseException) -> EtcdError:
-        return EtcdError(f"etcd at {self.endpoint}: {what} failed ({_describe(exc)})")
+        return EtcdError(f"etcd at {self._where}: {what} failed ({_describe(exc)})")
 
     def check(self) -> str:
         """Return the server version; raise a one-line error if etcd is unreachable."""
@@ -100,7 +119,7 @@ class EtcdClient:
             return str(self._client.status().version)
         except (pyetcd.exceptions.Etcd3Exception, grpc.RpcError) as exc:
             raise EtcdError(
-                f"cannot reach etcd at {self.endpoint} ({_describe(exc)}); start etcd there "
+                f"cannot reach etcd at {self._where} ({_describe(exc)}); start etcd there "
                 "or point --rdzv-endpoint / PET_RDZV_ENDPOINT at a running etcd"
             ) from exc
 
@@ -194,15 +213,22 @@ class EtcdClient:
             raise self._fail("lease revoke", exc) from exc
 
     def watch_prefix(
-        self, prefix: str, start_revision: int, on_change: Callable[[], None]
+        self,
+        prefix: str,
+        start_revision: int,
+        on_change: Callable[[], None],
+        on_error: Callable[[], None] | None = None,
     ) -> Callable[[], None]:
         """Call ``on_change`` on every change under ``prefix`` from ``start_revision``.
 
-        Errors (a lost stream, a compacted revision) also call it, so callers
-        re-read and never miss a change. Returns a function that cancels the watch.
+        Errors (a lost stream, a compacted revision) end the watch: they call
+        ``on_error`` and then ``on_change``, so callers re-read (and watch again)
+        rather than miss a change. Returns a function that cancels the watch.
         """
 
-        def callback(_: object) -> None:
+        def callback(response: object) -> None:
+            if (response is None or isinstance(response, BaseException)) and on_error:
+                on_error()
             on_change()
 
         try:

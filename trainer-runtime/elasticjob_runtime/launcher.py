@@ -81,10 +81,10 @@ def _fail(message: str, code: int = 2) -> None:
 
 
 def _check_etcd(endpoint: str) -> None:
-    from elasticjob_runtime.etcd_client import EtcdClient, EtcdError, parse_endpoint
+    from elasticjob_runtime.etcd_client import EtcdClient, EtcdError, parse_endpoints
 
     try:
-        client = EtcdClient(parse_endpoint(endpoint), timeout=5)
+        client = EtcdClient(parse_endpoints(endpoint), timeout=5)
     except ValueError as exc:
         _fail(str(exc))
         return

@@ -47,7 +47,7 @@ from torch.distributed.elastic.rendezvous.api import (
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import RendezvousBackend
 
 from elasticjob_runtime import contract
-from elasticjob_runtime.etcd_client import EtcdClient, EtcdError, KeyValue, parse_endpoint
+from elasticjob_runtime.etcd_client import EtcdClient, EtcdError, KeyValue, parse_endpoints
 from elasticjob_runtime.etcd_store import EtcdV3Store
 from elasticjob_runtime.membership import (
     Closed,
@@ -141,6 +141,7 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
         self._register()
         self._round = 0
         self._changed = threading.Event()
+        self._watch_broken = threading.Event()
         self._restart_why: str | None = None
         self._cancel_watch: Callable[[], None] | None = None
         self._stop = threading.Event()
@@ -184,6 +185,15 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
         current = Round.decode(kv.value) if kv is not None else None
         live = frozenset(k[len(self._members) :] for k in snap.items if k.startswith(self._members))
         return snap.revision, current, kv, live
+
+    def _watch(self, revision: int) -> None:
+        """(Re)start the watch on the run's prefix from just after ``revision``."""
+        if self._cancel_watch is not None:
+            self._cancel_watch()
+        self._watch_broken.clear()
+        self._cancel_watch = self._client.watch_prefix(
+            self._prefix, revision + 1, self._changed.set, self._watch_broken.set
+        )
 
     def _write(self, new: Round, kv: KeyValue | None) -> bool:
         result = self._backend.set_state(new.encode(), None if kv is None else kv.mod_revision)
@@ -246,9 +256,7 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
                     left = min(left, max(decision.until - time.time(), 0.0) + 0.05)
                 self._client.wait_for_change(self._prefix, revision, left)
             self._round = decision.number
-            self._cancel_watch = self._client.watch_prefix(
-                self._prefix, revision + 1, self._changed.set
-            )
+            self._watch(revision)
             store = EtcdV3Store(self._client, self._store_prefix(decision.number), self._job_lease)
             if decision.rank == 0 and decision.number > 2:
                 # Rounds before the previous one are finished everywhere; keep etcd small.
@@ -278,7 +286,12 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
             return 0
         self._changed.clear()
         try:
-            _, current, _, live = self._read()
+            revision, current, _, live = self._read()
+            if self._watch_broken.is_set():
+                # The stream died (etcd restarted, a member failed over): watch again.
+                # Comparing state, not counting events, means nothing in between is lost.
+                log.info("etcd-v3: %s: watch lost; watching again", self.node)
+                self._watch(revision)
         except EtcdError as exc:
             log.warning("etcd-v3: cannot check membership: %s", exc)
             self._changed.set()
@@ -374,10 +387,10 @@ def handler_from_params(params: RendezvousParameters) -> EtcdV3RendezvousHandler
     ``job_ttl`` (3600 s: how long keys outlive the last agent), ``read_timeout`` (5 s).
     """
     try:
-        endpoint = parse_endpoint(params.endpoint)
+        endpoints = parse_endpoints(params.endpoint)
     except ValueError as exc:
         raise RendezvousConnectionError(str(exc)) from exc
-    client = EtcdClient(endpoint, timeout=_conf_seconds(params, "read_timeout", 5))
+    client = EtcdClient(endpoints, timeout=_conf_seconds(params, "read_timeout", 5))
     try:
         client.check()
     except EtcdError as exc:
