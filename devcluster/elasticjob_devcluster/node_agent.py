@@ -488,6 +488,39 @@ class Agent:
             late = now - first > UNBOUND_FALLBACK_S and scheduling.fits(p, me)
             if choice == self.node or late:
                 self.bind(p)
+            elif choice is None and now - first > UNBOUND_FALLBACK_S:
+                self.report_unschedulable(p, nodes)
+
+    def report_unschedulable(self, pod: Obj, nodes: list[Obj]) -> None:
+        """PodScheduled=False/Unschedulable, as kube-scheduler says it; posted once, by the
+        first Ready node by name, so `kubectl describe` explains a pod stuck Pending."""
+        ready = sorted(n["metadata"]["name"] for n in nodes if scheduling.node_ready(n))
+        if not ready or ready[0] != self.node:
+            return
+        conds = (pod.get("status") or {}).get("conditions") or []
+        if any(c.get("type") == "PodScheduled" and c.get("status") == "False" for c in conds):
+            return
+        m = pod["metadata"]
+        message = scheduling.unschedulable_message(pod, nodes)
+        cond = {
+            "type": "PodScheduled",
+            "status": "False",
+            "reason": "Unschedulable",
+            "message": message,
+            "lastTransitionTime": rfc3339(time.time()),
+            "lastProbeTime": None,
+        }
+        try:
+            self.core.patch_namespaced_pod_status(
+                m["name"],
+                m["namespace"],
+                {"status": {"conditions": [cond]}},
+                _preload_content=False,
+                _request_timeout=TIMEOUT,
+            )  # strategic merge: conditions merge by type
+            self.event(pod, "Warning", "FailedScheduling", message, "default-scheduler")
+        except client.ApiException as e:
+            log.warning("unschedulable %s/%s: %s", m["namespace"], m["name"], e.reason)
 
     def bind(self, pod: Obj) -> None:
         m = pod["metadata"]

@@ -78,3 +78,26 @@ def choose_node(pod: Obj, nodes: Iterable[Obj], pods: Iterable[Obj]) -> str | No
     if not names:
         return None
     return min(names, key=lambda n: (load.get(n, 0), n))
+
+
+def unschedulable_message(pod: Obj, nodes: Iterable[Obj]) -> str:
+    """kube-scheduler's style: `0/2 nodes are available: 1 node(s) were not ready, ...`."""
+    spec = pod.get("spec") or {}
+    counts: dict[str, int] = {}
+    total = 0
+    for node in nodes:
+        total += 1
+        labels: Mapping[str, str] = (node.get("metadata") or {}).get("labels") or {}
+        if not node_ready(node):
+            why = "node(s) were not ready"
+        elif (node.get("spec") or {}).get("unschedulable"):
+            why = "node(s) were unschedulable"
+        elif any(labels.get(k) != v for k, v in (spec.get("nodeSelector") or {}).items()):
+            why = "node(s) didn't match Pod's node affinity/selector"
+        elif not fits(pod, node):
+            why = "node(s) had untolerated taint"
+        else:
+            continue
+        counts[why] = counts.get(why, 0) + 1
+    reasons = ", ".join(f"{n} {why}" for why, n in sorted(counts.items()))
+    return f"0/{total} nodes are available: {reasons}."

@@ -408,6 +408,20 @@ def test_failing_liveness_probe_restarts_the_container(api: client.CoreV1Api, ns
     wait_for("the unhealthy container to be restarted", restarted)
 
 
+def test_a_pod_no_node_fits_says_why_it_is_pending(api: client.CoreV1Api, ns: str) -> None:
+    create(api, ns, pod_manifest("nowhere", "pass", nodeSelector={"disk": "floppy"}))
+
+    def unschedulable() -> str | None:
+        for c in api.read_namespaced_pod("nowhere", ns).status.conditions or []:
+            if c.type == "PodScheduled" and c.status == "False":
+                return str(c.message)
+        return None
+
+    message = wait_for("PodScheduled=False", unschedulable)
+    assert "didn't match Pod's node affinity/selector" in message
+    assert phase(api, ns, "nowhere") == "Pending"
+
+
 def test_fault_kill_restarts_the_container(
     api: client.CoreV1Api, ns: str, cluster_dir: Path
 ) -> None:

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from elasticjob_devcluster.scheduling import choose_node, tolerates, wants_scheduling
+from elasticjob_devcluster.scheduling import (
+    choose_node,
+    tolerates,
+    unschedulable_message,
+    wants_scheduling,
+)
 
 
 def node(name: str, ready: bool = True, **spec: Any) -> dict[str, Any]:
@@ -53,3 +58,12 @@ def test_only_unbound_pending_default_scheduler_pods_are_scheduled() -> None:
     assert wants_scheduling(pod())
     assert not wants_scheduling(pod("a"))
     assert not wants_scheduling(pod(schedulerName="volcano"))
+
+
+def test_unschedulable_message_counts_reasons_like_kube_scheduler() -> None:
+    nodes = [node("a", ready=False), node("b"), node("c")]
+    msg = unschedulable_message(pod(nodeSelector={"disk": "ssd"}), nodes)
+    assert msg == (
+        "0/3 nodes are available: 2 node(s) didn't match Pod's node affinity/selector, "
+        "1 node(s) were not ready."
+    )
