@@ -183,3 +183,29 @@ def test_membership_is_still_watched_after_etcd_restarts(tmp_path: Path) -> None
             handler._leave()
             client.close()
         server.stop()
+
+
+def test_a_join_rides_out_an_etcd_restart(tmp_path: Path) -> None:
+    server = start_etcd("3.5", tmp_path / "etcd")
+    made: list[tuple[EtcdV3RendezvousHandler, EtcdClient]] = []
+    try:
+        for _ in range(2):
+            client = EtcdClient(parse_endpoint(server.endpoint), timeout=5)
+            handler = EtcdV3RendezvousHandler(client, "rides", Limits(2, 2, 15), "127.0.0.1")
+            made.append((handler, client))
+        (a, _), (b, _) = made
+        joined: list[RendezvousInfo] = []
+        waiting = threading.Thread(target=lambda: joined.append(a.next_rendezvous()))
+        waiting.start()
+        time.sleep(1.0)  # a is waiting for a second node when etcd goes down
+        server.restart()
+        (info_b,) = join_all(b)
+        waiting.join(timeout=60)
+        assert joined, "the waiting node never completed its join"
+        assert {joined[0].rank, info_b.rank} == {0, 1}
+        assert joined[0].world_size == info_b.world_size == 2
+    finally:
+        for handler, client in made:
+            handler._leave()
+            client.close()
+        server.stop()

@@ -54,7 +54,6 @@ from elasticjob_runtime.membership import (
     Joined,
     Limits,
     Round,
-    Wait,
     Write,
     decide_join,
     restart_reason,
@@ -220,10 +219,34 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
             self._cancel_watch = None
         self._changed.clear()
         self._restart_why = None
-        deadline = time.monotonic() + self._join_timeout
-        why = ""
+        joined, revision = self._join(time.monotonic() + self._join_timeout)
         try:
-            while True:
+            self._round = joined.number
+            self._watch(revision)
+            store = EtcdV3Store(self._client, self._store_prefix(joined.number), self._job_lease)
+            if joined.rank == 0 and joined.number > 2:
+                self._drop_rounds_before(joined.number - 1)
+            bootstrap = RendezvousStoreInfo.build(joined.rank, store, local_addr=self._addr)
+        except EtcdError as exc:
+            raise RendezvousConnectionError(str(exc)) from exc
+        log.info(
+            "etcd-v3: %s joined round %d as rank %d of %d",
+            self.node,
+            joined.number,
+            joined.rank,
+            joined.world_size,
+        )
+        return RendezvousInfo(store, joined.rank, joined.world_size, bootstrap)
+
+    def _join(self, deadline: float) -> tuple[Joined, int]:
+        """Act on :func:`decide_join` until this node is in a sealed round.
+
+        Returns the round and the etcd revision it was read at. An etcd outage
+        (a restart, a failover) is ridden out until the join deadline.
+        """
+        why = "no round yet"
+        while True:
+            try:
                 revision, current, kv, live = self._read()
                 if self.node not in live:
                     self._register()
@@ -232,7 +255,7 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
                     current, live, self.node, self._limits, self._round, time.time()
                 )
                 if isinstance(decision, Joined):
-                    break
+                    return decision, revision
                 if isinstance(decision, Closed):
                     raise RendezvousClosedError(
                         f"the rendezvous of run {self._run_id} is closed (the job finished); "
@@ -242,7 +265,6 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
                     if self._write(decision.round, kv):
                         log.info("etcd-v3: %s: %s", self.node, decision.why)
                     continue
-                assert isinstance(decision, Wait)
                 why = decision.why
                 if decision.standby:
                     deadline = time.monotonic() + self._join_timeout
@@ -255,28 +277,18 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
                 if decision.until is not None:
                     left = min(left, max(decision.until - time.time(), 0.0) + 0.05)
                 self._client.wait_for_change(self._prefix, revision, left)
-            self._round = decision.number
-            self._watch(revision)
-            store = EtcdV3Store(self._client, self._store_prefix(decision.number), self._job_lease)
-            if decision.rank == 0 and decision.number > 2:
-                # Rounds before the previous one are finished everywhere; keep etcd small.
-                try:
-                    self._client.delete_range(
-                        self._store_prefix(0), self._store_prefix(decision.number - 1)
-                    )
-                except EtcdError as exc:
-                    log.warning("etcd-v3: could not drop old rounds' keys: %s", exc)
-            bootstrap = RendezvousStoreInfo.build(decision.rank, store, local_addr=self._addr)
+            except EtcdError as exc:
+                if time.monotonic() > deadline:
+                    raise RendezvousConnectionError(str(exc)) from exc
+                log.warning("etcd-v3: %s: %s; retrying", self.node, exc)
+                time.sleep(0.5)
+
+    def _drop_rounds_before(self, number: int) -> None:
+        """Finished rounds' store keys are no use to anyone; keep etcd small."""
+        try:
+            self._client.delete_range(self._store_prefix(0), self._store_prefix(number))
         except EtcdError as exc:
-            raise RendezvousConnectionError(str(exc)) from exc
-        log.info(
-            "etcd-v3: %s joined round %d as rank %d of %d",
-            self.node,
-            decision.number,
-            decision.rank,
-            decision.world_size,
-        )
-        return RendezvousInfo(store, decision.rank, decision.world_size, bootstrap)
+            log.warning("etcd-v3: could not drop old rounds' keys: %s", exc)
 
     def num_nodes_waiting(self) -> int:
         """Non-zero when this node must restart into a new round (a peer left or came)."""
