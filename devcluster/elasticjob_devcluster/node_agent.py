@@ -9,9 +9,21 @@ honours restartPolicy, and on deletion sends SIGTERM, waits the grace period, SI
 the process group and completes the delete. `kubectl logs` is served by
 kubelet_server.py; tests inject faults through a control socket (faults.py).
 
+Networking (network.py, services.py, hosts.py): each pod has its own netns and IP from
+the node's pod CIDR on a bridge shared by all nodes; clusterIPs (every Service's, and
+10.96.0.1:443 for the API server, which pods find through KUBERNETES_SERVICE_HOST/PORT
+as on a real cluster) are served by a relay in the cluster netns; names resolve through
+a per-pod /etc/hosts rewritten in place as Services and pods change.
+
+What a real kubelet does that this does not: pull images (the command runs from this
+repo's Python environment), cgroups/resource limits (so no OOMKilled), exec/attach/
+port-forward, startup probes, preStop hooks, UDP Services and service env for
+hostNetwork pods' clusterIPs. Restart back-off is 1 s doubling to 10 s. At agent
+shutdown pods get at most 5 s of grace.
+
 Threads: watchers fill an object cache and wake the single reconcile loop, which owns
-all pod state; the heartbeat, prober, control socket and log server threads only read
-it or hand requests over through a queue.
+all pod state; the heartbeat, prober, events, control socket and log server threads
+only read it or hand requests over through a queue.
 """
 
 from __future__ import annotations
@@ -163,6 +175,19 @@ def probe_port(container: Obj, port: int | str) -> int:
         if p.get("name") == port:
             return int(p["containerPort"])
     raise ValueError(f"no container port named {port!r}")
+
+
+def _group_exists(rec: procs.ProcessRecord) -> bool:
+    """The recorded process (not a reuse of its pid) or its process group still exists."""
+    if procs.start_ticks(rec.pid) not in (None, rec.start_ticks):
+        return False
+    try:
+        os.killpg(rec.pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
 
 
 def _raw(resp: Any) -> Obj:
@@ -464,7 +489,9 @@ class Agent:
         ticks = procs.start_ticks(proc.pid)
         rec = procs.ProcessRecord(what, proc.pid, ticks if ticks is not None else -1)
         with self.records_lock:
-            procs.save_records(self.procs_file, [*procs.load_records(self.procs_file), rec])
+            # drop records whose whole group is gone (exec probes would pile up otherwise)
+            live = [r for r in procs.load_records(self.procs_file) if _group_exists(r)]
+            procs.save_records(self.procs_file, [*live, rec])
 
     # ---------------------------------------------------------------- scheduling
     def schedule(self) -> None:
