@@ -50,7 +50,9 @@ def cluster(kubeconfig: Path) -> Cluster:
 @pytest.fixture(scope="module")
 def installed(cluster: Cluster) -> Iterator[Operator]:
     """The chart installed with helm; uninstalled afterwards (the CRD too if we added it)."""
-    with installed_operator(cluster, "ej", suffix=SUFFIX) as op:
+    with installed_operator(
+        cluster, "ej", "--set", "metrics.service.enabled=true", suffix=SUFFIX
+    ) as op:
         assert (op.release, op.namespace, op.job_namespace) == (RELEASE, OP_NS, JOB_NS)
         yield op
 
