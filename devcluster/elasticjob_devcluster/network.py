@@ -147,6 +147,18 @@ def delete_pod_netns(uid: str, cluster: str = "") -> None:
         _ip("netns", "del", ns, check=False)
 
 
+def delete_node_pods_netns(node_state_dir: Path, cluster: str) -> list[str]:
+    """Remove the netns of every pod a node agent ran (its `pods/<uid>` dirs): what
+    `down` calls after an agent that could not clean up (SIGKILLed, lost)."""
+    removed = []
+    pods = node_state_dir / "pods"
+    for d in sorted(pods.iterdir()) if pods.is_dir() else []:
+        if netns_exists(pod_netns_name(d.name)):
+            delete_pod_netns(d.name, cluster)
+            removed.append(pod_netns_name(d.name))
+    return removed
+
+
 def set_pod_network(cluster: str, uid: str, up: bool) -> None:
     """Cut (both veth ends down) or restore a pod's network."""
     state = "up" if up else "down"

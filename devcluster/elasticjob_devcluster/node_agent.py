@@ -247,11 +247,8 @@ class Agent:
         """Reap what an earlier incarnation of this agent left (it may have been killed)."""
         procs.stop(procs.load_records(self.procs_file), grace_seconds=1)
         procs.save_records(self.procs_file, [])
-        pods_dir = self.state / "pods"
-        if pods_dir.is_dir():
-            for d in pods_dir.iterdir():
-                network.delete_pod_netns(d.name, self.args.cluster_network)
-            shutil.rmtree(pods_dir, ignore_errors=True)
+        network.delete_node_pods_netns(self.state, self.args.cluster_network)
+        shutil.rmtree(self.state / "pods", ignore_errors=True)
         with contextlib.suppress(FileNotFoundError):
             (self.state / "control.sock").unlink()
 
