@@ -332,6 +332,8 @@ def test_kubectl_logs_returns_the_output(api: client.CoreV1Api, ns: str, kubecon
     wait_phase(api, ns, "talk", "Succeeded")
     assert kubectl(kubeconfig, "-n", ns, "logs", "talk") == want
     assert kubectl(kubeconfig, "-n", ns, "logs", "--tail=1", "talk") == "to stderr\n"
+    assert kubectl(kubeconfig, "-n", ns, "logs", "--limit-bytes=6", "talk") == "line 0"
+    assert kubectl(kubeconfig, "-n", ns, "logs", "--since=1h", "talk") == want
     stamped = kubectl(kubeconfig, "-n", ns, "logs", "--timestamps", "talk").splitlines()
     assert stamped[0].endswith(" line 0") and stamped[0][:4].isdigit()
 
@@ -425,7 +427,8 @@ def test_a_pod_no_node_fits_says_why_it_is_pending(api: client.CoreV1Api, ns: st
 def test_fault_kill_restarts_the_container(
     api: client.CoreV1Api, ns: str, cluster_dir: Path
 ) -> None:
-    create(api, ns, pod_manifest("victim", "import time; time.sleep(600)", restart="Always"))
+    script = "import os, time; print('pid', os.getpid(), flush=True); time.sleep(600)"
+    create(api, ns, pod_manifest("victim", script, restart="Always"))
     wait_phase(api, ns, "victim", "Running")
     killed = faults.kill_container(cluster_dir, ns, "victim")
     assert len(killed) == 1
@@ -437,6 +440,9 @@ def test_fault_kill_restarts_the_container(
     wait_for("the killed container to be restarted", restarted)
     last = api.read_namespaced_pod("victim", ns).status.container_statuses[0].last_state
     assert last.terminated.exit_code == 137
+    assert logs(api, ns, "victim", previous=True) == f"pid {killed[0]}\n"
+    wait_for("the new run's output", lambda: logs(api, ns, "victim").startswith("pid "))
+    assert logs(api, ns, "victim") != f"pid {killed[0]}\n"
 
 
 def test_fault_cut_network_stops_traffic_until_restored(
