@@ -253,7 +253,7 @@ def run_demo(demo: Demo, steps: int) -> list[Fault]:
     faults_to_inject = [
         Fault(
             "SIGKILL a worker process",
-            lambda: faults.kill_container(cluster_dir, NAMESPACE, f"{JOB}-worker-1"),
+            lambda: faults.kill_worker_process(cluster_dir, NAMESPACE, f"{JOB}-worker-1"),
         ),
         Fault(
             "delete a worker pod",
