@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from conftest import EtcdServer, free_port
+from conftest import EtcdServer, free_port, start_etcd
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -373,3 +373,47 @@ def test_bad_configuration_exits_with_one_clear_line(etcd: EtcdServer) -> None:
         run_launcher("--nnodes=1:2", f"--rdzv-endpoint={dead}", "--rdzv-id=bad-config")
     )
     assert f"cannot reach etcd at {dead}" in line
+
+
+def test_in_a_pod_the_launcher_waits_for_a_job_etcd_that_starts_later(tmp_path: Path) -> None:
+    """The operator creates a job's etcd and its workers at once; a worker that starts first
+    must wait for the store, not exit (each exit costs a pod replacement from backoffLimit)."""
+    server = start_etcd("3.5", tmp_path / "etcd")
+    server.stop()
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("PET_")}
+    env = {
+        **clean,
+        "ELASTICJOB_POD_NAME": "late-worker-0",
+        "RDZV_TEST_OUT": str(tmp_path),
+        "RDZV_TEST_STEPS": "2",
+        "RDZV_TEST_PAUSE": "0",
+    }
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "elasticjob_runtime.launcher",
+            "--nnodes=1",
+            f"--rdzv-endpoint={server.endpoint}",
+            f"--rdzv-id=late-{uuid.uuid4().hex[:6]}",
+            str(TRAIN),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+    try:
+        time.sleep(8)
+        assert proc.poll() is None, proc.communicate()[1]  # still waiting, not failed
+        server.restart()
+        _, err = proc.communicate(timeout=180)
+        assert proc.returncode == 0, err
+        assert "waiting up to" in err and "cannot reach etcd" in err
+        assert (tmp_path / "steps.jsonl").exists()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        server.stop()

@@ -17,6 +17,7 @@ import argparse
 import logging
 import os
 import sys
+import time
 from collections.abc import Sequence
 from importlib.metadata import entry_points
 
@@ -80,7 +81,12 @@ def _fail(message: str, code: int = 2) -> None:
     raise SystemExit(code)
 
 
-def _check_etcd(endpoint: str) -> None:
+# In a pod the operator started, the job's own etcd is created at the same moment as the
+# workers and may answer a little later (image pull, start, Service routing): wait for it.
+ETCD_WAIT_IN_POD_SECONDS = 120.0
+
+
+def _check_etcd(endpoint: str, wait_seconds: float = 0.0) -> None:
     from elasticjob_runtime.etcd_client import EtcdClient, EtcdError, parse_endpoints
 
     try:
@@ -88,10 +94,20 @@ def _check_etcd(endpoint: str) -> None:
     except ValueError as exc:
         _fail(str(exc))
         return
+    deadline = time.monotonic() + wait_seconds
+    said = False
     try:
-        client.check()
-    except EtcdError as exc:
-        _fail(str(exc))
+        while True:
+            try:
+                client.check()
+                return
+            except EtcdError as exc:
+                if time.monotonic() >= deadline:
+                    _fail(str(exc))
+                if not said:
+                    print(f"{PROG}: waiting up to {wait_seconds:.0f}s: {exc}", file=sys.stderr)
+                    said = True
+                time.sleep(1.0)
     finally:
         client.close()
 
@@ -128,7 +144,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     if problem:
         _fail(problem)
     if not args.standalone and args.rdzv_backend == "etcd-v3":
-        _check_etcd(args.rdzv_endpoint)
+        in_pod = bool(os.environ.get(contract.POD_NAME))
+        _check_etcd(args.rdzv_endpoint, ETCD_WAIT_IN_POD_SECONDS if in_pod else 0.0)
     # torch 2.13's agent-shared TCPStore crashed c10d scale-up (DESIGN.md); ours never shares.
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
 
