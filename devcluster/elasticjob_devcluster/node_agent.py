@@ -80,6 +80,7 @@ UNBOUND_FALLBACK_S = 3.0
 TIMEOUT = 15
 MERGE_PATCH = "application/merge-patch+json"  # lists (podIPs, conditions) replace, not merge
 KUBELET_VERSION = "v1.35.4"
+PROVISIONED_BY = "devcluster.elasticjob.dev/provisioned"
 
 
 def _key(obj: Obj) -> str:
@@ -92,7 +93,9 @@ class Cache:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.objs: dict[str, dict[str, Obj]] = {"pods": {}, "services": {}, "nodes": {}}
+        self.objs: dict[str, dict[str, Obj]] = {
+            k: {} for k in ("pods", "services", "nodes", "pvcs", "pvs")
+        }
         self.synced: set[str] = set()
 
     def items(self, kind: str) -> list[Obj]:
@@ -518,8 +521,7 @@ class Agent:
     def report_unschedulable(self, pod: Obj, nodes: list[Obj]) -> None:
         """PodScheduled=False/Unschedulable, as kube-scheduler says it; posted once, by the
         first Ready node by name, so `kubectl describe` explains a pod stuck Pending."""
-        ready = sorted(n["metadata"]["name"] for n in nodes if scheduling.node_ready(n))
-        if not ready or ready[0] != self.node:
+        if not self.is_leader():
             return
         conds = (pod.get("status") or {}).get("conditions") or []
         if any(c.get("type") == "PodScheduled" and c.get("status") == "False" for c in conds):
@@ -575,6 +577,8 @@ class Agent:
             ("pods", self.core.list_pod_for_all_namespaces),
             ("services", self.core.list_service_for_all_namespaces),
             ("nodes", self.core.list_node),
+            ("pvcs", self.core.list_persistent_volume_claim_for_all_namespaces),
+            ("pvs", self.core.list_persistent_volume),
         ]
         for kind, fn in threads:
             threading.Thread(
@@ -599,7 +603,7 @@ class Agent:
             self.handle_requests()
             if self.stop.is_set():
                 break
-            if len(self.cache.synced) < 3:
+            if len(self.cache.synced) < len(self.cache.objs):
                 continue
             try:
                 self.reconcile()
@@ -612,6 +616,8 @@ class Agent:
         if self.lost:
             return
         self.schedule()
+        if self.heartbeat and self.is_leader():
+            self.provision_volumes()
         mine = {
             p["metadata"]["uid"]: p
             for p in self.cache.items("pods")
@@ -692,6 +698,65 @@ class Agent:
         table = services.proxy_table(self.cache.items("services"), self.cache.items("pods"))
         table.pop((self.kube_ip, 443), None)
         self.service_proxy.set_routes(table)
+
+    def is_leader(self) -> bool:
+        """Cluster-wide chores (volumes, Unschedulable) fall to the first Ready node."""
+        nodes = self.cache.items("nodes")
+        ready = sorted(n["metadata"]["name"] for n in nodes if scheduling.node_ready(n))
+        return bool(ready) and ready[0] == self.node
+
+    def provision_volumes(self) -> None:
+        """A provisioner for every StorageClass: each Pending claim gets a hostPath PV on its
+        shared directory (the one pods mount), pre-bound so the PV controller binds them;
+        a Released PV made here is deleted with its directory (reclaim policy Delete)."""
+        for pvc in self.cache.items("pvcs"):
+            m, spec = pvc["metadata"], pvc.get("spec") or {}
+            if spec.get("volumeName") or (pvc.get("status") or {}).get("phase") != "Pending":
+                continue
+            name = f"pvc-{m['uid']}"
+            if self.cache.get("pvs", f"/{name}") is not None:
+                continue
+            path = self.shared / "pvc" / m["namespace"] / m["name"]
+            path.mkdir(parents=True, exist_ok=True)
+            size = ((spec.get("resources") or {}).get("requests") or {}).get("storage", "1Gi")
+            pv: Obj = {
+                "apiVersion": "v1",
+                "kind": "PersistentVolume",
+                "metadata": {"name": name, "labels": {PROVISIONED_BY: "true"}},
+                "spec": {
+                    "capacity": {"storage": size},
+                    "accessModes": spec.get("accessModes") or ["ReadWriteOnce"],
+                    "storageClassName": spec.get("storageClassName") or "",
+                    "volumeMode": spec.get("volumeMode") or "Filesystem",
+                    "persistentVolumeReclaimPolicy": "Retain",
+                    "hostPath": {"path": str(path), "type": "DirectoryOrCreate"},
+                    "claimRef": {
+                        "apiVersion": "v1",
+                        "kind": "PersistentVolumeClaim",
+                        "namespace": m["namespace"],
+                        "name": m["name"],
+                        "uid": m["uid"],
+                    },
+                },
+            }
+            try:
+                self.core.create_persistent_volume(
+                    _body(pv), _preload_content=False, _request_timeout=TIMEOUT
+                )
+                log.info("provisioned %s for %s/%s", name, m["namespace"], m["name"])
+            except client.ApiException as e:
+                if e.status != 409:
+                    log.warning("provisioning %s: %s", name, e.reason)
+        for pv in self.cache.items("pvs"):
+            labels = pv["metadata"].get("labels") or {}
+            if labels.get(PROVISIONED_BY) and (pv.get("status") or {}).get("phase") == "Released":
+                path = Path(pv["spec"]["hostPath"]["path"])
+                if self.shared in path.parents:
+                    shutil.rmtree(path, ignore_errors=True)
+                with contextlib.suppress(client.ApiException):
+                    self.core.delete_persistent_volume(
+                        pv["metadata"]["name"], _preload_content=False, _request_timeout=TIMEOUT
+                    )
 
     # ---------------------------------------------------------------- sandbox
     def create_sandbox(self, rt: PodRuntime) -> None:

@@ -424,6 +424,35 @@ def test_a_pod_no_node_fits_says_why_it_is_pending(api: client.CoreV1Api, ns: st
     assert phase(api, ns, "nowhere") == "Pending"
 
 
+def test_a_claim_is_bound_and_shared_by_the_pods_that_mount_it(
+    api: client.CoreV1Api, ns: str
+) -> None:
+    api.create_namespaced_persistent_volume_claim(
+        ns,
+        {
+            "metadata": {"name": "ckpt"},
+            "spec": {
+                "accessModes": ["ReadWriteMany"],
+                "resources": {"requests": {"storage": "1Gi"}},
+            },
+        },
+    )
+
+    def bound() -> bool:
+        return bool(api.read_namespaced_persistent_volume_claim("ckpt", ns).status.phase == "Bound")
+
+    wait_for("the claim to be Bound", bound)
+    volume = {"name": "data", "persistentVolumeClaim": {"claimName": "ckpt"}}
+    mount = {"volumeMounts": [{"name": "data", "mountPath": "/ckpt"}]}
+    write = "open('/ckpt/step', 'w').write('42')"
+    create(api, ns, pod_manifest("writer", write, container=mount, volumes=[volume]))
+    wait_phase(api, ns, "writer", "Succeeded")
+    read = "print(open('/ckpt/step').read())"
+    create(api, ns, pod_manifest("reader", read, container=mount, volumes=[volume]))
+    wait_phase(api, ns, "reader", "Succeeded")
+    assert logs(api, ns, "reader") == "42\n"
+
+
 def test_fault_kill_restarts_the_container(
     api: client.CoreV1Api, ns: str, cluster_dir: Path
 ) -> None:
