@@ -242,9 +242,11 @@ class Agent:
         t.start()
 
     def _path_env(self) -> str:
+        """The agent's PATH for the pods, with this venv's bin on it (first, unless the
+        agent's PATH already places it, e.g. after the cluster's own etcd 3.6 bin dir)."""
         venv_bin = str(Path(sys.executable).parent)
         parts = os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin").split(os.pathsep)
-        return os.pathsep.join([venv_bin, *[p for p in parts if p != venv_bin]])
+        return os.pathsep.join(parts if venv_bin in parts else [venv_bin, *parts])
 
     def clean_previous_run(self) -> None:
         """Reap what an earlier incarnation of this agent left (it may have been killed)."""
