@@ -215,6 +215,12 @@ def etcd_deployment(ref: JobRef, spec: models.ElasticJobSpec) -> Obj:
             "--auto-compaction-retention=1000",
         ],
         "ports": [{"name": "client", "containerPort": port, "protocol": "TCP"}],
+        # ready once it serves (has a leader): the Service sends workers only then
+        "readinessProbe": {
+            "httpGet": {"path": "/health", "port": port},
+            "periodSeconds": 2,
+            "failureThreshold": 3,
+        },
         "volumeMounts": [{"name": "data", "mountPath": ETCD_DATA_DIR}],
     }
     if settings.resources:

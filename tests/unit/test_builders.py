@@ -156,6 +156,7 @@ def test_etcd_deployment_and_service() -> None:
     assert container["env"] == [
         {"name": "ELASTICJOB_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
     ]
+    assert container["readinessProbe"]["httpGet"] == {"path": "/health", "port": 2379}
     svc = builders.etcd_service(REF)
     assert svc["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"]
     port = svc["spec"]["ports"][0]
