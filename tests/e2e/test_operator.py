@@ -10,6 +10,7 @@ goes through kubectl; every wait is bounded generously (to catch hangs, not to t
 from __future__ import annotations
 
 import json
+import random
 import re
 import time
 import uuid
@@ -441,6 +442,44 @@ def test_malformed_manifests_are_refused_naming_the_field(operator: Cluster, ns:
         if out.returncode == 0 or text not in out.stderr:
             wrong.append(f"{case}: rc={out.returncode} {out.stderr.strip()[:300]}")
     assert not wrong, "\n".join(wrong)
+
+
+def test_api_server_and_the_models_agree_on_what_is_valid(operator: Cluster, ns: str) -> None:
+    """The CRD is generated from the models: for a spread of specs, the API server (CEL +
+    OpenAPI) accepts exactly those the pydantic models accept."""
+    from pydantic import ValidationError
+
+    from elasticjob_operator.models import ElasticJobSpec
+
+    rng = random.Random(4)
+    disagree = []
+    verdicts = []
+    for i in range(40):
+        obj = job(f"agree-{i}", ["true"], replicas=rng.randint(0, 6))
+        spec = obj["spec"]
+        spec["minReplicas"] = rng.randint(0, 5)
+        spec["maxReplicas"] = rng.choice([rng.randint(1, 6), None])
+        if spec["maxReplicas"] is None:
+            del spec["maxReplicas"]
+        spec["nprocPerNode"] = rng.choice([0, 1, 4, "auto", "gpu", "two"])
+        spec["rdzvBackend"] = rng.choice(["etcd-v3", "c10d", "etcd"])
+        if rng.random() < 0.5:
+            spec["rdzvEndpoint"] = rng.choice(["etcd:2379", "etcd", "a.b.c:1,d:2", "http://e:2379"])
+        if rng.random() < 0.3:
+            spec["etcd"] = {"image": "etcd:x"}
+        try:
+            ElasticJobSpec.model_validate(spec)
+            models_ok = True
+        except ValidationError:
+            models_ok = False
+        out = operator.kubectl(
+            "-n", ns, "apply", "--dry-run=server", "-f", "-", input=json.dumps(obj), check=False
+        )
+        verdicts.append(models_ok)
+        if (out.returncode == 0) != models_ok:
+            disagree.append(f"{json.dumps(spec)}: models {models_ok}, API server {out.stderr}")
+    assert not disagree, "\n".join(disagree)
+    assert verdicts.count(True) >= 5 and verdicts.count(False) >= 5  # both sides exercised
 
 
 # -- the archived controller's manifest --------------------------------------------------------
