@@ -234,6 +234,17 @@ def test_kubectl_scale_changes_the_worker_count(operator: Cluster, ns: str) -> N
         "status to count 3 active",
         lambda: c.status(ns, name)["replicaStatuses"]["Worker"]["active"] == 3,
     )
+    # what an HPA reads: the scale subresource with replicas and the pods' selector
+    scale = json.loads(
+        c.kubectl(
+            "get",
+            "--raw",
+            f"/apis/elastic.pytorch.org/v1alpha1/namespaces/{ns}/elasticjobs/{name}/scale",
+        ).stdout
+    )
+    assert scale["spec"]["replicas"] == 3 and scale["status"]["replicas"] == 3
+    selected = c.core.list_namespaced_pod(ns, label_selector=scale["status"]["selector"]).items
+    assert sorted(p.metadata.name for p in selected) == sorted(c.workers(ns, name))
     c.kubectl("-n", ns, "scale", f"elasticjob/{name}", "--replicas=2")
     wait_for(
         "worker 2 gone", lambda: sorted(c.workers(ns, name)) == ["scale-worker-0", "scale-worker-1"]
