@@ -20,8 +20,8 @@ from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
 from elasticjob_runtime import contract
 from elasticjob_runtime.etcd_client import EtcdClient, parse_endpoint
-from elasticjob_runtime.membership import Limits
-from elasticjob_runtime.rendezvous import EtcdV3RendezvousHandler
+from elasticjob_runtime.membership import Limits, Round
+from elasticjob_runtime.rendezvous import EtcdV3RendezvousBackend, EtcdV3RendezvousHandler
 
 pytestmark = pytest.mark.integration
 
@@ -112,6 +112,25 @@ def test_a_crashed_peer_is_reported_within_the_lease_ttl_and_the_next_round_excl
 
     (info,) = join_all(a)
     assert (info.rank, info.world_size) == (0, 1)
+
+
+def test_a_node_whose_sealed_round_was_superseded_joins_the_newer_one(handlers: Factory) -> None:
+    # b finds itself in a sealed round {a, b}, but a only reads the state after c has
+    # opened a newer round. b must not wait for a inside the stale round.
+    a, client = handlers()
+    b, _ = handlers()
+    c, _ = handlers()
+    stale = Round(number=1, participants=(a.node, b.node), complete=True)
+    assert EtcdV3RendezvousBackend(client, a.get_run_id()).set_state(stale.encode()) is not None
+    result: list[RendezvousInfo] = []
+    b_joins = threading.Thread(target=lambda: result.append(b.next_rendezvous()))
+    b_joins.start()
+    time.sleep(0.5)
+    infos = join_all(c, a)
+    b_joins.join(timeout=60)
+    assert result, "b never finished joining"
+    assert {info.world_size for info in [*infos, *result]} == {3}
+    assert sorted(info.rank for info in [*infos, *result]) == [0, 1, 2]
 
 
 def test_old_rounds_keys_are_dropped(handlers: Factory) -> None:

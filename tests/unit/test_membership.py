@@ -12,6 +12,7 @@ from elasticjob_runtime.membership import (
     Round,
     Wait,
     Write,
+    confirm,
     decide_join,
     restart_reason,
 )
@@ -126,3 +127,18 @@ def test_every_sealed_round_has_between_min_and_max_live_nodes(
         assert len(set(current.participants)) == len(current.participants)
     else:
         assert len(live) < lo
+
+
+def test_a_sealed_round_is_ready_only_once_every_participant_has_confirmed_it() -> None:
+    sealed = Round(number=3, participants=("a", "b"), complete=True)
+    live = frozenset({"a", "b"})
+    assert confirm(sealed, live, frozenset({"a"}), 3) == "wait"
+    assert confirm(sealed, live, frozenset({"a", "b"}), 3) == "ready"
+
+
+def test_a_round_superseded_or_missing_a_participant_is_joined_again() -> None:
+    sealed = Round(number=3, participants=("a", "b"), complete=True)
+    newer = Round(number=4, participants=("c",))
+    assert confirm(newer, frozenset({"a", "b", "c"}), frozenset({"a"}), 3) == "retry"
+    assert confirm(sealed, frozenset({"a"}), frozenset({"a"}), 3) == "retry"
+    assert confirm(None, frozenset({"a"}), frozenset({"a"}), 3) == "retry"

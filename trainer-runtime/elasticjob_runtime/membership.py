@@ -146,6 +146,23 @@ def decide_join(
     return Wait(last_call, why)
 
 
+def confirm(current: Round | None, live: frozenset[str], acked: frozenset[str], number: int) -> str:
+    """After joining round ``number``: "ready" once every participant has confirmed it,
+    "wait" while some have not, "retry" if it was superseded or lost a participant.
+
+    A participant that read the state only after a newer round opened never takes
+    part in the sealed one; without this check the others would wait for it in the
+    round's store until the store timeout.
+    """
+    if current is None or current.number != number or not current.complete:
+        return "retry"
+    if any(p not in live for p in current.participants):
+        return "retry"
+    if set(current.participants) <= acked:
+        return "ready"
+    return "wait"
+
+
 def restart_reason(current: Round | None, live: frozenset[str], my_round: int) -> str | None:
     """Why a node running round ``my_round`` must restart its workers, or None to keep going."""
     if current is None:

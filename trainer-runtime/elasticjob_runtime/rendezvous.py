@@ -55,6 +55,7 @@ from elasticjob_runtime.membership import (
     Limits,
     Round,
     Write,
+    confirm,
     decide_join,
     restart_reason,
 )
@@ -132,6 +133,7 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
         self._lease_ttl = lease_ttl
         self._prefix = contract.run_prefix(run_id) + "rdzv/"
         self._members = members_prefix(run_id)
+        self._acks = contract.run_prefix(run_id) + "rdzv/acks/"
         self._state_key = state_key(run_id)
         self.node = f"{self._addr}_{os.getpid()}_{uuid.uuid4().hex[:6]}"
         self._job_lease = client.grant(job_ttl)
@@ -179,11 +181,23 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
     # -- reading ------------------------------------------------------------------
 
     def _read(self) -> tuple[int, Round | None, KeyValue | None, frozenset[str]]:
+        revision, current, kv, live, _ = self._read_all()
+        return revision, current, kv, live
+
+    def _read_all(
+        self,
+    ) -> tuple[int, Round | None, KeyValue | None, frozenset[str], dict[str, int]]:
+        """One snapshot: revision, round, its key, live nodes, and each node's confirmed round."""
         snap = self._client.snapshot(self._prefix)
         kv = snap.items.get(self._state_key)
         current = Round.decode(kv.value) if kv is not None else None
         live = frozenset(k[len(self._members) :] for k in snap.items if k.startswith(self._members))
-        return snap.revision, current, kv, live
+        acks = {
+            k[len(self._acks) :]: int(v.value)
+            for k, v in snap.items.items()
+            if k.startswith(self._acks) and v.value.isdigit()
+        }
+        return snap.revision, current, kv, live, acks
 
     def _watch(self, revision: int) -> None:
         """(Re)start the watch on the run's prefix from just after ``revision``."""
@@ -255,7 +269,11 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
                     current, live, self.node, self._limits, self._round, time.time()
                 )
                 if isinstance(decision, Joined):
-                    return decision, revision
+                    confirmed = self._confirm(decision, deadline)
+                    if confirmed is not None:
+                        return decision, confirmed
+                    self._round = decision.number  # superseded: join the next one
+                    continue
                 if isinstance(decision, Closed):
                     raise RendezvousClosedError(
                         f"the rendezvous of run {self._run_id} is closed (the job finished); "
@@ -282,6 +300,29 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
                     raise RendezvousConnectionError(str(exc)) from exc
                 log.warning("etcd-v3: %s: %s; retrying", self.node, exc)
                 time.sleep(0.5)
+
+    def _confirm(self, joined: Joined, deadline: float) -> int | None:
+        """Confirm ``joined`` and wait for its other participants to do the same.
+
+        Returns the revision read when all had, or None if the round was superseded
+        or lost a participant first.
+        """
+        self._client.put(self._acks + self.node, str(joined.number).encode(), self._member_lease)
+        while True:
+            revision, current, _, live, acks = self._read_all()
+            acked = frozenset(node for node, number in acks.items() if number == joined.number)
+            verdict = confirm(current, live, acked, joined.number)
+            if verdict == "ready":
+                return revision
+            if verdict == "retry":
+                log.info("etcd-v3: %s: round %d was superseded", self.node, joined.number)
+                return None
+            if time.monotonic() > deadline:
+                raise RendezvousTimeoutError(
+                    f"round {joined.number} of run {self._run_id} was not confirmed by all "
+                    f"of its nodes within {self._join_timeout:.0f}s"
+                )
+            self._client.wait_for_change(self._prefix, revision, deadline - time.monotonic())
 
     def _drop_rounds_before(self, number: int) -> None:
         """Finished rounds' store keys are no use to anyone; keep etcd small."""
