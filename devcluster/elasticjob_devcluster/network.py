@@ -33,6 +33,7 @@ CLUSTER_PREFIX = 16
 BRIDGE_IP = "10.244.255.254"
 REFUSE_IP = BRIDGE_IP  # nothing listens there: connecting is refused at once
 BRIDGE = "ej-br"
+BRIDGE_MAC = "02:65:6a:00:00:01"  # locally administered, fixed for the bridge's lifetime
 NETNS_DIR = Path("/run/netns")
 CLONE_NEWNET = 0x40000000
 
@@ -72,7 +73,10 @@ def ensure_cluster_network(name: str) -> None:
             _ip("netns", "add", name)
         _ip("-n", name, "link", "set", "lo", "up")
         if _ip("-n", name, "link", "show", BRIDGE, check=False).returncode != 0:
-            _ip("-n", name, "link", "add", BRIDGE, "type", "bridge")
+            # A fixed address: by default a bridge takes its lowest port's MAC, so deleting
+            # that pod changed the gateway's MAC under every pod's ARP cache and cut their
+            # clusterIP traffic for up to a minute (seen as etcd timeouts after a deletion).
+            _ip("-n", name, "link", "add", BRIDGE, "address", BRIDGE_MAC, "type", "bridge")
         addrs = _ip("-n", name, "-o", "addr", "show", "dev", BRIDGE).stdout
         if f"{BRIDGE_IP}/" not in addrs:
             _ip("-n", name, "addr", "add", f"{BRIDGE_IP}/{CLUSTER_PREFIX}", "dev", BRIDGE)
