@@ -218,6 +218,7 @@ class Agent:
         self.heartbeat = True
         self.lost = False
         self.first_seen_unbound: dict[str, float] = {}
+        self.deleted: set[str] = set()  # uids whose delete we completed (the watch may lag)
         self.net = ipaddress.ip_network(args.pod_cidr)
         self.records_lock = threading.Lock()
         self.ca_pem = Path(args.ca_file).read_text()
@@ -625,7 +626,10 @@ class Agent:
             for p in self.cache.items("pods")
             if (p.get("spec") or {}).get("nodeName") == self.node
         }
+        self.deleted &= set(mine)
         for uid, pod in mine.items():
+            if uid in self.deleted:
+                continue
             rt = self.pods.get(uid)
             if rt is None:
                 phase = (pod.get("status") or {}).get("phase")
@@ -1096,6 +1100,7 @@ class Agent:
             if e.status not in (404, 409):
                 raise
         self.pods.pop(rt.uid, None)
+        self.deleted.add(rt.uid)
         shutil.rmtree(rt.dir, ignore_errors=True)
         log.info("pod %s/%s deleted", rt.namespace, rt.name)
 

@@ -459,6 +459,7 @@ def test_fault_kill_restarts_the_container(
     script = "import os, time; print('pid', os.getpid(), flush=True); time.sleep(600)"
     create(api, ns, pod_manifest("victim", script, restart="Always"))
     wait_phase(api, ns, "victim", "Running")
+    wait_for("the victim to print its pid", lambda: logs(api, ns, "victim").startswith("pid "))
     killed = faults.kill_container(cluster_dir, ns, "victim")
     assert len(killed) == 1
 
