@@ -152,7 +152,7 @@ def wait_for(what: str, check: Callable[[], T | None], timeout: float) -> T:
         if value is not None:
             return value
         time.sleep(0.05)
-    raise TimeoutError(f"no {what} within {timeout:.0f}s")
+    raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
 # ---------------------------------------------------------------- etcd
