@@ -59,15 +59,12 @@ CONFIG = Config(
 )
 
 _kube: Kube | None = None
-_locks: dict[tuple[str, str], threading.Lock] = {}
-_locks_guard = threading.Lock()
+# Jobs being reconciled right now -> a rerun was asked for meanwhile (None: no; else
+# whether that rerun should read progress). Coalesces bursts of events into one rerun.
+_busy: dict[tuple[str, str], bool | None] = {}
+_busy_guard = threading.Lock()
 _stop = threading.Event()
 _last_sweep = 0.0
-
-
-def _lock(namespace: str, name: str) -> threading.Lock:
-    with _locks_guard:
-        return _locks.setdefault((namespace, name), threading.Lock())
 
 
 def _validation_message(exc: ValidationError) -> str:
@@ -77,16 +74,39 @@ def _validation_message(exc: ValidationError) -> str:
 
 
 def reconcile_job(kube: Kube, namespace: str, name: str, read_progress: bool = False) -> None:
-    """Observe one job and its children, decide, apply. Serialised per job."""
-    with _lock(namespace, name):
-        started = time.monotonic()
-        try:
-            _reconcile_locked(kube, namespace, name, read_progress)
-        except Exception:
-            metrics.RECONCILE_ERRORS.labels(namespace=namespace).inc()
-            raise
-        finally:
-            metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
+    """Observe one job and its children, decide, apply; one round at a time per job.
+
+    A trigger that arrives while the job is being reconciled does not wait for it (which
+    would tie up a worker thread per event): it asks for one more round, which the running
+    call does before it returns, so the last observation always follows the last event.
+    """
+    key = (namespace, name)
+    with _busy_guard:
+        if key in _busy:
+            _busy[key] = bool(_busy[key]) or read_progress
+            return
+        _busy[key] = None
+    try:
+        while True:
+            started = time.monotonic()
+            try:
+                _reconcile_locked(kube, namespace, name, read_progress)
+            except Exception:
+                metrics.RECONCILE_ERRORS.labels(namespace=namespace).inc()
+                raise
+            finally:
+                metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
+            with _busy_guard:
+                again = _busy[key]
+                if again is None:
+                    del _busy[key]
+                    return
+                _busy[key] = None
+            read_progress = again
+    except BaseException:
+        with _busy_guard:
+            _busy.pop(key, None)
+        raise
 
 
 def _reconcile_locked(kube: Kube, namespace: str, name: str, read_progress: bool) -> None:
@@ -196,8 +216,6 @@ def job_event(
     type: str, name: str, namespace: str | None, body: Mapping[str, Any], **_: Any
 ) -> None:
     if type == "DELETED":
-        with _locks_guard:
-            _locks.pop((namespace or "", name), None)
         return
     if _kube is not None and namespace and not is_own_status_echo(type, body):
         reconcile_job(_kube, namespace, name)
