@@ -45,7 +45,16 @@ class Fault:
     inject: Callable[[], object]
     at_step: int = 0
     injected_at: float = 0.0  # unix time, the clock of the workers' `t=` log field
-    recovered_after: float | None = None
+    recovery: Recovery | None = None
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """What a fault cost, read from the workers' logs."""
+
+    paused_for: float  # seconds between the last step before the new round and its first
+    resumed_from: int  # the step the new round started from (its checkpoint)
+    world: int  # world size of the new round
 
 
 @dataclass(frozen=True)
@@ -68,18 +77,40 @@ def parse_step_line(line: str) -> StepLine | None:
         return None
 
 
-def parse_start_time(line: str) -> float | None:
-    """When a worker (re)started training: the example's ``resumed from step`` /
-    ``starting fresh`` line carries ``t=<unix time>``."""
-    if "resumed from step" not in line and "starting fresh" not in line:
+def parse_start(line: str) -> tuple[float, int] | None:
+    """When a worker (re)started training and from which step: the example's
+    ``resumed from step N ...`` / ``starting fresh ...`` line carries ``t=<unix time>``."""
+    words = line.split()
+    if line.startswith("resumed from step"):
+        step = int(words[3])
+    elif line.startswith("starting fresh"):
+        step = 0
+    else:
         return None
-    for token in line.split():
+    for token in words:
         if token.startswith("t="):
             try:
-                return float(token[2:])
+                return float(token[2:]), step
             except ValueError:
                 return None
     return None
+
+
+def recovery(lines: list[str], injected_at: float, at_step: int) -> Recovery | None:
+    """The cost of a fault injected at unix time ``injected_at`` when the workers had logged
+    ``at_step``: the pause from the old round's last step (or the fault, if later) to the
+    new round's first step beyond ``at_step``. None until the new round got there."""
+    starts = sorted(s for s in map(parse_start, lines) if s is not None and s[0] > injected_at)
+    if not starts:
+        return None
+    restarted, resumed_from = starts[0]
+    steps = sorted(filter(None, map(parse_step_line, lines)), key=lambda p: p.time)
+    first = next((p for p in steps if p.time > restarted and p.step > at_step), None)
+    if first is None:
+        return None
+    before = [p.time for p in steps if p.time < restarted]
+    paused_from = max([injected_at, *before[-1:]])
+    return Recovery(first.time - paused_from, resumed_from, first.world)
 
 
 def parse_result(line: str) -> Obj | None:
@@ -168,16 +199,8 @@ class Demo:
         conditions = (self.job().get("status") or {}).get("conditions", [])
         return any(c.get("type") == "Succeeded" and c.get("status") == "True" for c in conditions)
 
-    def moved_past(self, fault: Fault) -> StepLine | None:
-        """The first step beyond the fault's step logged by workers that (re)started after
-        the fault: steps the old round still logged while it wound down do not count."""
-        lines = self.worker_logs()
-        starts = [t for t in map(parse_start_time, lines) if t is not None]
-        restarted = min((t for t in starts if t > fault.injected_at), default=None)
-        if restarted is None:
-            return None
-        steps = sorted(filter(None, map(parse_step_line, lines)), key=lambda p: p.time)
-        return next((p for p in steps if p.time > restarted and p.step > fault.at_step), None)
+    def recovery(self, fault: Fault) -> Recovery | None:
+        return recovery(self.worker_logs(), fault.injected_at, fault.at_step)
 
     def events(self, limit: int = 3) -> list[str]:
         items = self.core.list_namespaced_event(NAMESPACE).items
@@ -282,15 +305,14 @@ def run_demo(demo: Demo, steps: int) -> list[Fault]:
         fault.inject()
         demo.watch_until(
             "training to get past the fault",
-            lambda f=fault: demo.moved_past(f) is not None or demo.succeeded(),  # type: ignore[misc]
+            lambda f=fault: demo.recovery(f) is not None or demo.succeeded(),  # type: ignore[misc]
             timeout=300,
         )
-        moved = demo.moved_past(fault)
-        if moved is not None:
-            fault.recovered_after = moved.time - fault.injected_at
+        fault.recovery = demo.recovery(fault)
+        if fault.recovery is not None:
             demo.say(
-                f"training past step {fault.at_step} again {fault.recovered_after:.1f}s after "
-                f"'{fault.name}' (world size {moved.world})"
+                f"'{fault.name}': training paused {fault.recovery.paused_for:.1f}s, resumed "
+                f"from step {fault.recovery.resumed_from} at world size {fault.recovery.world}"
             )
     demo.watch_until("the job to succeed", demo.succeeded, timeout=900)
     return faults_to_inject
@@ -310,8 +332,14 @@ def summary(demo: Demo, injected: list[Fault]) -> str:
     for fault in injected:
         if fault.injected_at == 0.0:
             continue
-        after = "-" if fault.recovered_after is None else f"{fault.recovered_after:.1f}s"
-        lines.append(f"  {fault.name:<26} at step {fault.at_step:>4}: seconds lost {after}")
+        r = fault.recovery
+        cost = (
+            "did not recover before the end"
+            if r is None
+            else f"training paused {r.paused_for:4.1f}s, resumed from step {r.resumed_from} "
+            f"at world size {r.world}"
+        )
+        lines.append(f"  {fault.name:<26} at step {fault.at_step:>4}: {cost}")
     lines.append(
         f"loss:             {result.get('initial_loss', float('nan')):.4f} -> "
         f"{result.get('final_loss', float('nan')):.4f}"

@@ -1,0 +1,54 @@
+"""The demo's summary figures, computed from worker log lines (scripts/demo.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+DEMO = Path(__file__).resolve().parents[2] / "scripts" / "demo.py"
+
+
+@pytest.fixture(scope="module")
+def demo() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("elasticjob_demo", DEMO)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["elasticjob_demo"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+LOG = [
+    "starting fresh world=2 rank=0 restarts=0 startup=3.1s t=100.0",
+    "step=50 epoch=0 loss=0.5000 world=2 rank=0 restarts=0 samples=3200 pid=1 t=105.0",
+    "step=60 epoch=0 loss=0.4000 world=2 rank=0 restarts=0 samples=3840 pid=1 t=106.0",
+    # the fault lands at t=106.5; the old round still logs one step while it winds down
+    "step=70 epoch=0 loss=0.3900 world=2 rank=0 restarts=0 samples=4480 pid=1 t=107.0",
+    "resumed from step 50 (/checkpoints/step-50.pt) world=1 rank=0 restarts=1 t=112.0",
+    "step=60 epoch=0 loss=0.4100 world=1 rank=0 restarts=1 samples=3840 pid=2 t=113.0",
+    "step=70 epoch=0 loss=0.3800 world=1 rank=0 restarts=1 samples=4160 pid=2 t=114.0",
+    "step=80 epoch=0 loss=0.3700 world=1 rank=0 restarts=1 samples=4480 pid=2 t=115.0",
+]
+
+
+def test_pause_runs_from_the_old_rounds_last_step_to_the_new_rounds_first_step_past_it(
+    demo: ModuleType,
+) -> None:
+    r = demo.recovery(LOG, injected_at=106.5, at_step=70)
+    assert r is not None
+    assert r.paused_for == pytest.approx(115.0 - 107.0)
+    assert (r.resumed_from, r.world) == (50, 1)
+
+
+def test_no_recovery_until_a_new_round_has_passed_the_faults_step(demo: ModuleType) -> None:
+    assert demo.recovery(LOG[:5], injected_at=106.5, at_step=70) is None
+    assert demo.recovery(LOG[:4], injected_at=106.5, at_step=70) is None
+
+
+def test_result_line_is_parsed_and_other_lines_are_not(demo: ModuleType) -> None:
+    assert demo.parse_result('ELASTICJOB_RESULT {"final_loss": 0.1}') == {"final_loss": 0.1}
+    assert demo.parse_result("step=1 loss=2") is None
