@@ -10,6 +10,7 @@ so the pid the agent recorded is the container's own process. A setup failure ex
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -87,7 +88,11 @@ def main() -> None:
         enter(spec)
         os.execvpe(argv[0], argv, env)
     except OSError as e:
-        sys.stderr.write(f"devcluster: cannot start container: {e}\n")
+        message = f"devcluster: cannot start container command {argv[0]!r}: {e.strerror or e}"
+        sys.stderr.write(message + "\n")
+        # tells the agent this was a start failure (kubelet's StartError), not an exit 128
+        with contextlib.suppress(OSError):
+            Path(sys.argv[1] + ".error").write_text(message)
         sys.exit(128)
 
 

@@ -1034,10 +1034,14 @@ class Agent:
                 os.killpg(proc.pid, signal.SIGKILL)  # what the main process left behind
             del rt.procs[name]
             run = rt.runs[name]
+            error_file = rt.dir / "containers" / f"{name}-{run.starts - 1}.json.error"
+            start_error = ""
+            with contextlib.suppress(OSError):
+                start_error = error_file.read_text()
             if code < 0:
                 run.exited(0, -code, now)
             else:
-                run.exited(code, None, now)
+                run.exited(code, None, now, start_error)
             log.info("pod %s/%s container %s exited %s", rt.namespace, rt.name, name, code)
             last = run.last
             deleting = rt.pod["metadata"].get("deletionTimestamp")

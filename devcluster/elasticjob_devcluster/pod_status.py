@@ -69,8 +69,9 @@ class ContainerRun:
         self.waiting_reason = ""
         self.waiting_message = ""
 
-    def exited(self, exit_code: int, signal: int | None, now: float) -> None:
-        """Record the end of the current run and when a restart may happen."""
+    def exited(self, exit_code: int, signal: int | None, now: float, start_error: str = "") -> None:
+        """Record the end of the current run and when a restart may happen.
+        start_error: the command could not be started at all (kubelet's StartError)."""
         started = self.running_since if self.running_since is not None else now
         if signal is not None:
             code = 128 + signal
@@ -78,8 +79,10 @@ class ContainerRun:
         else:
             code = exit_code
             reason = "Completed" if exit_code == 0 else "Error"
+        if start_error:
+            reason = "StartError"
         self.previous = self.last
-        self.last = Terminated(code, reason, started, now, self.container_id, signal)
+        self.last = Terminated(code, reason, started, now, self.container_id, signal, start_error)
         self.running_since = None
         self.pid = None
         self.ready = False

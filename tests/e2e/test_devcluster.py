@@ -136,6 +136,16 @@ def test_pod_runs_to_succeeded(api: client.CoreV1Api, ns: str) -> None:
     wait_for("Scheduled and Started events", reasons)
 
 
+def test_a_command_that_does_not_exist_fails_with_start_error(
+    api: client.CoreV1Api, ns: str
+) -> None:
+    manifest = pod_manifest("typo", "", container={"command": ["no-such-command-xyz"]})
+    create(api, ns, manifest)
+    pod = wait_phase(api, ns, "typo", "Failed")
+    terminated = pod.status.container_statuses[0].state.terminated
+    assert terminated.reason == "StartError" and "no-such-command-xyz" in terminated.message
+
+
 def test_pod_exiting_3_is_failed_with_exit_code_3(api: client.CoreV1Api, ns: str) -> None:
     create(api, ns, pod_manifest("three", "import sys; sys.exit(3)"))
     pod = wait_phase(api, ns, "three", "Failed")

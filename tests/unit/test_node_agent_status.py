@@ -169,3 +169,12 @@ def test_readiness_gate_holds_ready_until_its_condition_is_true() -> None:
     gate = {"type": "example.com/warm", "status": "True"}
     st = _running_status(s, [gate])
     assert next(c for c in st["conditions"] if c["type"] == "Ready")["status"] == "True"
+
+
+def test_a_command_that_cannot_start_is_a_start_error() -> None:
+    run = ContainerRun("c0")
+    run.started(1, "x", 0)
+    run.exited(128, None, 1, start_error="cannot start container: no such file")
+    assert run.last is not None and run.last.reason == "StartError"
+    st = _running_status({**spec("Never")}, [])  # shape check of a healthy one still passes
+    assert st["phase"] == "Running"
