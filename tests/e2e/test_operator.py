@@ -32,6 +32,7 @@ SUFFIX = uuid.uuid4().hex[:6]
 RELEASE = OP_NS = f"ejop-{SUFFIX}"
 JOB_NS = f"ejjobs-{SUFFIX}"
 FULLNAME = f"{RELEASE}-elasticjob-operator"  # the chart's name for its objects
+BELOW_MIN_GRACE = 15  # seconds a job may run below minReplicas (chart value)
 
 PRINT_ENV_AND_SLEEP = [
     "python",
@@ -52,7 +53,13 @@ def cluster(kubeconfig: Path) -> Cluster:
 def installed(cluster: Cluster) -> Iterator[Operator]:
     """The chart installed with helm; uninstalled afterwards (the CRD too if we added it)."""
     with installed_operator(
-        cluster, "ej", "--set", "metrics.service.enabled=true", suffix=SUFFIX
+        cluster,
+        "ej",
+        "--set",
+        "metrics.service.enabled=true",
+        "--set",
+        f"belowMinGraceSeconds={BELOW_MIN_GRACE}",
+        suffix=SUFFIX,
     ) as op:
         assert (op.release, op.namespace, op.job_namespace) == (RELEASE, OP_NS, JOB_NS)
         yield op
@@ -398,6 +405,27 @@ def test_retryable_failures_are_replaced_until_the_backoff_limit(
     assert status["replicaStatuses"]["Worker"]["failed"] == 3
     described = c.kubectl("-n", ns, "describe", "elasticjob", name).stdout
     assert "exit code 137; deleting it to replace it" in described
+
+
+def test_never_policy_carries_on_then_fails_below_min_after_the_grace(
+    operator: Cluster, ns: str
+) -> None:
+    c = operator
+    spec = job("thin", exit_on_worker_1(1), replicas=2)
+    spec["spec"]["minReplicas"] = 2
+    spec["spec"]["replicaSpecs"]["Worker"]["restartPolicy"] = "Never"
+    name = start_job(c, ns, spec)
+    wait_for(
+        "worker 1 retired",
+        lambda: c.status(ns, name).get("workerIndexes", {}).get("retired") == [1],
+    )
+    assert not any(
+        x["type"] == "Failed" for x in c.status(ns, name).get("conditions", [])
+    )  # within the grace the job goes on
+    status = wait_finished(c, ns, name, timeout=BELOW_MIN_GRACE + WAIT)
+    failed = next(x for x in status["conditions"] if x["type"] == "Failed")
+    assert failed["reason"] == "BelowMinReplicas", status
+    assert status["restartCount"] == 0  # Never: nothing was replaced
 
 
 def test_metrics_are_scrapeable_through_the_charts_service(operator: Cluster, ns: str) -> None:
