@@ -233,6 +233,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--print-freq", type=int, default=10, help="steps between log lines")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    p.add_argument(
+        "--sigterm-grace",
+        type=float,
+        default=10.0,
+        help="after SIGTERM, seconds to wait for a step boundary before saving anyway",
+    )
     args = p.parse_args(argv)
     if args.val and not args.data:
         p.error("--val needs --data")
@@ -311,7 +317,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         Path(tempfile.gettempdir()) / "elasticjob-examples" / run / "imagenet"
     )
     ckpt = CheckpointManager(directory, keep=2, memory="TORCHELASTIC_RUN_ID" in os.environ)
-    ckpt.install_sigterm_handler()
+    ckpt.install_sigterm_handler(grace_s=args.sigterm_grace)
     ckpt.track(lambda: {**targets, "meta": state.as_dict()})
     resumed = load_checkpoint(ckpt, targets, state)
     if rank == 0:

@@ -74,6 +74,7 @@ class Config:
     threads: int
     collective_timeout: float | None
     log_samples: int
+    sigterm_grace: float
 
 
 # (flag, env name, type, default, help)
@@ -102,6 +103,14 @@ OPTIONS: tuple[tuple[str, str, type, Any, str], ...] = (
         float,
         None,
         "process-group timeout in seconds (default: torch's)",
+    ),
+    (
+        "--sigterm-grace",
+        "TRAIN_SIGTERM_GRACE",
+        float,
+        5.0,
+        "after SIGTERM, seconds to wait for a step boundary before saving the last "
+        "completed step anyway (a step here takes milliseconds; a stuck one means a peer left)",
     ),
     (
         "--log-samples",
@@ -139,6 +148,8 @@ def parse_config(argv: Sequence[str] | None = None) -> Config:
         )
         if getattr(config, attr) < 1
     ]
+    if config.sigterm_grace <= 0:
+        problems.append(f"--sigterm-grace must be above 0 seconds (got {config.sigterm_grace})")
     if config.log_ranks not in ("0", "all"):
         problems.append(f"--log-ranks must be 0 or all (got {config.log_ranks!r})")
     if problems:
@@ -275,7 +286,7 @@ def train(config: Config) -> dict[str, Any] | None:
     ckpt = CheckpointManager(
         config.checkpoint_dir or default_checkpoint_dir(), keep=3, memory=launched
     )
-    ckpt.install_sigterm_handler()
+    ckpt.install_sigterm_handler(grace_s=config.sigterm_grace)
     ckpt.track(state)
     resumed = ckpt.restore(state())
     phases.mark("restore")
