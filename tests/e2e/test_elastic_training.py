@@ -1,0 +1,595 @@
+"""Elastic training end to end: the example trains as an ElasticJob through real faults.
+
+The operator is installed with helm (one release for the module); every job is the
+shipped examples/manifests/elastic.yaml (min 1, max 4) with a few ``TRAIN_*`` values
+changed, applied with kubectl. Each test breaks something a user or a cluster breaks —
+a training process, a pod, a node, the job's etcd — or resizes the job, and checks what a
+user sees: `kubectl wait`, `kubectl logs` (the example's ``step= ... world= t=`` lines
+and its ``ELASTICJOB_RESULT``), the job's status. Logs are followed from the moment a pod
+runs, so pods that a scale-down or a fault removes still count.
+
+On a cluster other than the devcluster, the node fault is skipped and a worker process
+is killed through ``kubectl exec``; everything else is the same.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kube_helpers import REPO, RUNTIME_IMAGE, Cluster, Obj, Operator, installed_operator, wait_for
+
+from elasticjob_devcluster import faults
+from elasticjob_devcluster.controlplane import DevCluster
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+
+MANIFEST = REPO / "examples" / "manifests" / "elastic.yaml"
+JOB_LABEL = "elastic.pytorch.org/job-name"
+ROLE_LABEL = "elastic.pytorch.org/replica-type"
+TRAIN = 300.0  # generous bound for training phases (2 busy cores)
+
+
+# -- what the example logs ----------------------------------------------------------------
+
+
+def fields(line: str) -> dict[str, str]:
+    return dict(tok.split("=", 1) for tok in line.split() if "=" in tok)
+
+
+@dataclass(frozen=True)
+class Step:
+    """``step=N epoch=E loss=L world=W rank=R ... t=T`` (rank 0, every TRAIN_LOG_EVERY)."""
+
+    step: int
+    world: int
+    loss: float
+    t: float
+
+
+@dataclass(frozen=True)
+class Resume:
+    """``resumed from step N (...)`` / ``starting fresh``, once per (re)started group."""
+
+    step: int
+    world: int
+    t: float
+
+
+@dataclass(frozen=True)
+class Samples:
+    """``samples step=N epoch=E world=W rank=R idx=...`` (every rank, TRAIN_LOG_SAMPLES=1)."""
+
+    step: int
+    epoch: int
+    world: int
+    rank: int
+    idx: tuple[int, ...]
+    t: float
+
+
+class Logs:
+    """Every line of every worker pod of a job, followed with `kubectl logs -f` from the
+    moment each pod (by uid) runs, so the lines of deleted pods are kept."""
+
+    def __init__(self, c: Cluster, ns: str, job: str) -> None:
+        self.c, self.ns, self.job = c, ns, job
+        self.lines: list[tuple[str, str]] = []  # (pod, line)
+        self.lock = threading.Lock()
+        self.followers: dict[str, subprocess.Popen[str]] = {}  # pod uid -> kubectl
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+        self.thread.start()
+
+    def _watch(self) -> None:
+        sel = f"{JOB_LABEL}={self.job},{ROLE_LABEL}=worker"
+        while not self.stop.wait(1.0):
+            try:
+                pods = self.c.core.list_namespaced_pod(self.ns, label_selector=sel).items
+            except Exception:
+                continue
+            for pod in pods:
+                uid = pod.metadata.uid
+                if uid in self.followers or pod.status.phase not in ("Running", "Succeeded"):
+                    continue
+                proc = subprocess.Popen(
+                    [
+                        "kubectl",
+                        f"--kubeconfig={self.c.kubeconfig}",
+                        "-n",
+                        self.ns,
+                        "logs",
+                        "-f",
+                        f"pod/{pod.metadata.name}",
+                    ],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.DEVNULL,
+                    text=True,
+                )
+                self.followers[uid] = proc
+                threading.Thread(
+                    target=self._read, args=(pod.metadata.name, proc), daemon=True
+                ).start()
+
+    def _read(self, pod: str, proc: subprocess.Popen[str]) -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            with self.lock:
+                self.lines.append((pod, line.rstrip("\n")))
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(timeout=10)
+        for proc in self.followers.values():
+            if proc.poll() is None:
+                proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    def text(self) -> list[str]:
+        with self.lock:
+            return [line for _, line in self.lines]
+
+    def steps(self) -> list[Step]:
+        out = []
+        for line in self.text():
+            if line.startswith("step="):
+                f = fields(line)
+                out.append(Step(int(f["step"]), int(f["world"]), float(f["loss"]), float(f["t"])))
+        return sorted(out, key=lambda s: s.t)
+
+    def resumes(self) -> list[Resume]:
+        out = []
+        for line in self.text():
+            if line.startswith(("resumed from step", "starting fresh")):
+                f = fields(line)
+                step = int(line.split()[3]) if line.startswith("resumed") else 0
+                out.append(Resume(step, int(f["world"]), float(f["t"])))
+        return sorted(out, key=lambda r: r.t)
+
+    def samples(self) -> list[Samples]:
+        out = []
+        for line in self.text():
+            if line.startswith("samples step="):
+                f = fields(line)
+                idx = tuple(int(i) for i in f["idx"].split(",") if i)
+                out.append(
+                    Samples(
+                        int(f["step"]),
+                        int(f["epoch"]),
+                        int(f["world"]),
+                        int(f["rank"]),
+                        idx,
+                        float(f["t"]),
+                    )
+                )
+        return sorted(out, key=lambda s: s.t)
+
+    def last_step(self) -> int:
+        return max((s.step for s in self.steps()), default=0)
+
+    def tail(self, n: int = 60) -> str:
+        with self.lock:
+            return "\n".join(f"{pod}: {line}" for pod, line in self.lines[-n:])
+
+
+# -- fixtures -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cluster(kubeconfig: Path) -> Cluster:
+    return Cluster(kubeconfig)
+
+
+@pytest.fixture(scope="module")
+def installed(cluster: Cluster) -> Iterator[Operator]:
+    with installed_operator(cluster, "et") as op:
+        yield op
+
+
+@pytest.fixture
+def ns(installed: Operator) -> Iterator[str]:
+    """The watched namespace; the jobs a test started are deleted after it (freeing the
+    cores for the next test)."""
+    c, job_ns = installed.cluster, installed.job_namespace
+    yield job_ns
+    for j in c.list_jobs(job_ns):
+        c.kubectl("-n", job_ns, "delete", "elasticjob", j["metadata"]["name"], "--wait=false")
+    wait_for(
+        "the previous jobs' pods to be gone",
+        lambda: not c.core.list_namespaced_pod(job_ns, label_selector=JOB_LABEL).items,
+    )
+
+
+def manifest(name: str, replicas: int = 2, **env: Any) -> Obj:
+    """examples/manifests/elastic.yaml, renamed, with these TRAIN_* values."""
+    doc: Obj = yaml.safe_load(MANIFEST.read_text())
+    doc["metadata"] = {"name": name}
+    worker = doc["spec"]["replicaSpecs"]["Worker"]
+    worker["replicas"] = replicas
+    container = worker["template"]["spec"]["containers"][0]
+    container["image"] = RUNTIME_IMAGE
+    merged = {e["name"]: e["value"] for e in container.get("env", [])}
+    merged["TRAIN_EPOCHS"] = "1000"  # TRAIN_STEPS decides the end
+    merged.update({k: str(v) for k, v in env.items()})
+    container["env"] = [{"name": k, "value": v} for k, v in merged.items()]
+    # a node-local checkpoint per pod is the example's point; one request keeps a pod
+    # per node schedulable on small clusters (kind)
+    container["resources"] = {"requests": {"cpu": "100m", "memory": "256Mi"}}
+    return doc
+
+
+@pytest.fixture
+def start(cluster: Cluster, ns: str) -> Iterator[Any]:
+    """Apply a job and follow its workers' logs; the followers stop after the test."""
+    followed: list[Logs] = []
+
+    def start_job(doc: Obj) -> Logs:
+        cluster.apply(ns, doc)
+        logs = Logs(cluster, ns, doc["metadata"]["name"])
+        followed.append(logs)
+        return logs
+
+    yield start_job
+    for logs in followed:
+        logs.close()
+        print(f"--- {logs.job} log tail ---\n{logs.tail()}")
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:4]}"
+
+
+def wait_step(logs: Logs, step: int, timeout: float = TRAIN, world: int | None = None) -> Step:
+    """The first logged step >= ``step`` (at this world size, if given)."""
+
+    def reached() -> Step | None:
+        for s in logs.steps():
+            if s.step >= step and (world is None or s.world == world):
+                return s
+        return None
+
+    try:
+        return wait_for(f"{logs.job} to log step {step} (world {world})", reached, timeout)
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{logs.tail()}") from None
+
+
+def kill_worker_process(c: Cluster, dev: DevCluster | None, ns: str, pod: str) -> None:
+    """SIGKILL one training process inside the pod (not the container)."""
+    if dev is not None:
+        faults.kill_worker_process(dev.dir, ns, pod)
+        return
+    # elsewhere the container's main process (pid 1) is elasticjob-run: kill its newest
+    # python child, from inside the pod
+    script = (
+        "import os, signal\n"
+        "kids = []\n"
+        "for p in filter(str.isdigit, os.listdir('/proc')):\n"
+        "    try:\n"
+        "        stat = open(f'/proc/{p}/stat').read().rsplit(')', 1)[1].split()\n"
+        "        cmd = open(f'/proc/{p}/cmdline').read()\n"
+        "    except OSError:\n"
+        "        continue\n"
+        "    if stat[1] == '1' and 'python' in cmd and 'tracker' not in cmd:\n"
+        "        kids.append((int(stat[19]), int(p)))\n"
+        "os.kill(max(kids)[1], signal.SIGKILL)\n"
+    )
+    c.kubectl("-n", ns, "exec", pod, "--", "python", "-c", script)
+
+
+# -- the tests ------------------------------------------------------------------------------
+
+
+def test_the_example_trains_to_success_and_its_loss_falls(
+    cluster: Cluster, ns: str, start: Any
+) -> None:
+    c = cluster
+    name = unique("fit")
+    start(
+        manifest(
+            name,
+            TRAIN_STEPS=60,
+            TRAIN_SLEEP=0,
+            TRAIN_LOG_EVERY=10,
+            TRAIN_CHECKPOINT_INTERVAL=20,
+        )
+    )
+    waited = c.kubectl(
+        "-n",
+        ns,
+        "wait",
+        f"elasticjob/{name}",
+        "--for=condition=Succeeded",
+        f"--timeout={int(TRAIN)}s",
+        check=False,
+    )
+    assert waited.returncode == 0, (
+        waited.stderr + c.kubectl("-n", ns, "describe", "elasticjob", name).stdout
+    )
+    results = []
+    for i in (0, 1):
+        out = c.kubectl("-n", ns, "logs", f"{name}-worker-{i}").stdout
+        results += [
+            json.loads(line.split(" ", 1)[1])
+            for line in out.splitlines()
+            if line.startswith("ELASTICJOB_RESULT ")
+        ]
+    assert len(results) == 1, results  # rank 0 reports, whichever pod it is
+    result = results[0]
+    assert result["steps"] == 60 and result["world_size"] == 2
+    assert result["final_loss"] < result["initial_loss"] * 0.8, result
+    row = c.kubectl("-n", ns, "get", "elasticjob", name).stdout.splitlines()[1].split()
+    assert row[-2] == "Succeeded", row
+
+
+def test_a_killed_worker_process_resumes_from_the_latest_checkpoint(
+    cluster: Cluster, devcluster: DevCluster | None, ns: str, start: Any
+) -> None:
+    c = cluster
+    name = unique("kill")
+    interval = 10
+    logs = start(
+        manifest(
+            name,
+            TRAIN_STEPS=1000,
+            TRAIN_SLEEP=0.1,
+            TRAIN_LOG_EVERY=1,
+            TRAIN_CHECKPOINT_INTERVAL=interval,
+        )
+    )
+    wait_step(logs, 2 * interval + 5, world=2)
+    uids = {n: p.metadata.uid for n, p in c.workers(ns, name).items()}
+    killed_at = time.time()
+    kill_worker_process(c, devcluster, ns, f"{name}-worker-1")
+
+    resumed = wait_for(
+        "the group to resume after the kill",
+        lambda: next((r for r in logs.resumes() if r.t > killed_at), None),
+        timeout=TRAIN,
+    )
+    done = [s.step for s in logs.steps() if s.t < resumed.t]
+    last_done = max(done)
+    assert resumed.step >= 2 * interval, resumed  # from a checkpoint, not from scratch
+    assert 0 <= last_done - resumed.step <= interval, (last_done, resumed)
+    wait_step(logs, last_done + 5, world=2)  # and it trains on, both workers in
+    # the launcher restarted the process inside the pod: the pods are the same ones
+    assert {n: p.metadata.uid for n, p in c.workers(ns, name).items()} == uids
+    assert c.status(ns, name).get("restartCount", 0) == 0
+
+
+def test_a_deleted_worker_pod_leaves_survivors_training_and_its_replacement_joins(
+    cluster: Cluster, ns: str, start: Any
+) -> None:
+    c = cluster
+    name = unique("shrink")
+    logs = start(
+        manifest(
+            name,
+            TRAIN_STEPS=2000,
+            TRAIN_SLEEP=0.1,
+            TRAIN_LOG_EVERY=2,
+            TRAIN_CHECKPOINT_INTERVAL=10,
+        )
+    )
+    wait_step(logs, 10, world=2)
+    old_uid = c.core.read_namespaced_pod(f"{name}-worker-1", ns).metadata.uid
+    restarts = c.status(ns, name).get("restartCount", 0)
+    deleted_at = time.time()
+    c.kubectl("-n", ns, "delete", "pod", f"{name}-worker-1", "--wait=false")
+
+    def at(world: int, after: float) -> Step | None:
+        return next((s for s in logs.steps() if s.t > after and s.world == world), None)
+
+    alone = wait_for("the survivor to train alone", lambda: at(1, deleted_at), TRAIN)
+    rejoined = wait_for("the replacement to join", lambda: at(2, alone.t), TRAIN)
+    assert rejoined.step > alone.step
+    new = c.core.read_namespaced_pod(f"{name}-worker-1", ns)
+    assert new.metadata.uid != old_uid
+    assert c.status(ns, name).get("restartCount") == restarts + 1
+
+
+def final_attempts(records: list[Samples]) -> dict[int, list[Samples]]:
+    """Per step, the records of the attempt that counted: a step redone after a restart
+    from a checkpoint replaces the earlier attempt (its ranks log within moments of each
+    other; attempts are a restart apart)."""
+    by_step: dict[int, list[Samples]] = {}
+    for r in records:
+        by_step.setdefault(r.step, []).append(r)
+    final = {}
+    for step, recs in by_step.items():
+        last = max(r.t for r in recs)
+        final[step] = [r for r in recs if r.t > last - 1.0]
+    return final
+
+
+def test_kubectl_scale_2_4_2_world_follows_and_no_sample_repeats_within_an_epoch(
+    cluster: Cluster, ns: str, start: Any
+) -> None:
+    c = cluster
+    name = unique("scale")
+    samples, batch, steps = 2048, 32, 150
+    logs = start(
+        manifest(
+            name,
+            TRAIN_STEPS=steps,
+            TRAIN_EPOCHS=100,
+            TRAIN_SAMPLES=samples,
+            TRAIN_BATCH_SIZE=batch,
+            TRAIN_SLEEP=0.15,
+            TRAIN_LOG_EVERY=2,
+            TRAIN_CHECKPOINT_INTERVAL=5,
+            TRAIN_LOG_SAMPLES=1,
+        )
+    )
+    first = wait_step(logs, 6, world=2)
+    c.kubectl("-n", ns, "scale", f"elasticjob/{name}", "--replicas=4")
+    four = wait_step(logs, first.step, world=4)
+    wait_step(logs, four.step + 8, world=4)
+    c.kubectl("-n", ns, "scale", f"elasticjob/{name}", "--replicas=2")
+    scaled_down = time.time()
+    wait_for(
+        "world 2 after the scale-down",
+        lambda: any(s.world == 2 and s.t > scaled_down for s in logs.steps()),
+        TRAIN,
+    )
+    waited = c.kubectl(
+        "-n", ns, "wait", f"elasticjob/{name}", "--for=condition=Succeeded", "--timeout=600s"
+    )
+    assert waited.returncode == 0
+    time.sleep(2)  # the followers read the last lines
+
+    worlds = [s.world for s in logs.steps()]
+    changes = [w for i, w in enumerate(worlds) if i == 0 or w != worlds[i - 1]]
+    assert changes == [2, 4, 2], changes
+
+    final = final_attempts(logs.samples())
+    assert sorted(final) == list(range(1, steps + 1)), "a step has no complete record"
+    by_epoch: dict[int, list[int]] = {}
+    resized_in_epoch = set()
+    for step in sorted(final):
+        recs = final[step]
+        world = recs[0].world
+        assert sorted(r.rank for r in recs) == list(range(world)), (step, recs)
+        assert {r.world for r in recs} == {world}
+        epoch = recs[0].epoch
+        seen = by_epoch.setdefault(epoch, [])
+        for r in recs:
+            seen += r.idx
+        if step > 1 and final[step - 1][0].world != world and final[step - 1][0].epoch == epoch:
+            resized_in_epoch.add(epoch)
+    for epoch, seen in by_epoch.items():
+        repeated = len(seen) - len(set(seen))
+        assert repeated == 0, f"epoch {epoch}: {repeated} samples repeated"
+        if epoch < max(by_epoch):
+            assert sorted(seen) == list(range(samples)), f"epoch {epoch} skipped samples"
+    assert resized_in_epoch, "no resize landed inside an epoch; the check proved nothing"
+
+
+def test_deleting_the_jobs_etcd_pod_is_survived(cluster: Cluster, ns: str, start: Any) -> None:
+    c = cluster
+    name = unique("etcd")
+    logs = start(
+        manifest(
+            name,
+            TRAIN_STEPS=2000,
+            TRAIN_SLEEP=0.1,
+            TRAIN_LOG_EVERY=2,
+            TRAIN_CHECKPOINT_INTERVAL=10,
+        )
+    )
+    wait_step(logs, 20, world=2)
+    sel = f"{JOB_LABEL}={name},{ROLE_LABEL}=etcd"
+    (old,) = c.core.list_namespaced_pod(ns, label_selector=sel).items
+    before = logs.last_step()
+    deleted_at = time.time()
+    c.kubectl("-n", ns, "delete", "pod", old.metadata.name, "--wait=false")
+    wait_for(
+        "a new etcd pod to run",
+        lambda: [
+            p
+            for p in c.core.list_namespaced_pod(ns, label_selector=sel).items
+            if p.metadata.uid != old.metadata.uid and p.status.phase == "Running"
+        ],
+    )
+    after = wait_for(
+        "training past the step before the etcd loss",
+        lambda: next(
+            (s for s in logs.steps() if s.t > deleted_at and s.step > before + 10 and s.world == 2),
+            None,
+        ),
+        TRAIN,
+    )
+    assert after.step > before
+    resumed = [r for r in logs.resumes() if r.t > deleted_at]
+    # if the group restarted, it resumed from a checkpoint, not from scratch
+    assert all(r.step >= 10 for r in resumed), resumed
+
+
+def test_losing_a_node_replaces_its_worker_and_training_goes_on(
+    cluster: Cluster, devcluster: DevCluster | None, ns: str, start: Any
+) -> None:
+    if devcluster is None:
+        pytest.skip("losing a node needs the devcluster's node fault")
+    c = cluster
+    doomed = f"node-x{uuid.uuid4().hex[:4]}"
+    devcluster.add_node(doomed)
+    c.kubectl("cordon", doomed)  # the job's etcd and first workers go to the others
+    name = unique("node")
+    logs = start(
+        manifest(
+            name,
+            TRAIN_STEPS=2000,
+            TRAIN_SLEEP=0.1,
+            TRAIN_LOG_EVERY=2,
+            TRAIN_CHECKPOINT_INTERVAL=10,
+        )
+    )
+    wait_step(logs, 6, world=2)
+    c.kubectl("uncordon", doomed)
+    c.kubectl("-n", ns, "scale", f"elasticjob/{name}", "--replicas=3")
+    third = wait_for(
+        "worker 2 to run on the new node",
+        lambda: (
+            (p := c.running_workers(ns, name).get(f"{name}-worker-2")) is not None
+            and p.spec.node_name == doomed
+            and p
+        ),
+    )
+    wait_step(logs, 0, world=3)
+    lost_at = time.time()
+    faults.lose_node(devcluster.dir, doomed)
+
+    def replaced() -> Any:
+        p = c.running_workers(ns, name).get(f"{name}-worker-2")
+        return p is not None and p.metadata.uid != third.metadata.uid and p
+
+    new = wait_for("the operator to replace the lost worker", replaced, TRAIN)
+    assert new.spec.node_name != doomed
+    before = max(s.step for s in logs.steps() if s.t < lost_at)
+    back = wait_for(
+        "the group of 3 to resume",
+        lambda: next((r for r in logs.resumes() if r.t > lost_at and r.world == 3), None),
+        TRAIN,
+    )
+    assert back.step >= before - 10, (back, before)  # from a recent checkpoint
+    wait_for(  # training goes on at full size
+        "steps at world 3 after the resume",
+        lambda: any(
+            s.t > back.t and s.step >= back.step + 5 and s.world == 3 for s in logs.steps()
+        ),
+        TRAIN,
+    )
+    events = c.kubectl("-n", ns, "get", "events", "--field-selector", f"involvedObject.name={name}")
+    assert "stopped responding" in events.stdout
+
+
+def test_deleting_a_training_job_removes_every_child(cluster: Cluster, ns: str, start: Any) -> None:
+    c = cluster
+    name = unique("gone")
+    logs = start(manifest(name, TRAIN_STEPS=2000, TRAIN_SLEEP=0.1, TRAIN_LOG_EVERY=2))
+    wait_step(logs, 2, world=2)
+    c.kubectl("-n", ns, "delete", "elasticjob", name, "--wait=true", "--timeout=120s")
+    sel = f"{JOB_LABEL}={name}"
+
+    def nothing_left() -> bool:
+        return not (
+            c.core.list_namespaced_pod(ns, label_selector=sel).items
+            or c.core.list_namespaced_service(ns, label_selector=sel).items
+            or c.apps.list_namespaced_deployment(ns, label_selector=sel).items
+            or c.apps.list_namespaced_replica_set(ns, label_selector=sel).items
+        )
+
+    wait_for("every child of the job to be gone", nothing_left)
