@@ -428,6 +428,15 @@ def test_never_policy_carries_on_then_fails_below_min_after_the_grace(
     assert status["restartCount"] == 0  # Never: nothing was replaced
 
 
+def test_active_deadline_fails_the_job_and_stops_its_workers(operator: Cluster, ns: str) -> None:
+    c = operator
+    name = start_job(c, ns, job("late", PRINT_ENV_AND_SLEEP, replicas=2, activeDeadlineSeconds=8))
+    status = wait_finished(c, ns, name)
+    failed = next(x for x in status["conditions"] if x["type"] == "Failed")
+    assert failed["reason"] == "DeadlineExceeded", status
+    wait_for("the workers stopped", lambda: not c.workers(ns, name) or None)
+
+
 def test_metrics_are_scrapeable_through_the_charts_service(operator: Cluster, ns: str) -> None:
     c = operator
     name = start_job(c, ns, job("metered", PRINT_ENV_AND_SLEEP, replicas=1))
