@@ -5,6 +5,8 @@ really sees) and appends one JSON line per rank to ``$RDZV_TEST_OUT/steps.jsonl`
 Rank 0 records the next step in ``$RDZV_TEST_OUT/step`` so a restarted group
 resumes where the last one stopped instead of from zero. SIGUSR1 makes a worker
 fail the way a collective fails when a peer vanishes: a Python exception, exit 1.
+Creating ``$RDZV_TEST_OUT/stop`` ends the job at the next step, so tests finish as
+soon as they have seen what they wait for rather than after a fixed step count.
 """
 
 from __future__ import annotations
@@ -36,14 +38,17 @@ def main() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     marker = out / "step"
     start = int(marker.read_text()) if marker.exists() else 0
+    stop_file = out / "stop"
     for step in range(start, steps):
-        ones = torch.ones(1)
-        dist.all_reduce(ones)
+        # [1, stop?] summed over ranks: the world size every rank sees, and whether the
+        # test has asked the job to finish (all ranks leave the loop at the same step).
+        flags = torch.tensor([1.0, 1.0 if stop_file.exists() else 0.0])
+        dist.all_reduce(flags)
         line = {
             "t": time.time(),
             "rank": rank,
             "world": world,
-            "seen": int(ones.item()),
+            "seen": int(flags[0].item()),
             "step": step,
             "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
             "agent": os.getppid(),
@@ -54,6 +59,8 @@ def main() -> None:
             tmp = out / f"step.{os.getpid()}"
             tmp.write_text(str(step + 1))
             tmp.replace(marker)
+        if flags[1].item() > 0:
+            break
         time.sleep(pause)
     dist.barrier()
     dist.destroy_process_group()

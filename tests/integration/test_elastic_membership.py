@@ -154,6 +154,17 @@ class Job:
         )
         return codes
 
+    def finish_after(
+        self, steps: int, pred: Callable[[dict[str, Any]], bool], timeout: float
+    ) -> None:
+        """Once ``steps`` more steps matching ``pred`` are logged, ask the job to end."""
+        self.wait_for(
+            f"{steps} steps",
+            lambda: True if len({s["step"] for s in self.lines() if pred(s)}) >= steps else None,
+            timeout,
+        )
+        (self.out / "stop").touch()
+
     def first(self, pred: Callable[[dict[str, Any]], bool]) -> dict[str, Any] | None:
         return next((line for line in self.lines() if pred(line)), None)
 
@@ -182,7 +193,7 @@ def assert_every_step_saw_its_world(job: Job) -> None:
 def test_three_agents_one_killed_the_other_two_continue_at_world_size_two(
     job_factory: Callable[..., Job],
 ) -> None:
-    job = job_factory(120)
+    job = job_factory(100_000)
     for _ in range(3):
         job.start("2:3", max_restarts=0)
     job.wait_for(
@@ -201,13 +212,13 @@ def test_three_agents_one_killed_the_other_two_continue_at_world_size_two(
     print(f"\nkilled agent -> training again at world size 2 after {recovery:.1f}s")
     assert recovery < 30
 
+    job.finish_after(5, lambda s: s["t"] >= resumed["t"], 120)
     survivors = job.agents[:2]
     assert job.wait_exit(survivors, 240) == [0, 0]
     before = [s["step"] for s in job.lines() if s["t"] < killed_at]
     after = [s for s in job.lines() if s["t"] >= resumed["t"]]
     assert {s["world"] for s in after} == {2}
     assert min(s["step"] for s in after) >= max(before) - 1, "training restarted from scratch"
-    assert max(s["step"] for s in after) == job.steps - 1
     assert_every_step_saw_its_world(job)
 
 
@@ -217,7 +228,7 @@ def test_a_worker_failure_caused_by_a_lost_peer_spends_no_restart(
     # No restarts to spend: the survivor's worker fails (as gloo does when a peer
     # dies mid-collective) just before the peer's lease runs out. Stock torch would
     # charge that to this node and, with none left, end the job.
-    job = job_factory(120)
+    job = job_factory(100_000)
     for _ in range(3):
         job.start("2:3", max_restarts=0)
     job.wait_for(
@@ -235,9 +246,9 @@ def test_a_worker_failure_caused_by_a_lost_peer_spends_no_restart(
         lambda: job.first(lambda s: s["t"] > failed_at and s["world"] == 2),
         60,
     )
+    job.finish_after(3, lambda s: s["t"] > failed_at and s["world"] == 2, 120)
     assert job.wait_exit(job.agents[:2], 240) == [0, 0]
     assert "not counted as a restart" in job.agents[0].log.read_text()
-    assert max(s["step"] for s in job.lines()) == job.steps - 1
 
 
 def test_a_node_that_vanishes_silently_is_dropped_in_seconds_not_a_collective_timeout(
@@ -245,7 +256,7 @@ def test_a_node_that_vanishes_silently_is_dropped_in_seconds_not_a_collective_ti
 ) -> None:
     # The survivors' gloo peers never see a reset connection, so without the lease
     # they would sit in all_reduce until the collective timeout (pytorch#111646).
-    job = job_factory(120)
+    job = job_factory(100_000)
     for _ in range(3):
         job.start("2:3")
     job.wait_for(
@@ -261,15 +272,16 @@ def test_a_node_that_vanishes_silently_is_dropped_in_seconds_not_a_collective_ti
     )
     print(f"\nfrozen node -> training again at world size 2 after {resumed['t'] - frozen_at:.1f}s")
     assert resumed["t"] - frozen_at < 30
+    job.finish_after(5, lambda s: s["t"] >= resumed["t"], 120)
     assert job.wait_exit(job.agents[:2], 240) == [0, 0]
-    assert max(s["step"] for s in job.lines()) == job.steps - 1
+    assert {s["world"] for s in job.lines() if s["t"] >= resumed["t"]} == {2}
     assert_every_step_saw_its_world(job)
 
 
 def test_an_agent_started_mid_run_joins_and_the_world_grows(
     job_factory: Callable[..., Job],
 ) -> None:
-    job = job_factory(120)
+    job = job_factory(100_000)
     job.start("2:3")
     job.start("2:3")
     job.wait_for(
@@ -285,16 +297,17 @@ def test_an_agent_started_mid_run_joins_and_the_world_grows(
     )
     print(f"\nlate joiner -> training at world size 3 after {grown['t'] - started_at:.1f}s")
 
+    job.finish_after(5, lambda s: s["t"] >= grown["t"], 120)
     assert job.wait_exit(job.agents, 240) == [0, 0, 0]
     assert newcomer.proc.pid in {s["agent"] for s in job.lines() if s["world"] == 3}
-    assert max(s["step"] for s in job.lines()) == job.steps - 1
+    assert {s["world"] for s in job.lines() if s["t"] >= grown["t"]} == {3}
     assert_every_step_saw_its_world(job)
 
 
 def test_a_killed_worker_restarts_the_group_which_resumes_where_it_stopped(
     job_factory: Callable[..., Job],
 ) -> None:
-    job = job_factory(60)
+    job = job_factory(100_000)
     job.start("2:2")
     job.start("2:2")
     job.wait_for(
@@ -314,8 +327,8 @@ def test_a_killed_worker_restarts_the_group_which_resumes_where_it_stopped(
     )
     print(f"\nkilled worker -> training again after {again['t'] - killed_at:.1f}s")
     assert again["step"] >= last_step - 1, "the restarted group did not resume"
+    job.finish_after(5, lambda s: s["t"] >= again["t"], 120)
     assert job.wait_exit(job.agents, 240) == [0, 0]
-    assert max(s["step"] for s in job.lines()) == job.steps - 1
     # Only the node whose worker died spends a restart; its peer merely regrouped.
     after = [s for s in job.lines() if s["t"] >= again["t"]]
     origin, peer = job.agents[0].proc.pid, job.agents[1].proc.pid
