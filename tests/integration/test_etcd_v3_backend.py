@@ -1,4 +1,4 @@
-"""The etcd-v3 backend and Store against a real etcd (3.5, and 3.6 once built)."""
+"""The etcd-v3 backend and Store against real etcd 3.5 and 3.6 (the devcluster build)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 from conftest import EtcdServer
+from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 
 from elasticjob_runtime.etcd_client import EtcdClient, parse_endpoint
 from elasticjob_runtime.etcd_store import EtcdV3Store
@@ -131,3 +132,44 @@ def test_store_blocking_get_add_compare_set_and_timeouts(etcd_any: EtcdServer) -
     assert store.num_keys() == 5  # late, n, cs, m1, m2
     assert store.delete_key("m1") and not store.check(["m1"])
     client.close()
+
+
+def test_torch_dynamic_rendezvous_handler_runs_on_the_backend_and_store(
+    etcd_any: EtcdServer, request: pytest.FixtureRequest
+) -> None:
+    # The backend keeps torch's RendezvousBackend contract, so torch's own handler
+    # (heartbeats, last call and all) works on it unchanged.
+    run = f"dynamic-{request.node.callspec.id}"
+    clients = [client_for(etcd_any) for _ in range(2)]
+    handlers = [
+        DynamicRendezvousHandler.from_backend(
+            run_id=run,
+            store=EtcdV3Store(c, f"/elasticjob/{run}/store/"),
+            backend=EtcdV3RendezvousBackend(c, run),
+            min_nodes=2,
+            max_nodes=2,
+            local_addr="127.0.0.1",
+        )
+        for c in clients
+    ]
+    results: list[tuple[int, int]] = []
+    errors: list[BaseException] = []
+
+    def join(h: DynamicRendezvousHandler) -> None:
+        try:
+            info = h.next_rendezvous()
+            results.append((info.rank, info.world_size))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=join, args=(h,)) for h in handlers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors
+    assert sorted(results) == [(0, 2), (1, 2)]
+    for h in handlers:
+        h.shutdown()
+    for c in clients:
+        c.close()
