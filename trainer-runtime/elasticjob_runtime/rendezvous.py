@@ -295,7 +295,7 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
                 if decision.until is not None:
                     left = min(left, max(decision.until - time.time(), 0.0) + 0.05)
                 self._client.wait_for_change(self._prefix, revision, left)
-            except EtcdError as exc:
+            except (EtcdError, RendezvousConnectionError) as exc:
                 if time.monotonic() > deadline:
                     raise RendezvousConnectionError(str(exc)) from exc
                 log.warning("etcd-v3: %s: %s; retrying", self.node, exc)
