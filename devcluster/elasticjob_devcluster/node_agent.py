@@ -684,6 +684,9 @@ class Agent:
         if not terminal:
             if not rt.sandbox:
                 self.create_sandbox(rt)
+                # publish the pod IP before the containers start, so peers' hosts files
+                # (hostname.subdomain of headless Services) have it as early as possible
+                self.post_status(rt, now)
             self.refresh_tokens(rt, now)
             p = plan(rt.spec, rt.runs, now)
             for name in p.start:
