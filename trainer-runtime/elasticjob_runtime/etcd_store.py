@@ -16,7 +16,7 @@ from datetime import timedelta
 from torch._C._distributed_c10d import Store
 from torch.distributed import DistStoreError
 
-from elasticjob_runtime.etcd_client import EtcdClient
+from elasticjob_runtime.etcd_client import EtcdClient, EtcdError
 
 
 def _bytes(value: str | bytes | Sequence[int]) -> bytes:
@@ -111,17 +111,23 @@ class EtcdV3Store(Store):
         return len(self._client.snapshot(self._prefix).items)
 
     def _wait_all(self, keys: Sequence[str], timeout: timedelta) -> list[bytes]:
+        """Wait for all ``keys``; an etcd outage shorter than the timeout is ridden out."""
         deadline = time.monotonic() + timeout.total_seconds()
         wanted = [self._key(k) for k in keys]
         while True:
-            snap = self._client.snapshot(self._prefix)
-            missing = [k for k in wanted if k not in snap.items]
-            if not missing:
-                return [snap.items[k].value for k in wanted]
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise DistStoreError(
-                    f"timed out after {timeout.total_seconds():.0f}s waiting for etcd keys "
-                    f"{', '.join(missing)}"
-                )
-            self._client.wait_for_change(self._prefix, snap.revision, left)
+            try:
+                snap = self._client.snapshot(self._prefix)
+                missing = [k for k in wanted if k not in snap.items]
+                if not missing:
+                    return [snap.items[k].value for k in wanted]
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise DistStoreError(
+                        f"timed out after {timeout.total_seconds():.0f}s waiting for etcd keys "
+                        f"{', '.join(missing)}"
+                    )
+                self._client.wait_for_change(self._prefix, snap.revision, left)
+            except EtcdError as exc:
+                if time.monotonic() >= deadline:
+                    raise DistStoreError(str(exc)) from exc
+                time.sleep(0.5)
