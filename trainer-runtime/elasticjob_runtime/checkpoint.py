@@ -408,6 +408,7 @@ class CheckpointManager:
         self._term_done = threading.Event()
         self._term_lock = threading.Lock()
         self._old_handler: Any = None
+        self._wakeup_w: int | None = None  # write end of the signal wakeup pipe we own
         self._grace_s = 0.0
 
     # -- saving
@@ -489,6 +490,11 @@ class CheckpointManager:
             if self._old_handler is not None:
                 signal.signal(signal.SIGTERM, self._old_handler)
                 self._old_handler = None
+            if self._wakeup_w is not None:  # ends the watcher thread (it reads EOF)
+                with contextlib.suppress(ValueError):
+                    signal.set_wakeup_fd(-1)
+                os.close(self._wakeup_w)
+                self._wakeup_w = None
 
     # -- loading
 
@@ -640,6 +646,39 @@ class CheckpointManager:
         if self._old_handler is None:
             self._old_handler = previous
             atexit.register(self._at_exit)
+            self._watch_wakeup_fd()
+
+    def _watch_wakeup_fd(self) -> None:
+        """Start the SIGTERM path even while the main thread is blocked in C++.
+
+        Python runs signal handlers in the main thread between bytecodes only, so a
+        worker blocked in a collective with a frozen peer never ran ``_on_sigterm`` (nor
+        its watchdog) and ignored SIGTERM until the agent's SIGKILL 30 s later. The
+        C-level handler still writes the signal number to the wakeup fd; a thread
+        reading it starts the same path at once.
+        """
+        r, w = os.pipe()
+        os.set_blocking(w, False)
+        try:
+            previous = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+        except ValueError:  # not the main thread: the plain handler is all there is
+            os.close(r)
+            os.close(w)
+            return
+        if previous != -1:  # someone else (an asyncio loop) owns the wakeup fd
+            signal.set_wakeup_fd(previous)
+            os.close(r)
+            os.close(w)
+            return
+        self._wakeup_w = w
+
+        def watch() -> None:
+            with contextlib.suppress(OSError), os.fdopen(r, "rb", buffering=0) as pipe:
+                while data := pipe.read(64):
+                    if int(signal.SIGTERM) in data:
+                        self._on_sigterm(int(signal.SIGTERM), None)
+
+        threading.Thread(target=watch, name="checkpoint-signals", daemon=True).start()
 
     def _at_exit(self) -> None:
         """After SIGTERM, a step that failed (its peer already exited) still gets saved."""
