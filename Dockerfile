@@ -15,7 +15,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:$PATH
 RUN python3 -m venv /opt/venv \
- && /opt/venv/bin/pip install -q -U pip setuptools wheel
+ && /opt/venv/bin/pip install -U pip setuptools wheel
 WORKDIR /src
 COPY pyproject.toml constraints.txt README.md ./
 COPY operator ./operator
@@ -24,11 +24,11 @@ COPY devcluster/elasticjob_devcluster ./devcluster/elasticjob_devcluster
 COPY examples ./examples
 
 FROM base AS operator-build
-RUN /opt/venv/bin/pip install -q -c constraints.txt ".[operator]" \
+RUN /opt/venv/bin/pip install -c constraints.txt ".[operator]" \
  && python -c "import elasticjob_operator.handlers, sys; assert 'torch' not in sys.modules"
 
 FROM base AS runtime-build
-RUN /opt/venv/bin/pip install -q -c constraints.txt ".[runtime]"
+RUN /opt/venv/bin/pip install -c constraints.txt ".[runtime]"
 
 FROM ${PYTHON_IMAGE} AS operator
 LABEL org.opencontainers.image.title="elasticjob-operator" \
