@@ -58,6 +58,8 @@ class Kube:
         self.apps = kubernetes.client.AppsV1Api(self.api)
         self.custom = kubernetes.client.CustomObjectsApi(self.api)
         self.instance = os.environ.get("HOSTNAME") or socket.gethostname()
+        # (job uid, type, reason, message) -> (Event name, count), like kubelet's recorder
+        self._events: dict[tuple[str, str, str, str], tuple[str, int]] = {}
 
     # -- reading ---------------------------------------------------------------------
 
@@ -169,6 +171,7 @@ class Kube:
 
     def post_event(self, ref: builders.JobRef, event: Event) -> None:
         now = datetime.now(UTC).isoformat().replace("+00:00", "Z")
+        message = event.message[:1024]
         body = {
             "apiVersion": "v1",
             "kind": "Event",
@@ -181,7 +184,7 @@ class Kube:
                 "uid": ref.uid,
             },
             "reason": event.reason,
-            "message": event.message[:1024],
+            "message": message,
             "type": event.type,
             "source": {"component": builders.MANAGER},
             "reportingComponent": builders.MANAGER,
@@ -190,8 +193,24 @@ class Kube:
             "lastTimestamp": now,
             "count": 1,
         }
+        key = (ref.uid, event.type, event.reason, message)
         try:
-            self.core.create_namespaced_event(ref.namespace, cast(Any, body))
+            seen = self._events.get(key)
+            if seen is not None:  # the same decision again (a crash loop): count it
+                name, count = seen
+                try:
+                    self.core.patch_namespaced_event(
+                        name, ref.namespace, {"count": count + 1, "lastTimestamp": now}
+                    )
+                    self._events[key] = (name, count + 1)
+                    return
+                except ApiException as exc:
+                    if exc.status != 404:
+                        raise
+            created = self.core.create_namespaced_event(ref.namespace, cast(Any, body))
+            if len(self._events) > 4096:
+                self._events.clear()
+            self._events[key] = (str(created.metadata.name), 1)
         except ApiException as exc:  # an event lost is not worth failing the round
             log.warning("could not post event %s for %s: %s", event.reason, ref.name, exc.reason)
 

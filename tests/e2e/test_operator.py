@@ -405,6 +405,11 @@ def test_retryable_failures_are_replaced_until_the_backoff_limit(
     assert status["replicaStatuses"]["Worker"]["failed"] == 3
     described = c.kubectl("-n", ns, "describe", "elasticjob", name).stdout
     assert "exit code 137; deleting it to replace it" in described
+    # the same decision twice is one Event counted twice, as kubelet's recorder does
+    events = c.core.list_namespaced_event(
+        ns, field_selector=f"involvedObject.name={name},reason=RestartingWorker"
+    ).items
+    assert [e.count for e in events] == [2], [(e.message, e.count) for e in events]
 
 
 def test_never_policy_carries_on_then_fails_below_min_after_the_grace(
