@@ -490,11 +490,14 @@ class CheckpointManager:
             if self._old_handler is not None:
                 signal.signal(signal.SIGTERM, self._old_handler)
                 self._old_handler = None
-            if self._wakeup_w is not None:  # ends the watcher thread (it reads EOF)
-                with contextlib.suppress(ValueError):
+            if self._wakeup_w is not None:
+                try:
                     signal.set_wakeup_fd(-1)
-                os.close(self._wakeup_w)
-                self._wakeup_w = None
+                except ValueError:
+                    pass  # not the main thread: keep the pipe, a reused fd must not get bytes
+                else:
+                    os.close(self._wakeup_w)  # the watcher thread reads EOF and ends
+                    self._wakeup_w = None
 
     # -- loading
 
