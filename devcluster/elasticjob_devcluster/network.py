@@ -119,6 +119,11 @@ def host_veth_name(uid: str) -> str:
     return "v" + uid.replace("-", "")[:12]
 
 
+def mac_for_ip(ip: str) -> str:
+    """A locally administered MAC derived from an IPv4 address: 02:42:a:b:c:d."""
+    return "02:42:" + ":".join(f"{int(octet):02x}" for octet in ip.split("."))
+
+
 def create_pod_netns(cluster: str, uid: str, ip: str, service_cidr: str = "") -> str:
     """A fresh netns for a pod, wired to the bridge with `ip`; returns its name. The
     service CIDR, if given, is routed through the bridge to the cluster netns, where the
@@ -128,7 +133,11 @@ def create_pod_netns(cluster: str, uid: str, ip: str, service_cidr: str = "") ->
     _ip("netns", "add", ns)
     try:
         _ip("-n", ns, "link", "set", "lo", "up")
-        _ip("-n", ns, "link", "add", "eth0", "type", "veth", "peer", "name", veth, "netns", cluster)
+        # the MAC follows the IP (as Docker does): a pod that reuses a deleted pod's IP
+        # keeps its MAC, so peers' ARP caches stay right instead of blackholing it a while
+        mac = mac_for_ip(ip)
+        peer = ["peer", "name", veth, "netns", cluster]
+        _ip("-n", ns, "link", "add", "eth0", "address", mac, "type", "veth", *peer)
         _ip("-n", ns, "addr", "add", f"{ip}/{CLUSTER_PREFIX}", "dev", "eth0")
         _ip("-n", ns, "link", "set", "eth0", "up")
         _ip("-n", cluster, "link", "set", veth, "master", BRIDGE)

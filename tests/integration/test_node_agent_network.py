@@ -126,3 +126,24 @@ def test_cluster_ips_reach_pods_and_the_host_without_taking_pod_ports(cluster: s
         upstream.close()
         network.delete_pod_netns(a, cluster)
         network.delete_pod_netns(b, cluster)
+
+
+def test_a_pod_reusing_an_ip_is_reachable_at_once(cluster: str) -> None:
+    """Its MAC follows the IP, so a peer's ARP cache from the previous pod stays valid."""
+    old, new, peer = str(uuid.uuid4()), str(uuid.uuid4()), str(uuid.uuid4())
+    try:
+        ns_old = network.create_pod_netns(cluster, old, "10.244.1.5")
+        ns_peer = network.create_pod_netns(cluster, peer, "10.244.1.6")
+        serve_once(ns_old, 8080, b"old")
+        assert connect(ns_peer, "10.244.1.5", 8080) == b"old"  # the peer caches the MAC
+        network.delete_pod_netns(old, cluster)
+        ns_new = network.create_pod_netns(cluster, new, "10.244.1.5")
+        serve_once(ns_new, 8080, b"new")
+        s = network.socket_in_netns(ns_peer)
+        s.settimeout(2)  # a stale ARP entry would cost several seconds here
+        s.connect(("10.244.1.5", 8080))
+        assert s.recv(10) == b"new"
+        s.close()
+    finally:
+        for uid in (old, new, peer):
+            network.delete_pod_netns(uid, cluster)
