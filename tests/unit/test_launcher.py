@@ -1,0 +1,70 @@
+"""elasticjob-run's decisions before anything starts, and the agent's fault attribution."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from elasticjob_runtime.agent import local_fault
+from elasticjob_runtime.launcher import config_problem, known_backends, parse_nnodes, parser
+
+
+def args_for(*argv: str) -> object:
+    return parser().parse_args([*argv, "train.py"])
+
+
+@pytest.mark.parametrize(("text", "expected"), [("2", (2, 2)), ("1:4", (1, 4)), (" 3:3 ", (3, 3))])
+def test_node_counts_parse_like_torchrun(text: str, expected: tuple[int, int]) -> None:
+    assert parse_nnodes(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("3:2", "min (3) is greater than max (2)"),
+        ("0:2", "the minimum must be at least 1"),
+        ("two", "is not a node count"),
+        ("1:2:3", "is not a node count"),
+    ],
+)
+def test_bad_node_counts_say_what_to_fix(text: str, says: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(says)) as err:
+        parse_nnodes(text)
+    assert "MIN:MAX" in str(err.value)
+
+
+def test_the_backend_defaults_to_etcd_v3_and_torchrun_options_still_parse(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("PET_RDZV_BACKEND", raising=False)
+    args = args_for("--nnodes=1:2", "--rdzv-endpoint=127.0.0.1:2379", "--rdzv-id=job")
+    assert args.rdzv_backend == "etcd-v3"  # type: ignore[attr-defined]
+    assert config_problem(args, known_backends()) is None  # type: ignore[arg-type]
+
+
+def test_the_injected_backend_variable_is_read_and_a_flag_beats_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("PET_RDZV_BACKEND", "c10d")
+    assert args_for().rdzv_backend == "c10d"  # type: ignore[attr-defined]
+    assert args_for("--rdzv-backend=etcd-v3").rdzv_backend == "etcd-v3"  # type: ignore[attr-defined]
+
+
+def test_missing_endpoint_or_run_id_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("PET_RDZV_ENDPOINT", "PET_RDZV_ID", "PET_RDZV_BACKEND"):
+        monkeypatch.delenv(name, raising=False)
+    no_endpoint = config_problem(args_for("--rdzv-id=job"), known_backends())  # type: ignore[arg-type]
+    assert no_endpoint is not None and "PET_RDZV_ENDPOINT" in no_endpoint
+    no_id = config_problem(args_for("--rdzv-endpoint=e:2379"), known_backends())  # type: ignore[arg-type]
+    assert no_id is not None and "PET_RDZV_ID" in no_id
+
+
+def test_the_etcd_v3_entry_point_is_installed() -> None:
+    assert "etcd-v3" in known_backends()
+
+
+def test_a_worker_killed_by_a_signal_is_a_local_fault_an_exception_may_be_a_peers() -> None:
+    assert local_fault([-9])  # SIGKILL / OOM killer
+    assert local_fault([1, -11])  # one segfaulted
+    assert not local_fault([1])  # e.g. gloo: "Connection closed by peer"
