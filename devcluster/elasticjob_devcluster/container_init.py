@@ -18,6 +18,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from elasticjob_devcluster import cgroups
+
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUTS = 0x04000000
 CLONE_NEWNET = 0x40000000
@@ -85,6 +87,8 @@ def main() -> None:
     argv = [str(a) for a in spec["argv"]]
     env = {str(k): str(v) for k, v in spec["env"].items()}
     try:
+        if spec.get("cgroup"):  # first, so everything the command starts is in it too
+            cgroups.enter(Path(spec["cgroup"]))
         enter(spec)
         os.execvpe(argv[0], argv, env)
     except OSError as e:

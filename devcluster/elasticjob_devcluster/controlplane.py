@@ -32,7 +32,7 @@ from pathlib import Path
 
 import yaml
 
-from elasticjob_devcluster import procs
+from elasticjob_devcluster import cgroups, procs
 from elasticjob_devcluster.certs import ClusterPKI, KeyPair, ensure_node_agent_cert, ensure_pki
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -162,6 +162,8 @@ def apiserver_args(cfg: ClusterConfig, pki: ClusterPKI) -> list[str]:
         f"--kubelet-certificate-authority={pki.ca.cert}",
         "--kubelet-preferred-address-types=InternalIP",
         "--allow-privileged=true",
+        # the node agents relay clusterIPs themselves; a loopback Endpoints is only noise
+        "--endpoint-reconciler-type=none",
         "--profiling=false",
         "--v=1",
     ]
@@ -425,22 +427,34 @@ class DevCluster:
 
         The records stay, so :meth:`leftover_processes` can prove nothing survived.
         """
+        from elasticjob_devcluster import network
+
         records = self.records()
         agents = [r for r in records if r.name.startswith("node-agent-")]
         rest = [r for r in records if r not in agents]
+        cluster_network = cluster_network_name(self.dir)
         procs.stop(agents, grace_seconds=30)
         for node_dir in sorted((self.dir / "nodes").glob("*")):
-            # pods an agent started but could not stop (e.g. the agent was SIGKILLed)
+            # what an agent could not clean up itself (it was SIGKILLed, or its node lost)
             procs.stop(procs.load_records(node_dir / "processes.json"), grace_seconds=5)
-        procs.stop(list(reversed(rest)), grace_seconds=15)
+            network.delete_node_pods_netns(node_dir, cluster_network)
+        # pod processes in sessions of their own (torch workers) are only in the cgroups
+        cgroups.kill(cgroups.cluster_path(cluster_network))
+        # one at a time, clients before servers: an apiserver whose etcd is gone hangs
+        for record in reversed(rest):
+            procs.stop([record], grace_seconds=15)
         if records or (self.dir / "nodes").exists():
-            from elasticjob_devcluster import network
-
-            network.remove_cluster_network(cluster_network_name(self.dir))
+            network.remove_cluster_network(cluster_network)
 
     def leftover_processes(self) -> list[procs.ProcessRecord]:
         """Recorded processes (control plane, agents, pods) that are still alive."""
         records = list(self.records())
         for node_dir in sorted((self.dir / "nodes").glob("*")):
             records += procs.load_records(node_dir / "processes.json")
-        return procs.alive_groups(records)
+        left = procs.alive_groups(records)
+        cluster_cgroup = cgroups.cluster_path(cluster_network_name(self.dir))
+        for pid in cgroups.members(cluster_cgroup) if cluster_cgroup else []:
+            ticks = procs.start_ticks(pid)
+            if ticks is not None:
+                left.append(procs.ProcessRecord(f"pod process {pid}", pid, ticks))
+        return left

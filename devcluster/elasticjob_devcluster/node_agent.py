@@ -50,7 +50,15 @@ from typing import Any
 
 from kubernetes import client, config, watch
 
-from elasticjob_devcluster import hosts, kubelet_server, network, procs, scheduling, services
+from elasticjob_devcluster import (
+    cgroups,
+    hosts,
+    kubelet_server,
+    network,
+    procs,
+    scheduling,
+    services,
+)
 from elasticjob_devcluster.pod_env import (
     EnvError,
     PodContext,
@@ -252,6 +260,7 @@ class Agent:
     def clean_previous_run(self) -> None:
         """Reap what an earlier incarnation of this agent left (it may have been killed)."""
         procs.stop(procs.load_records(self.procs_file), grace_seconds=1)
+        cgroups.kill(cgroups.node_path(self.args.cluster_network, self.args.node))
         procs.save_records(self.procs_file, [])
         network.delete_node_pods_netns(self.state, self.args.cluster_network)
         shutil.rmtree(self.state / "pods", ignore_errors=True)
@@ -803,6 +812,7 @@ class Agent:
         rt.hosts_text = text
 
     def teardown(self, rt: PodRuntime, remove_dir: bool) -> None:
+        cgroups.kill(cgroups.pod_path(self.args.cluster_network, self.args.node, rt.uid))
         if not rt.torn_down:
             if rt.netns:
                 network.delete_pod_netns(rt.uid, self.args.cluster_network)
@@ -977,6 +987,7 @@ class Agent:
                     "working_dir": c.get("workingDir") or "",
                     "argv": argv,
                     "env": env,
+                    "cgroup": str(self.container_cgroup(rt, name) or ""),
                 }
             )
         )
@@ -1035,6 +1046,7 @@ class Agent:
                 continue
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)  # what the main process left behind
+            cgroups.kill(self.container_cgroup(rt, name))  # also in sessions of their own
             del rt.procs[name]
             run = rt.runs[name]
             error_file = rt.dir / "containers" / f"{name}-{run.starts - 1}.json.error"
@@ -1053,11 +1065,15 @@ class Agent:
                 msg = f"Back-off restarting failed container {name} in pod {rt.name}"
                 self.event(rt.pod, "Warning", "BackOff", msg)
 
+    def container_cgroup(self, rt: PodRuntime, container: str) -> Path | None:
+        return cgroups.container_path(self.args.cluster_network, self.args.node, rt.uid, container)
+
     def kill_all(self, rt: PodRuntime, sig: signal.Signals) -> None:
         for proc in rt.procs.values():
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, sig)
         if sig == signal.SIGKILL:
+            cgroups.kill(cgroups.pod_path(self.args.cluster_network, self.args.node, rt.uid))
             for proc in rt.procs.values():
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.wait(timeout=5)

@@ -7,6 +7,7 @@ namespace and bounds every wait generously: the bounds catch hangs, not speed.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import textwrap
@@ -19,7 +20,7 @@ from typing import Any, TypeVar
 import pytest
 from kubernetes import client, config
 
-from elasticjob_devcluster import faults
+from elasticjob_devcluster import cgroups, faults
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
@@ -551,3 +552,59 @@ def test_lost_node_goes_not_ready_and_its_pods_die(devcluster: Any, tmp_path: Pa
     finally:
         cluster.down()
         assert not cluster.leftover_processes()
+
+
+# -- stopping a container stops everything it started (cgroups, not process groups) --
+# The container starts a grandchild in a new session (like a torch worker) and reports it.
+SPAWN_DETACHED = (
+    "import subprocess, sys, time\n"
+    "child = subprocess.Popen(['sleep', '600'], start_new_session=True)\n"
+    "print(f'detached={child.pid}', flush=True)\n"
+    "time.sleep(600)\n"
+)
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def detached_pid(api: client.CoreV1Api, ns: str, name: str) -> int:
+    def find() -> int | None:
+        m = re.search(r"detached=(\d+)", logs(api, ns, name))
+        return int(m.group(1)) if m else None
+
+    pid = wait_for("the pod to report its detached child", find)
+    assert process_alive(pid)
+    return pid
+
+
+@pytest.fixture
+def needs_cgroups() -> None:
+    if cgroups.hierarchy() is None:
+        pytest.skip("no writable cgroup v2 hierarchy on this machine")
+
+
+@pytest.mark.usefixtures("needs_cgroups")
+def test_killing_a_container_kills_children_in_other_sessions(
+    api: client.CoreV1Api, ns: str, cluster_dir: Path
+) -> None:
+    create(api, ns, pod_manifest("detach", SPAWN_DETACHED))
+    wait_phase(api, ns, "detach", "Running")
+    pid = detached_pid(api, ns, "detach")
+    faults.kill_container(cluster_dir, ns, "detach")
+    wait_phase(api, ns, "detach", "Failed")
+    wait_for(f"detached child {pid} to be gone", lambda: not process_alive(pid), timeout=30)
+
+
+@pytest.mark.usefixtures("needs_cgroups")
+def test_deleting_a_pod_kills_children_in_other_sessions(api: client.CoreV1Api, ns: str) -> None:
+    create(api, ns, pod_manifest("detach-del", SPAWN_DETACHED, terminationGracePeriodSeconds=2))
+    wait_phase(api, ns, "detach-del", "Running")
+    pid = detached_pid(api, ns, "detach-del")
+    api.delete_namespaced_pod("detach-del", ns)
+    wait_for(f"detached child {pid} to be gone", lambda: not process_alive(pid), timeout=60)
