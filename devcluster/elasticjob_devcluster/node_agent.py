@@ -6,7 +6,8 @@ creates a network namespace (network.py), materialises volumes, starts each cont
 through container_init (own mount+UTS namespaces, the pod's netns) with stdout/stderr
 captured into CRI-format log files, reports status as kubelet does (pod_status.py),
 honours restartPolicy, and on deletion sends SIGTERM, waits the grace period, SIGKILLs
-the process group and completes the delete. `kubectl logs` is served by
+the container's cgroup (cgroups.py: everything it started, whatever its session) and
+completes the delete. `kubectl logs` is served by
 kubelet_server.py; tests inject faults through a control socket (faults.py).
 
 Networking (network.py, services.py, hosts.py): each pod has its own netns and IP from
@@ -16,7 +17,7 @@ as on a real cluster) are served by a relay in the cluster netns; names resolve 
 a per-pod /etc/hosts rewritten in place as Services and pods change.
 
 What a real kubelet does that this does not: pull images (the command runs from this
-repo's Python environment), cgroups/resource limits (so no OOMKilled), exec/attach/
+repo's Python environment), resource limits (so no OOMKilled), exec/attach/
 port-forward, startup probes, preStop hooks, UDP Services and service env for
 hostNetwork pods' clusterIPs. Restart back-off is 1 s doubling to 10 s. At agent
 shutdown pods get at most 5 s of grace.
