@@ -163,3 +163,24 @@ def newest_worker_child(pid: int) -> tuple[int, str] | None:
         if best is None or ticks > best[0]:
             best = (ticks, int(entry.name), cmdline)
     return None if best is None else (best[1], best[2])
+
+
+def descendants(pid: int) -> list[int]:
+    """Live descendants of ``pid`` from /proc: launchers start workers in sessions of
+    their own, so a process group does not find them."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found

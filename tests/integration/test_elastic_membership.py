@@ -23,30 +23,12 @@ from typing import Any, TypeVar
 import pytest
 from conftest import EtcdServer, free_port, start_etcd
 
+from elasticjob_devcluster.procs import descendants
+
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 TRAIN = Path(__file__).with_name("rdzv_train.py")
 T = TypeVar("T")
-
-
-def descendants(pid: int) -> list[int]:
-    """All live descendants of ``pid`` (workers run in their own sessions, so not by group)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
 
 
 @dataclass
