@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import threading
 import time
 import uuid
@@ -223,6 +224,34 @@ def test_a_join_rides_out_an_etcd_restart(tmp_path: Path) -> None:
         assert joined, "the waiting node never completed its join"
         assert {joined[0].rank, info_b.rank} == {0, 1}
         assert joined[0].world_size == info_b.world_size == 2
+    finally:
+        for handler, client in made:
+            handler._leave()
+            client.close()
+        server.stop()
+
+
+def test_nodes_meet_again_on_an_etcd_that_lost_its_data(tmp_path: Path) -> None:
+    """A job's etcd pod replaced on an empty volume: the leases the nodes hold are gone,
+    so they must take new ones instead of failing every write with "lease not found"."""
+    server = start_etcd("3.5", tmp_path / "etcd")
+    made: list[tuple[EtcdV3RendezvousHandler, EtcdClient]] = []
+    try:
+        for _ in range(2):
+            client = EtcdClient(parse_endpoint(server.endpoint), timeout=5)
+            handler = EtcdV3RendezvousHandler(
+                client, "wiped", Limits(2, 2, 15), "127.0.0.1", join_timeout=60
+            )
+            made.append((handler, client))
+        (a, _), (b, _) = made
+        join_all(a, b)
+
+        server.stop()
+        shutil.rmtree(tmp_path / "etcd" / "data")
+        server.restart()
+        infos = join_all(a, b)
+        assert sorted(i.rank for i in infos) == [0, 1]
+        assert all(i.world_size == 2 for i in infos)
     finally:
         for handler, client in made:
             handler._leave()

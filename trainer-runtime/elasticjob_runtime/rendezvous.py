@@ -136,6 +136,7 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
         self._acks = contract.run_prefix(run_id) + "rdzv/acks/"
         self._state_key = state_key(run_id)
         self.node = f"{self._addr}_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+        self._job_ttl = job_ttl
         self._job_lease = client.grant(job_ttl)
         self._backend = EtcdV3RendezvousBackend(client, run_id, self._job_lease)
         self._member_lease = 0
@@ -165,7 +166,12 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
         if not self._client.refresh(self._member_lease):
             log.warning("etcd-v3: node %s lost its lease; registering again", self.node)
             self._register()
-        self._client.refresh(self._job_lease)
+        if not self._client.refresh(self._job_lease):
+            # etcd lost the run's lease (a new etcd pod on an empty volume): every write
+            # under it would fail with "requested lease not found" for ever
+            log.warning("etcd-v3: the run's lease is gone (etcd lost its data?); taking a new one")
+            self._job_lease = self._client.grant(self._job_ttl)
+            self._backend.lease = self._job_lease
 
     def _leave(self) -> None:
         """Drop the member key now so peers learn at once, not after the lease TTL."""
