@@ -387,13 +387,24 @@ def test_a_deleted_worker_pod_leaves_survivors_training_and_its_replacement_join
     wait_step(logs, 10, world=2)
     old_uid = c.core.read_namespaced_pod(f"{name}-worker-1", ns).metadata.uid
     restarts = c.status(ns, name).get("restartCount", 0)
-    deleted_at = time.time()
-    c.kubectl("-n", ns, "delete", "pod", f"{name}-worker-1", "--wait=false")
 
     def at(world: int, after: float) -> Step | None:
         return next((s for s in logs.steps() if s.t > after and s.world == world), None)
 
-    alone = wait_for("the survivor to train alone", lambda: at(1, deleted_at), TRAIN)
+    # Cordon every node first, so the replacement waits (Pending) until the survivor has
+    # shown it trains alone; otherwise the two race on a busy machine.
+    nodes = [n.metadata.name for n in c.core.list_node().items if not n.spec.unschedulable]
+    for node in nodes:
+        c.kubectl("cordon", node)
+    try:
+        deleted_at = time.time()
+        c.kubectl("-n", ns, "delete", "pod", f"{name}-worker-1", "--wait=false")
+        alone = wait_for("the survivor to train alone", lambda: at(1, deleted_at), TRAIN)
+        pending = c.core.read_namespaced_pod(f"{name}-worker-1", ns)
+        assert pending.metadata.uid != old_uid and pending.status.phase == "Pending"
+    finally:
+        for node in nodes:
+            c.kubectl("uncordon", node)
     rejoined = wait_for("the replacement to join", lambda: at(2, alone.t), TRAIN)
     assert rejoined.step > alone.step
     new = c.core.read_namespaced_pod(f"{name}-worker-1", ns)
@@ -516,6 +527,20 @@ def test_deleting_the_jobs_etcd_pod_is_survived(cluster: Cluster, ns: str, start
     resumed = [r for r in logs.resumes() if r.t > deleted_at]
     # if the group restarted, it resumed from a checkpoint, not from scratch
     assert all(r.step >= 10 for r in resumed), resumed
+    # the new etcd carries the job on: progress reaches the status again, and the group
+    # still meets there when it changes size
+    wait_for(
+        "status.progress past the etcd loss",
+        lambda: (c.status(ns, name).get("progress") or {}).get("step", 0) > before + 10,
+        TRAIN,
+    )
+    scaled = time.time()
+    c.kubectl("-n", ns, "scale", f"elasticjob/{name}", "--replicas=3")
+    wait_for(
+        "the group to grow to 3 through the new etcd",
+        lambda: any(s.t > scaled and s.world == 3 for s in logs.steps()),
+        TRAIN,
+    )
 
 
 def test_losing_a_node_replaces_its_worker_and_training_goes_on(
