@@ -143,6 +143,23 @@ def stop_and_collect(proc: subprocess.Popen[str], bound: float) -> tuple[int, li
     return proc.returncode, out.splitlines(), time.monotonic() - sent
 
 
+def sigterm_once_started(
+    tmp_path: Path, mode: str, marker: str
+) -> tuple[list[str], int, list[str], float]:
+    """Start a worker in ``mode``, SIGTERM it once it printed ``marker``; return its output
+    before, exit code, output after and seconds to exit (killed by group whatever happens)."""
+    proc = start_worker(tmp_path, mode)
+    try:
+        assert proc.stdout is not None
+        before = read_until(proc.stdout, marker, START_BOUND_S)
+        code, after, took = stop_and_collect(proc, EXIT_BOUND_S)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return before, code, after, took
+
+
 def last_step(lines: list[str]) -> tuple[int, float]:
     steps = [line.split() for line in lines if line.startswith("step ")]
     return int(steps[-1][1]), float(steps[-1][2])
@@ -158,15 +175,7 @@ def saved_state(tmp_path: Path) -> tuple[int, float, int]:
 
 
 def test_sigterm_saves_the_latest_step_and_exits_promptly(tmp_path: Path) -> None:
-    proc = start_worker(tmp_path, "train")
-    try:
-        assert proc.stdout is not None
-        before = read_until(proc.stdout, "step 40 ", START_BOUND_S)
-        code, after, took = stop_and_collect(proc, EXIT_BOUND_S)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    before, code, after, took = sigterm_once_started(tmp_path, "train", "step 40 ")
     step, total = last_step(before + after)
     assert code == 128 + signal.SIGTERM, "\n".join(after[-20:])
     saved_step, saved_total, consumed = saved_state(tmp_path)
@@ -178,15 +187,7 @@ def test_sigterm_saves_the_latest_step_and_exits_promptly(tmp_path: Path) -> Non
 
 
 def test_sigterm_while_stuck_in_a_step_saves_from_the_watchdog(tmp_path: Path) -> None:
-    proc = start_worker(tmp_path, "stuck")
-    try:
-        assert proc.stdout is not None
-        before = read_until(proc.stdout, "stuck", START_BOUND_S)
-        code, after, took = stop_and_collect(proc, EXIT_BOUND_S)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    before, code, after, took = sigterm_once_started(tmp_path, "stuck", "stuck")
     step, total = last_step(before)
     assert step == 30
     assert code == 128 + signal.SIGTERM, "\n".join(after[-20:])
@@ -196,15 +197,7 @@ def test_sigterm_while_stuck_in_a_step_saves_from_the_watchdog(tmp_path: Path) -
 
 
 def test_sigterm_then_a_failing_step_still_saves_at_exit(tmp_path: Path) -> None:
-    proc = start_worker(tmp_path, "crash")
-    try:
-        assert proc.stdout is not None
-        before = read_until(proc.stdout, "stuck", START_BOUND_S)
-        code, after, took = stop_and_collect(proc, EXIT_BOUND_S)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    before, code, after, took = sigterm_once_started(tmp_path, "crash", "stuck")
     step, total = last_step(before)
     assert code == 1 and any("Connection closed by peer" in line for line in after), after
     saved_step, saved_total, _ = saved_state(tmp_path)
