@@ -36,7 +36,9 @@ RUNTIME_IMAGE = os.environ.get("ELASTICJOB_E2E_RUNTIME_IMAGE", "elasticjob-runti
 HELM_ARGS = tuple(shlex.split(os.environ.get("ELASTICJOB_E2E_HELM_ARGS", "")))
 
 
-def wait_for(what: str, check: Callable[[], T | None], timeout: float = WAIT) -> T:
+def wait_for(
+    what: str, check: Callable[[], T | None], timeout: float = WAIT, interval: float = 0.5
+) -> T:
     """Poll ``check`` until it returns something truthy; fail naming ``what``."""
     deadline = time.monotonic() + timeout
     last: Exception | None = None
@@ -47,7 +49,7 @@ def wait_for(what: str, check: Callable[[], T | None], timeout: float = WAIT) ->
                 return value
         except client.ApiException as e:
             last = e
-        time.sleep(0.5)
+        time.sleep(interval)
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last error: {last})")
 
 

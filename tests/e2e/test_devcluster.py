@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+import kube_helpers
 import pytest
 from kubernetes import client, config
 
@@ -30,17 +31,8 @@ WAIT = 90.0
 
 
 def wait_for(what: str, check: Callable[[], T | None], timeout: float = WAIT) -> T:
-    deadline = time.monotonic() + timeout
-    last: Exception | None = None
-    while time.monotonic() < deadline:
-        try:
-            value = check()
-            if value:
-                return value
-        except client.ApiException as e:
-            last = e
-        time.sleep(0.3)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last error: {last})")
+    """kube_helpers.wait_for with this module's bound and a quicker poll (pods start fast)."""
+    return kube_helpers.wait_for(what, check, timeout, interval=0.3)
 
 
 @pytest.fixture(scope="module")
