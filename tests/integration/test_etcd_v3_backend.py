@@ -80,6 +80,27 @@ def test_backend_loses_no_update_under_concurrent_writers(
     assert final is not None and int(final[0]) == writers * increments
 
 
+def test_delete_unless_all_equal_is_one_decision(
+    etcd_any: EtcdServer, request: pytest.FixtureRequest
+) -> None:
+    client = client_for(etcd_any)
+    base = f"txn-{request.node.name}/"
+    client.put(base + "a", b"1")
+    client.put(base + "mine", b"1")
+    everyone = {base + "a": b"1", base + "mine": b"1"}
+    assert client.delete_unless_all_equal(everyone, base + "mine")
+    assert client.get(base + "mine") is not None
+
+    client.put(base + "a", b"2")  # a peer moved on: withdraw
+    assert not client.delete_unless_all_equal(everyone, base + "mine")
+    assert client.get(base + "mine") is None
+
+    client.put(base + "mine", b"1")
+    client.delete(base + "a")  # a missing key is not equal either
+    assert not client.delete_unless_all_equal(everyone, base + "mine")
+    assert client.get(base + "mine") is None
+
+
 def test_backend_state_lives_under_the_run_prefix_and_goes_with_its_lease(
     etcd_any: EtcdServer,
 ) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import shutil
 import threading
 import time
@@ -22,7 +23,11 @@ from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 from elasticjob_runtime import contract
 from elasticjob_runtime.etcd_client import EtcdClient, parse_endpoint
 from elasticjob_runtime.membership import Limits, Round
-from elasticjob_runtime.rendezvous import EtcdV3RendezvousBackend, EtcdV3RendezvousHandler
+from elasticjob_runtime.rendezvous import (
+    EtcdV3RendezvousBackend,
+    EtcdV3RendezvousHandler,
+    state_key,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -99,6 +104,59 @@ def test_nodes_meet_at_once_when_all_live_nodes_have_joined(handlers: Factory) -
     )
 
 
+def test_three_nodes_arriving_together_always_end_up_in_one_round_of_three(
+    etcd: EtcdServer,
+) -> None:
+    # min 2, max 3: the first two can seal a round before the third registers, which
+    # then opens the next one. Repeated because the interleavings differ every time;
+    # once in about 40 joins an agent used to wait for ever in an abandoned round.
+    rng = random.Random(7)
+    for attempt in range(100):
+        delays = [rng.uniform(0, 0.05) for _ in range(3)]
+        sizes, errors = three_arrive_together(
+            etcd, f"crowd-{attempt}-{uuid.uuid4().hex[:6]}", delays
+        )
+        assert not errors, f"attempt {attempt}: {errors}"
+        assert sizes == {0: 3, 1: 3, 2: 3}, f"attempt {attempt}: {sizes}"
+
+
+def three_arrive_together(
+    etcd: EtcdServer, run_id: str, delays: list[float]
+) -> tuple[dict[int, int], list[BaseException]]:
+    """Three nodes (min 2, max 3) start after ``delays`` and rejoin until all three meet."""
+    clients = [EtcdClient(parse_endpoint(etcd.endpoint), timeout=10) for _ in delays]
+    made: list[EtcdV3RendezvousHandler] = []
+    sizes: dict[int, int] = {}
+    errors: list[BaseException] = []
+
+    def node(i: int) -> None:
+        try:
+            time.sleep(delays[i])
+            handler = EtcdV3RendezvousHandler(
+                clients[i], run_id, Limits(2, 3, last_call=15), "127.0.0.1", join_timeout=60
+            )
+            made.append(handler)
+            info = handler.next_rendezvous()
+            while info.world_size < 3:
+                if handler.wait_for_membership_change(30) is None:
+                    raise AssertionError(f"stuck at world size {info.world_size}")
+                info = handler.next_rendezvous()
+            sizes[i] = info.world_size
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=node, args=(i,), daemon=True) for i in range(len(delays))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    for handler in made:
+        handler._leave()
+    for client in clients:
+        client.close()
+    return sizes, errors
+
+
 def test_a_crashed_peer_is_reported_within_the_lease_ttl_and_the_next_round_excludes_it(
     handlers: Factory,
 ) -> None:
@@ -124,14 +182,92 @@ def test_a_node_whose_sealed_round_was_superseded_joins_the_newer_one(handlers: 
     stale = Round(number=1, participants=(a.node, b.node), complete=True)
     assert EtcdV3RendezvousBackend(client, a.get_run_id()).set_state(stale.encode()) is not None
     result: list[RendezvousInfo] = []
+    joining = [
+        threading.Thread(target=lambda h=h: result.append(h.next_rendezvous())) for h in (b, c)
+    ]
+    joining[0].start()
+    wait_until(lambda: _acked(b, client), 30)
+    joining[1].start()
+    wait_until(lambda: _round_number(client, a.get_run_id()) == 2, 30)
+    result.extend(join_all(a))
+    for thread in joining:
+        thread.join(timeout=60)
+    assert len(result) == 3, "a node never finished joining"
+    assert {info.world_size for info in result} == {3}
+    assert sorted(info.rank for info in result) == [0, 1, 2]
+
+
+def _round_number(client: EtcdClient, run_id: str) -> int | None:
+    kv = client.get(state_key(run_id))
+    return None if kv is None else Round.decode(kv.value).number
+
+
+def _ack_key(handler: EtcdV3RendezvousHandler) -> str:
+    return contract.run_prefix(handler.get_run_id()) + "rdzv/acks/" + handler.node
+
+
+def ack_for(handler: EtcdV3RendezvousHandler, client: EtcdClient, number: int) -> None:
+    """Confirm round ``number`` as ``handler`` would, under its member lease."""
+    client.put(_ack_key(handler), str(number).encode(), handler._member_lease)
+
+
+def test_a_round_every_participant_confirmed_runs_even_after_a_newer_one_opened(
+    handlers: Factory,
+) -> None:
+    # a confirmed {a, b} and waits for b. In one step b confirms and c opens a newer
+    # round. b will run round 1 (it saw everyone confirmed), so a must run it too
+    # rather than strand b there, and then restart into round 2.
+    a, client = handlers()
+    b, _ = handlers()
+    c, _ = handlers()
+    sealed = Round(number=1, participants=(a.node, b.node), complete=True)
+    assert EtcdV3RendezvousBackend(client, a.get_run_id()).set_state(sealed.encode()) is not None
+    result: list[RendezvousInfo] = []
+    a_joins = threading.Thread(target=lambda: result.append(a.next_rendezvous()))
+    a_joins.start()
+    wait_until(lambda: _acked(a, client), 30)
+
+    raw = client._client
+    newer = Round(number=2, participants=(c.node,))
+    raw.transaction(
+        compare=[],
+        success=[
+            raw.transactions.put(_ack_key(b), b"1", b._member_lease),
+            raw.transactions.put(state_key(a.get_run_id()), newer.encode()),
+        ],
+        failure=[],
+    )
+    a_joins.join(timeout=60)
+    assert result, "a never finished joining"
+    assert (result[0].rank, result[0].world_size) == (0, 2)
+    assert a.num_nodes_waiting() > 0, "a must restart into round 2 at once"
+
+
+def test_a_peer_lost_before_it_published_its_address_breaks_the_round_up(
+    handlers: Factory, caplog: pytest.LogCaptureFixture
+) -> None:
+    # a (rank 0) confirmed and died before writing the master address: b gives up on
+    # the round once a's lease is gone, not after the store's 300 s timeout.
+    caplog.set_level("INFO", logger="elasticjob_runtime.rendezvous")
+    a, client = handlers(lo=1, hi=2)
+    b, _ = handlers(lo=1, hi=2)
+    sealed = Round(number=1, participants=(a.node, b.node), complete=True)
+    assert EtcdV3RendezvousBackend(client, a.get_run_id()).set_state(sealed.encode()) is not None
+    ack_for(a, client, 1)
+    result: list[RendezvousInfo] = []
     b_joins = threading.Thread(target=lambda: result.append(b.next_rendezvous()))
     b_joins.start()
-    time.sleep(0.5)
-    infos = join_all(c, a)
+    wait_until(lambda: "broke up" in caplog.text or bool(result) or _acked(b, client), 30)
+    time.sleep(1.0)  # b is now waiting for a's address in round 1's store
+    a._leave()
     b_joins.join(timeout=60)
     assert result, "b never finished joining"
-    assert {info.world_size for info in [*infos, *result]} == {3}
-    assert sorted(info.rank for info in [*infos, *result]) == [0, 1, 2]
+    assert (result[0].rank, result[0].world_size) == (0, 1)
+    assert "round 1 broke up" in caplog.text
+
+
+def _acked(handler: EtcdV3RendezvousHandler, client: EtcdClient) -> bool:
+    return client.get(_ack_key(handler)) is not None
 
 
 def test_old_rounds_keys_are_dropped(handlers: Factory) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -190,6 +190,20 @@ class EtcdClient:
             )
         except (pyetcd.exceptions.Etcd3Exception, grpc.RpcError) as exc:
             raise self._fail(f"delete {start}..{end}", exc) from exc
+
+    def delete_unless_all_equal(self, expected: Mapping[str, bytes], key: str) -> bool:
+        """True if every key in ``expected`` holds its value; otherwise delete ``key``.
+
+        One transaction, so no other client can see all the values in place after
+        this call has decided they were not (a missing key counts as not equal).
+        """
+        t = self._client.transactions
+        compare = [t.value(k) == v for k, v in expected.items()]
+        try:
+            ok, _ = self._client.transaction(compare=compare, success=[], failure=[t.delete(key)])
+        except (pyetcd.exceptions.Etcd3Exception, grpc.RpcError) as exc:
+            raise self._fail(f"check-or-delete {key}", exc) from exc
+        return bool(ok)
 
     def grant(self, ttl: int) -> int:
         """Grant a lease; keys put with it vanish ``ttl`` seconds after the last refresh."""

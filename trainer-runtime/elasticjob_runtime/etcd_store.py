@@ -10,7 +10,7 @@ they go away with the job.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 
 from torch._C._distributed_c10d import Store
@@ -23,6 +23,10 @@ def _bytes(value: str | bytes | Sequence[int]) -> bytes:
     if isinstance(value, str):
         return value.encode()
     return bytes(value)
+
+
+class RoundAbandoned(DistStoreError):
+    """A blocking read gave up because the round it waited in can no longer happen."""
 
 
 class EtcdV3Store(Store):
@@ -41,6 +45,11 @@ class EtcdV3Store(Store):
         self._lease = lease
         self._timeout = timeout
         super().set_timeout(timeout)
+        # While set, blocking reads check it every ``poll`` seconds and raise
+        # RoundAbandoned with its reason: a peer that died before writing a key
+        # would otherwise keep the others waiting for the whole timeout.
+        self.give_up: Callable[[], str | None] | None = None
+        self.poll = 1.0
 
     def _key(self, key: str) -> str:
         return self._prefix + key
@@ -126,6 +135,11 @@ class EtcdV3Store(Store):
                         f"timed out after {timeout.total_seconds():.0f}s waiting for etcd keys "
                         f"{', '.join(missing)}"
                     )
+                if self.give_up is not None:
+                    reason = self.give_up()
+                    if reason is not None:
+                        raise RoundAbandoned(reason)
+                    left = min(left, self.poll)
                 self._client.wait_for_change(self._prefix, snap.revision, left)
             except EtcdError as exc:
                 if time.monotonic() >= deadline:

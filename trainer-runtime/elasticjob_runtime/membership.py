@@ -59,9 +59,15 @@ class Limits:
 
 @dataclass(frozen=True)
 class Joined:
+    """``me`` is in sealed round ``number``; it still has to confirm it (see :func:`confirm`)."""
+
     number: int
+    participants: tuple[str, ...]
     rank: int
-    world_size: int
+
+    @property
+    def world_size(self) -> int:
+        return len(self.participants)
 
 
 @dataclass(frozen=True)
@@ -104,7 +110,7 @@ def decide_join(
         return Closed()
     if current.complete:
         if me in current.participants and current.number > last_joined:
-            return Joined(current.number, current.participants.index(me), len(current.participants))
+            return Joined(current.number, current.participants, current.participants.index(me))
         lost = [p for p in current.participants if p not in live]
         if me in current.participants or lost or len(current.participants) < limits.max_nodes:
             why = (
@@ -146,20 +152,25 @@ def decide_join(
     return Wait(last_call, why)
 
 
-def confirm(current: Round | None, live: frozenset[str], acked: frozenset[str], number: int) -> str:
-    """After joining round ``number``: "ready" once every participant has confirmed it,
-    "wait" while some have not, "retry" if it was superseded or lost a participant.
+def confirm(
+    joined: Joined, current: Round | None, live: frozenset[str], acked: frozenset[str]
+) -> str:
+    """After joining a round: "ready" once every participant has confirmed it, "wait"
+    while some have not, "withdraw" if it was superseded or lost a participant first.
 
     A participant that read the state only after a newer round opened never takes
-    part in the sealed one; without this check the others would wait for it in the
-    round's store until the store timeout.
+    part in the sealed one; without confirmations the others would wait for it in
+    the round's store until the store timeout. "ready" holds even once a newer round
+    has opened: every participant has committed to this one, so all of them run it
+    (and then restart into the newer one). A node withdraws only with a transaction
+    that fails if all have confirmed, so no node is left alone in a round its peers
+    abandoned.
     """
-    if current is None or current.number != number or not current.complete:
-        return "retry"
-    if any(p not in live for p in current.participants):
-        return "retry"
-    if set(current.participants) <= acked:
+    if set(joined.participants) <= acked:
         return "ready"
+    superseded = current is None or current.number != joined.number or not current.complete
+    if superseded or any(p not in live for p in joined.participants):
+        return "withdraw"
     return "wait"
 
 

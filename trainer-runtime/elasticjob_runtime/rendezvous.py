@@ -21,6 +21,7 @@ so they vanish with the job.
 from __future__ import annotations
 
 import atexit
+import functools
 import json
 import logging
 import os
@@ -48,7 +49,7 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import RendezvousBa
 
 from elasticjob_runtime import contract
 from elasticjob_runtime.etcd_client import EtcdClient, EtcdError, KeyValue, parse_endpoints
-from elasticjob_runtime.etcd_store import EtcdV3Store
+from elasticjob_runtime.etcd_store import EtcdV3Store, RoundAbandoned
 from elasticjob_runtime.membership import (
     Closed,
     Joined,
@@ -237,26 +238,44 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
         if self._cancel_watch is not None:
             self._cancel_watch()
             self._cancel_watch = None
-        self._changed.clear()
         self._restart_why = None
-        joined, revision = self._join(time.monotonic() + self._join_timeout)
-        try:
-            self._round = joined.number
-            self._watch(revision)
-            store = EtcdV3Store(self._client, self._store_prefix(joined.number), self._job_lease)
-            if joined.rank == 0 and joined.number > 2:
-                self._drop_rounds_before(joined.number - 1)
-            bootstrap = RendezvousStoreInfo.build(joined.rank, store, local_addr=self._addr)
-        except EtcdError as exc:
-            raise RendezvousConnectionError(str(exc)) from exc
-        log.info(
-            "etcd-v3: %s joined round %d as rank %d of %d",
-            self.node,
-            joined.number,
-            joined.rank,
-            joined.world_size,
-        )
-        return RendezvousInfo(store, joined.rank, joined.world_size, bootstrap)
+        deadline = time.monotonic() + self._join_timeout
+        while True:
+            self._changed.clear()
+            joined, revision = self._join(deadline)
+            try:
+                self._round = joined.number
+                self._watch(revision)
+                # A round every participant confirmed still runs when a newer one has
+                # opened meanwhile; the first membership check must see that at once.
+                self._changed.set()
+                store = EtcdV3Store(
+                    self._client, self._store_prefix(joined.number), self._job_lease
+                )
+                if joined.rank == 0 and joined.number > 2:
+                    self._drop_rounds_before(joined.number - 1)
+                store.give_up = functools.partial(self._lost_peers, joined)
+                bootstrap = RendezvousStoreInfo.build(joined.rank, store, local_addr=self._addr)
+                store.give_up = None
+            except RoundAbandoned as exc:
+                log.info("etcd-v3: %s: round %d broke up: %s", self.node, joined.number, exc)
+                continue
+            except EtcdError as exc:
+                raise RendezvousConnectionError(str(exc)) from exc
+            log.info(
+                "etcd-v3: %s joined round %d as rank %d of %d",
+                self.node,
+                joined.number,
+                joined.rank,
+                joined.world_size,
+            )
+            return RendezvousInfo(store, joined.rank, joined.world_size, bootstrap)
+
+    def _lost_peers(self, joined: Joined) -> str | None:
+        """Why ``joined`` cannot start (a participant's lease is gone), or None."""
+        _, _, _, live = self._read()
+        lost = [p for p in joined.participants if p not in live]
+        return f"lost {', '.join(lost)}" if lost else None
 
     def _join(self, deadline: float) -> tuple[Joined, int]:
         """Act on :func:`decide_join` until this node is in a sealed round.
@@ -310,17 +329,23 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
     def _confirm(self, joined: Joined, deadline: float) -> int | None:
         """Confirm ``joined`` and wait for its other participants to do the same.
 
-        Returns the revision read when all had, or None if the round was superseded
-        or lost a participant first.
+        Returns the revision read when all had, or None once this node has withdrawn
+        its confirmation because the round was superseded or lost a participant first.
         """
-        self._client.put(self._acks + self.node, str(joined.number).encode(), self._member_lease)
+        ack = self._acks + self.node
+        number = str(joined.number).encode()
+        self._client.put(ack, number, self._member_lease)
         while True:
             revision, current, _, live, acks = self._read_all()
-            acked = frozenset(node for node, number in acks.items() if number == joined.number)
-            verdict = confirm(current, live, acked, joined.number)
+            acked = frozenset(node for node, n in acks.items() if n == joined.number)
+            verdict = confirm(joined, current, live, acked)
             if verdict == "ready":
                 return revision
-            if verdict == "retry":
+            if verdict == "withdraw":
+                everyone = {self._acks + p: number for p in joined.participants}
+                if self._client.delete_unless_all_equal(everyone, ack):
+                    # the last confirmation landed after our read: the round stands
+                    return self._client.snapshot(self._prefix).revision
                 log.info("etcd-v3: %s: round %d was superseded", self.node, joined.number)
                 return None
             if time.monotonic() > deadline:
