@@ -80,6 +80,22 @@ def test_backend_loses_no_update_under_concurrent_writers(
     assert final is not None and int(final[0]) == writers * increments
 
 
+def test_wait_for_change_wakes_on_a_change_and_never_sleeps_out_a_long_timeout(
+    etcd_any: EtcdServer, request: pytest.FixtureRequest
+) -> None:
+    client = client_for(etcd_any)
+    prefix = f"wait-{request.node.name}/"
+    revision = client.snapshot(prefix).revision
+    threading.Timer(0.3, lambda: client.put(prefix + "k", b"v")).start()
+    assert client.wait_for_change(prefix, revision, 60)
+
+    # Nothing changes: callers re-read on every return, so it comes back after
+    # RECHECK_AFTER rather than at the caller's (here ten-minute) deadline.
+    started = time.monotonic()
+    assert not client.wait_for_change(prefix, client.snapshot(prefix).revision, 600)
+    assert time.monotonic() - started < 60
+
+
 def test_delete_unless_all_equal_is_one_decision(
     etcd_any: EtcdServer, request: pytest.FixtureRequest
 ) -> None:

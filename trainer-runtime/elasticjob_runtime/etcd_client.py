@@ -19,6 +19,8 @@ import pyetcd.exceptions
 from pyetcd.client import Endpoint as _PyEndpoint
 from pyetcd.client import MultiEndpointEtcd3Client
 
+RECHECK_AFTER = 5.0
+
 
 class EtcdError(RuntimeError):
     """An etcd request failed; the message names the endpoint and what to check."""
@@ -259,11 +261,16 @@ class EtcdClient:
         return cancel
 
     def wait_for_change(self, prefix: str, after_revision: int, timeout: float) -> bool:
-        """Block until something under ``prefix`` changes after ``after_revision``."""
+        """Block until something under ``prefix`` changes after ``after_revision``.
+
+        Returns after at most :data:`RECHECK_AFTER` seconds even if nothing did:
+        every caller re-reads the state when this returns, so a watch event that
+        never arrives (a stalled stream) costs a few seconds, not the whole timeout.
+        """
         changed = threading.Event()
         cancel = self.watch_prefix(prefix, after_revision + 1, changed.set)
         try:
-            return changed.wait(max(timeout, 0.0))
+            return changed.wait(min(max(timeout, 0.0), RECHECK_AFTER))
         finally:
             cancel()
 
