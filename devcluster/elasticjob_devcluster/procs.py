@@ -13,7 +13,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -27,26 +27,43 @@ class ProcessRecord:
     start_ticks: int
 
 
-def start_ticks(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (field 22 of /proc/pid/stat)."""
+# Indices into the fields :func:`_stat` returns (field 3 of /proc/pid/stat is index 0).
+STATE, PPID, PGRP, START_TICKS = 0, 1, 2, 19
+
+
+def _stat(pid: int | str) -> list[str] | None:
+    """Fields 3 onwards of /proc/<pid>/stat, or None once the process is gone."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     # the command name (field 2) may contain spaces; fields resume after the last ')'
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return int(fields[19])
+    return stat[stat.rindex(")") + 2 :].split()
+
+
+def _processes() -> Iterator[tuple[int, list[str]]]:
+    """Every process in /proc now, with its :func:`_stat` fields."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            fields = _stat(entry.name)
+            if fields is not None:
+                yield int(entry.name), fields
+
+
+def start_ticks(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (field 22 of /proc/pid/stat)."""
+    fields = _stat(pid)
+    return None if fields is None else int(fields[START_TICKS])
 
 
 def is_alive(record: ProcessRecord) -> bool:
     """True while the recorded process (not a pid reuse) exists and is not a zombie."""
-    if start_ticks(record.pid) != record.start_ticks:
-        return False
-    try:
-        state = Path(f"/proc/{record.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
+    fields = _stat(record.pid)
+    return (
+        fields is not None
+        and int(fields[START_TICKS]) == record.start_ticks
+        and fields[STATE] != "Z"
+    )
 
 
 def spawn(
@@ -97,17 +114,7 @@ def _signal_group(record: ProcessRecord, sig: signal.Signals) -> None:
 
 
 def _group_alive(pgid: int) -> bool:
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        if fields[0] != "Z" and int(fields[2]) == pgid:
-            return True
-    return False
+    return any(f[STATE] != "Z" and int(f[PGRP]) == pgid for _, f in _processes())
 
 
 def stop(records: Sequence[ProcessRecord], grace_seconds: float = 10.0) -> None:
@@ -146,22 +153,19 @@ def newest_worker_child(pid: int) -> tuple[int, str] | None:
     multiprocessing's helpers: for a launcher such as torchrun, a training worker.
     Returns (pid, command line) or None."""
     best: tuple[int, int, str] | None = None
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
+    for child, fields in _processes():
+        if fields[STATE] == "Z" or int(fields[PPID]) != pid:
             continue
         try:
-            stat = (entry / "stat").read_text()
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ")
+            command = cmdline.decode().strip()
         except (OSError, UnicodeDecodeError):
             continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        if fields[0] == "Z" or int(fields[1]) != pid:
+        if "python" not in command or any(m in command for m in HELPER_MARKERS):
             continue
-        if "python" not in cmdline or any(m in cmdline for m in HELPER_MARKERS):
-            continue
-        ticks = int(fields[19])
+        ticks = int(fields[START_TICKS])
         if best is None or ticks > best[0]:
-            best = (ticks, int(entry.name), cmdline)
+            best = (ticks, child, command)
     return None if best is None else (best[1], best[2])
 
 
@@ -169,15 +173,8 @@ def descendants(pid: int) -> list[int]:
     """Live descendants of ``pid`` from /proc: launchers start workers in sessions of
     their own, so a process group does not find them."""
     children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry.name))
+    for child, fields in _processes():
+        children.setdefault(int(fields[PPID]), []).append(child)
     found, todo = [], [pid]
     while todo:
         for child in children.get(todo.pop(), []):
