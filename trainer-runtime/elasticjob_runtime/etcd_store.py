@@ -25,6 +25,9 @@ def _bytes(value: str | bytes | Sequence[int]) -> bytes:
     return bytes(value)
 
 
+GIVE_UP_POLL = 1.0  # seconds between give_up checks while a blocking read waits
+
+
 class RoundAbandoned(DistStoreError):
     """A blocking read gave up because the round it waited in can no longer happen."""
 
@@ -45,11 +48,10 @@ class EtcdV3Store(Store):
         self._lease = lease
         self._timeout = timeout
         super().set_timeout(timeout)
-        # While set, blocking reads check it every ``poll`` seconds and raise
+        # While set, blocking reads check it every GIVE_UP_POLL seconds and raise
         # RoundAbandoned with its reason: a peer that died before writing a key
         # would otherwise keep the others waiting for the whole timeout.
         self.give_up: Callable[[], str | None] | None = None
-        self.poll = 1.0
 
     def _key(self, key: str) -> str:
         return self._prefix + key
@@ -139,7 +141,7 @@ class EtcdV3Store(Store):
                     reason = self.give_up()
                     if reason is not None:
                         raise RoundAbandoned(reason)
-                    left = min(left, self.poll)
+                    left = min(left, GIVE_UP_POLL)
                 self._client.wait_for_change(self._prefix, snap.revision, left)
             except EtcdError as exc:
                 if time.monotonic() >= deadline:

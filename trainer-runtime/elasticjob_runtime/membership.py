@@ -95,6 +95,11 @@ class Closed:
 Decision = Joined | Write | Wait | Closed
 
 
+def lost_participants(participants: tuple[str, ...], live: frozenset[str]) -> list[str]:
+    """The participants whose member lease is gone, in rank order."""
+    return [p for p in participants if p not in live]
+
+
 def decide_join(
     current: Round | None,
     live: frozenset[str],
@@ -111,7 +116,7 @@ def decide_join(
     if current.complete:
         if me in current.participants and current.number > last_joined:
             return Joined(current.number, current.participants, current.participants.index(me))
-        lost = [p for p in current.participants if p not in live]
+        lost = lost_participants(current.participants, live)
         if me in current.participants or lost or len(current.participants) < limits.max_nodes:
             why = (
                 f"lost {', '.join(lost)}"
@@ -169,7 +174,7 @@ def confirm(
     if set(joined.participants) <= acked:
         return "ready"
     superseded = current is None or current.number != joined.number or not current.complete
-    if superseded or any(p not in live for p in joined.participants):
+    if superseded or lost_participants(joined.participants, live):
         return "withdraw"
     return "wait"
 
@@ -182,7 +187,7 @@ def restart_reason(current: Round | None, live: frozenset[str], my_round: int) -
         return None
     if current.number != my_round:
         return f"round {current.number} has opened (a node joined or left)"
-    lost = [p for p in current.participants if p not in live]
+    lost = lost_participants(current.participants, live)
     if lost:
         return f"lost peer(s) {', '.join(lost)}"
     return None

@@ -58,6 +58,7 @@ from elasticjob_runtime.membership import (
     Write,
     confirm,
     decide_join,
+    lost_participants,
     restart_reason,
 )
 
@@ -274,7 +275,7 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
     def _lost_peers(self, joined: Joined) -> str | None:
         """Why ``joined`` cannot start (a participant's lease is gone), or None."""
         _, _, _, live = self._read()
-        lost = [p for p in joined.participants if p not in live]
+        lost = lost_participants(joined.participants, live)
         return f"lost {', '.join(lost)}" if lost else None
 
     def _join(self, deadline: float) -> tuple[Joined, int]:
@@ -344,9 +345,14 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
             if verdict == "withdraw":
                 everyone = {self._acks + p: number for p in joined.participants}
                 if self._client.delete_unless_all_equal(everyone, ack):
-                    # the last confirmation landed after our read: the round stands
-                    return self._client.snapshot(self._prefix).revision
-                log.info("etcd-v3: %s: round %d was superseded", self.node, joined.number)
+                    # The last confirmation landed after our read: the round stands.
+                    # Watching from that read is safe; the caller re-checks at once.
+                    return revision
+                log.info(
+                    "etcd-v3: %s: withdrew from round %d (superseded or a participant left)",
+                    self.node,
+                    joined.number,
+                )
                 return None
             if time.monotonic() > deadline:
                 raise RendezvousTimeoutError(
