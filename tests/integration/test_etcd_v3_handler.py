@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import random
 import shutil
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 from conftest import EtcdServer, start_etcd
@@ -32,6 +34,7 @@ from elasticjob_runtime.rendezvous import (
 pytestmark = pytest.mark.integration
 
 
+T = TypeVar("T")
 Factory = Callable[..., tuple[EtcdV3RendezvousHandler, EtcdClient]]
 
 
@@ -56,23 +59,69 @@ def handlers(etcd_any: EtcdServer) -> Iterator[Factory]:
         client.close()
 
 
-def join_all(*handlers: EtcdV3RendezvousHandler) -> list[RendezvousInfo]:
-    results: dict[int, RendezvousInfo] = {}
+def in_threads(
+    calls: Sequence[Callable[[], T]], timeout: float = 120
+) -> tuple[list[T | None], list[BaseException]]:
+    """Run ``calls`` at once, each in its own thread; their results (None if unfinished)
+    and whatever they raised."""
+    results: list[T | None] = [None] * len(calls)
     errors: list[BaseException] = []
 
-    def join(i: int, h: EtcdV3RendezvousHandler) -> None:
+    def run(i: int) -> None:
         try:
-            results[i] = h.next_rendezvous()
+            results[i] = calls[i]()
         except BaseException as exc:
             errors.append(exc)
 
-    threads = [threading.Thread(target=join, args=(i, h)) for i, h in enumerate(handlers)]
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(calls))]
     for t in threads:
         t.start()
     for t in threads:
-        t.join(timeout=120)
+        t.join(timeout=timeout)
+    return results, errors
+
+
+def join_all(*handlers: EtcdV3RendezvousHandler) -> list[RendezvousInfo]:
+    results, errors = in_threads([h.next_rendezvous for h in handlers])
     assert not errors, errors
-    return [results[i] for i in range(len(handlers))]
+    finished = [info for info in results if info is not None]
+    assert len(finished) == len(handlers), "a join did not finish"
+    return finished
+
+
+def join_in_background(
+    handler: EtcdV3RendezvousHandler,
+) -> tuple[threading.Thread, list[RendezvousInfo]]:
+    """Start ``handler`` joining; the list gets its result once it has one."""
+    result: list[RendezvousInfo] = []
+    thread = threading.Thread(target=lambda: result.append(handler.next_rendezvous()), daemon=True)
+    thread.start()
+    return thread, result
+
+
+def seal_round(client: EtcdClient, *nodes: EtcdV3RendezvousHandler) -> None:
+    """Write round 1, sealed with ``nodes`` in rank order, as if one of them had."""
+    sealed = Round(number=1, participants=tuple(n.node for n in nodes), complete=True)
+    backend = EtcdV3RendezvousBackend(client, nodes[0].get_run_id())
+    assert backend.set_state(sealed.encode()) is not None
+
+
+def round_number(client: EtcdClient, run_id: str) -> int | None:
+    kv = client.get(state_key(run_id))
+    return None if kv is None else Round.decode(kv.value).number
+
+
+def ack_key(handler: EtcdV3RendezvousHandler) -> str:
+    return contract.run_prefix(handler.get_run_id()) + "rdzv/acks/" + handler.node
+
+
+def ack_for(handler: EtcdV3RendezvousHandler, client: EtcdClient, number: int) -> None:
+    """Confirm round ``number`` as ``handler`` would, under its member lease."""
+    client.put(ack_key(handler), str(number).encode(), handler._member_lease)
+
+
+def acked(handler: EtcdV3RendezvousHandler, client: EtcdClient) -> bool:
+    return client.get(ack_key(handler)) is not None
 
 
 def wait_until(check: Callable[[], bool], timeout: float) -> float:
@@ -117,44 +166,39 @@ def test_three_nodes_arriving_together_always_end_up_in_one_round_of_three(
             etcd, f"crowd-{attempt}-{uuid.uuid4().hex[:6]}", delays
         )
         assert not errors, f"attempt {attempt}: {errors}"
-        assert sizes == {0: 3, 1: 3, 2: 3}, f"attempt {attempt}: {sizes}"
+        assert sizes == [3, 3, 3], f"attempt {attempt}: {sizes}"
 
 
 def three_arrive_together(
     etcd: EtcdServer, run_id: str, delays: list[float]
-) -> tuple[dict[int, int], list[BaseException]]:
-    """Three nodes (min 2, max 3) start after ``delays`` and rejoin until all three meet."""
+) -> tuple[list[int | None], list[BaseException]]:
+    """Three nodes (min 2, max 3) start after ``delays`` and rejoin until all three meet;
+    returns each one's final world size."""
     clients = [EtcdClient(parse_endpoint(etcd.endpoint), timeout=10) for _ in delays]
     made: list[EtcdV3RendezvousHandler] = []
-    sizes: dict[int, int] = {}
-    errors: list[BaseException] = []
 
-    def node(i: int) -> None:
-        try:
-            time.sleep(delays[i])
-            handler = EtcdV3RendezvousHandler(
-                clients[i], run_id, Limits(2, 3, last_call=15), "127.0.0.1", join_timeout=60
-            )
-            made.append(handler)
+    def node(client: EtcdClient, delay: float) -> int:
+        time.sleep(delay)
+        handler = EtcdV3RendezvousHandler(
+            client, run_id, Limits(2, 3, last_call=15), "127.0.0.1", join_timeout=60
+        )
+        made.append(handler)
+        info = handler.next_rendezvous()
+        while info.world_size < 3:
+            if handler.wait_for_membership_change(30) is None:
+                raise AssertionError(f"stuck at world size {info.world_size}")
             info = handler.next_rendezvous()
-            while info.world_size < 3:
-                if handler.wait_for_membership_change(30) is None:
-                    raise AssertionError(f"stuck at world size {info.world_size}")
-                info = handler.next_rendezvous()
-            sizes[i] = info.world_size
-        except BaseException as exc:
-            errors.append(exc)
+        return info.world_size
 
-    threads = [threading.Thread(target=node, args=(i,), daemon=True) for i in range(len(delays))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    for handler in made:
-        handler._leave()
-    for client in clients:
-        client.close()
-    return sizes, errors
+    try:
+        return in_threads(
+            [functools.partial(node, c, d) for c, d in zip(clients, delays, strict=True)]
+        )
+    finally:
+        for handler in made:
+            handler._leave()
+        for client in clients:
+            client.close()
 
 
 def test_a_crashed_peer_is_reported_within_the_lease_ttl_and_the_next_round_excludes_it(
@@ -179,36 +223,18 @@ def test_a_node_whose_sealed_round_was_superseded_joins_the_newer_one(handlers: 
     a, client = handlers()
     b, _ = handlers()
     c, _ = handlers()
-    stale = Round(number=1, participants=(a.node, b.node), complete=True)
-    assert EtcdV3RendezvousBackend(client, a.get_run_id()).set_state(stale.encode()) is not None
-    result: list[RendezvousInfo] = []
-    joining = [
-        threading.Thread(target=lambda h=h: result.append(h.next_rendezvous())) for h in (b, c)
-    ]
-    joining[0].start()
-    wait_until(lambda: _acked(b, client), 30)
-    joining[1].start()
-    wait_until(lambda: _round_number(client, a.get_run_id()) == 2, 30)
-    result.extend(join_all(a))
-    for thread in joining:
+    seal_round(client, a, b)
+    b_joins, b_result = join_in_background(b)
+    wait_until(lambda: acked(b, client), 30)
+    c_joins, c_result = join_in_background(c)
+    wait_until(lambda: round_number(client, a.get_run_id()) == 2, 30)
+    result = join_all(a)
+    for thread in (b_joins, c_joins):
         thread.join(timeout=60)
+    result += b_result + c_result
     assert len(result) == 3, "a node never finished joining"
     assert {info.world_size for info in result} == {3}
     assert sorted(info.rank for info in result) == [0, 1, 2]
-
-
-def _round_number(client: EtcdClient, run_id: str) -> int | None:
-    kv = client.get(state_key(run_id))
-    return None if kv is None else Round.decode(kv.value).number
-
-
-def _ack_key(handler: EtcdV3RendezvousHandler) -> str:
-    return contract.run_prefix(handler.get_run_id()) + "rdzv/acks/" + handler.node
-
-
-def ack_for(handler: EtcdV3RendezvousHandler, client: EtcdClient, number: int) -> None:
-    """Confirm round ``number`` as ``handler`` would, under its member lease."""
-    client.put(_ack_key(handler), str(number).encode(), handler._member_lease)
 
 
 def test_a_round_every_participant_confirmed_runs_even_after_a_newer_one_opened(
@@ -220,19 +246,16 @@ def test_a_round_every_participant_confirmed_runs_even_after_a_newer_one_opened(
     a, client = handlers()
     b, _ = handlers()
     c, _ = handlers()
-    sealed = Round(number=1, participants=(a.node, b.node), complete=True)
-    assert EtcdV3RendezvousBackend(client, a.get_run_id()).set_state(sealed.encode()) is not None
-    result: list[RendezvousInfo] = []
-    a_joins = threading.Thread(target=lambda: result.append(a.next_rendezvous()))
-    a_joins.start()
-    wait_until(lambda: _acked(a, client), 30)
+    seal_round(client, a, b)
+    a_joins, result = join_in_background(a)
+    wait_until(lambda: acked(a, client), 30)
 
     raw = client._client
     newer = Round(number=2, participants=(c.node,))
     raw.transaction(
         compare=[],
         success=[
-            raw.transactions.put(_ack_key(b), b"1", b._member_lease),
+            raw.transactions.put(ack_key(b), b"1", b._member_lease),
             raw.transactions.put(state_key(a.get_run_id()), newer.encode()),
         ],
         failure=[],
@@ -251,23 +274,16 @@ def test_a_peer_lost_before_it_published_its_address_breaks_the_round_up(
     caplog.set_level("INFO", logger="elasticjob_runtime.rendezvous")
     a, client = handlers(lo=1, hi=2)
     b, _ = handlers(lo=1, hi=2)
-    sealed = Round(number=1, participants=(a.node, b.node), complete=True)
-    assert EtcdV3RendezvousBackend(client, a.get_run_id()).set_state(sealed.encode()) is not None
+    seal_round(client, a, b)
     ack_for(a, client, 1)
-    result: list[RendezvousInfo] = []
-    b_joins = threading.Thread(target=lambda: result.append(b.next_rendezvous()))
-    b_joins.start()
-    wait_until(lambda: "broke up" in caplog.text or bool(result) or _acked(b, client), 30)
+    b_joins, result = join_in_background(b)
+    wait_until(lambda: "broke up" in caplog.text or bool(result) or acked(b, client), 30)
     time.sleep(1.0)  # b is now waiting for a's address in round 1's store
     a._leave()
     b_joins.join(timeout=60)
     assert result, "b never finished joining"
     assert (result[0].rank, result[0].world_size) == (0, 1)
     assert "round 1 broke up" in caplog.text
-
-
-def _acked(handler: EtcdV3RendezvousHandler, client: EtcdClient) -> bool:
-    return client.get(_ack_key(handler)) is not None
 
 
 def test_old_rounds_keys_are_dropped(handlers: Factory) -> None:
@@ -350,9 +366,7 @@ def test_a_join_rides_out_an_etcd_restart(tmp_path: Path) -> None:
             handler = EtcdV3RendezvousHandler(client, "rides", Limits(2, 2, 15), "127.0.0.1")
             made.append((handler, client))
         (a, _), (b, _) = made
-        joined: list[RendezvousInfo] = []
-        waiting = threading.Thread(target=lambda: joined.append(a.next_rendezvous()))
-        waiting.start()
+        waiting, joined = join_in_background(a)
         time.sleep(1.0)  # a is waiting for a second node when etcd goes down
         server.restart()
         (info_b,) = join_all(b)
