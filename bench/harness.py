@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-from elasticjob_devcluster.procs import descendants
+from elasticjob_devcluster.procs import descendants, start_ticks
 from elasticjob_runtime.etcd_client import EtcdClient, EtcdError, parse_endpoint
 
 REPO = Path(__file__).resolve().parents[1]
@@ -90,19 +90,10 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_time(pid: int) -> int | None:
-    """The process's start time in clock ticks (tells a pid apart from a reused one)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat.rsplit(")", 1)[1].split()[19])
-
-
 def kill_recorded(pid: int, started: int) -> None:
     """SIGKILL the recorded process's group if it leads one, else the process; never a
     reused pid (the start time must match what was recorded)."""
-    if start_time(pid) != started:
+    if start_ticks(pid) != started:
         return
     with contextlib.suppress(ProcessLookupError, PermissionError):
         if os.getpgid(pid) == pid:
@@ -297,7 +288,7 @@ class Job:
         """Record the agents and their current workers (called while they run)."""
         for agent in self.agents:
             for pid in [agent.proc.pid, *descendants(agent.proc.pid)]:
-                started = start_time(pid)
+                started = start_ticks(pid)
                 if started is not None:
                     self._started.setdefault(pid, started)
 
@@ -308,7 +299,7 @@ class Job:
         for pid, started in self._started.items():
             kill_recorded(pid, started)
         for pid in processes_of_run(self.run_id):
-            stray = start_time(pid)
+            stray = start_ticks(pid)
             if stray is not None:
                 kill_recorded(pid, stray)
         for agent in self.agents:
