@@ -11,6 +11,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -29,6 +30,33 @@ def _etcd_binary(version: str) -> Path | None:
         return path if path.exists() else None
     found = sorted((CACHE / "bin").glob(f"*etcd-v{version}*/etcd"))
     return found[-1] if found else None
+
+
+def launcher_argv(
+    endpoint: str,
+    run_id: str,
+    script: list[str],
+    *,
+    nnodes: str = "1",
+    nproc: int = 1,
+    max_restarts: int = 0,
+    backend: str = "etcd-v3",
+    launcher: list[str] | None = None,
+) -> list[str]:
+    """An agent's command line as the integration tests start it (torchrun's flags;
+    ``launcher`` defaults to elasticjob-run)."""
+    return [
+        *(launcher or [sys.executable, "-m", "elasticjob_runtime.launcher"]),
+        f"--nnodes={nnodes}",
+        f"--nproc-per-node={nproc}",
+        f"--rdzv-backend={backend}",
+        f"--rdzv-endpoint={endpoint}",
+        f"--rdzv-id={run_id}",
+        "--local-addr=127.0.0.1",
+        "--monitor-interval=0.2",
+        f"--max-restarts={max_restarts}",
+        *script,
+    ]
 
 
 def free_port() -> int:

@@ -20,7 +20,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import EtcdServer
+from conftest import EtcdServer, launcher_argv
 
 pytestmark = pytest.mark.integration
 
@@ -93,22 +93,9 @@ def test_restarted_worker_group_reloads_from_node_memory_without_disk(
     if not MEMORY_ROOT.is_dir():
         pytest.skip("no /dev/shm on this machine")
     run_id = f"handover-{uuid.uuid4().hex[:8]}"
-    cmd = [
-        sys.executable,
-        "-m",
-        "elasticjob_runtime.launcher",
-        "--nnodes=1",
-        "--nproc-per-node=2",
-        "--rdzv-backend=etcd-v3",
-        f"--rdzv-endpoint={etcd.endpoint}",
-        f"--rdzv-id={run_id}",
-        "--local-addr=127.0.0.1",
-        "--monitor-interval=0.2",
-        "--max-restarts=1",
-        __file__,
-        "agent",
-        str(tmp_path),
-    ]
+    cmd = launcher_argv(
+        etcd.endpoint, run_id, [__file__, "agent", str(tmp_path)], nproc=2, max_restarts=1
+    )
     env = {
         **os.environ,
         "ELASTICJOB_POD_NAME": "pod-a",

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import IO
 
 import pytest
-from conftest import EtcdServer
+from conftest import EtcdServer, launcher_argv
 
 pytestmark = pytest.mark.integration
 
@@ -209,22 +209,12 @@ def test_sigterm_to_the_agent_leaves_a_checkpoint_of_the_last_ddp_step(
     etcd: EtcdServer, tmp_path: Path
 ) -> None:
     """The eviction path: the kubelet signals the launcher, torch's agent forwards SIGTERM."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "elasticjob_runtime.launcher",
-        "--nnodes=1",
-        "--nproc-per-node=2",
-        "--rdzv-backend=etcd-v3",
-        f"--rdzv-endpoint={etcd.endpoint}",
-        f"--rdzv-id=sigterm-{uuid.uuid4().hex[:8]}",
-        "--local-addr=127.0.0.1",
-        "--monitor-interval=0.2",
-        "--max-restarts=0",
-        __file__,
-        str(tmp_path),
-        "ddp",
-    ]
+    cmd = launcher_argv(
+        etcd.endpoint,
+        f"sigterm-{uuid.uuid4().hex[:8]}",
+        [__file__, str(tmp_path), "ddp"],
+        nproc=2,
+    )
     env = {**os.environ, "ELASTICJOB_CHECKPOINT_MEMORY_DIR": "off", "GLOO_SOCKET_IFNAME": "lo"}
     log = tmp_path / "agent.log"
     proc = subprocess.Popen(

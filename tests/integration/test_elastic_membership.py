@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from conftest import EtcdServer, free_port, start_etcd
+from conftest import EtcdServer, free_port, launcher_argv, start_etcd
 
 from elasticjob_devcluster.procs import descendants
 
@@ -81,18 +81,15 @@ class Job:
     ) -> Agent:
         name = f"agent{len(self.agents)}"
         log = self.out / f"{name}.log"
-        cmd = [
-            *(launcher or [sys.executable, "-m", "elasticjob_runtime.launcher"]),
-            f"--nnodes={nnodes}",
-            "--nproc-per-node=1",
-            f"--rdzv-backend={backend}",
-            f"--rdzv-endpoint={endpoint or self.etcd.endpoint}",
-            f"--rdzv-id={self.run_id}",
-            "--local-addr=127.0.0.1",
-            "--monitor-interval=0.2",
-            f"--max-restarts={max_restarts}",
-            str(TRAIN),
-        ]
+        cmd = launcher_argv(
+            endpoint or self.etcd.endpoint,
+            self.run_id,
+            [str(TRAIN)],
+            nnodes=nnodes,
+            max_restarts=max_restarts,
+            backend=backend,
+            launcher=launcher,
+        )
         env = {
             **os.environ,
             "RDZV_TEST_OUT": str(self.out),
