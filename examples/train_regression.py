@@ -236,7 +236,10 @@ class Phases:
     """Wall-clock marks of the start-up, logged so a slow restart can be explained."""
 
     def __init__(self) -> None:
-        start = process_start_time()
+        # A warm spare (elasticjob-run) was exec'd long before its round: count from the
+        # moment it was handed the round instead.
+        assigned = os.environ.get(contract.WORKER_ASSIGNED_AT)
+        start = float(assigned) if assigned else process_start_time()
         self.marks: list[tuple[str, float]] = [] if start is None else [("exec", start)]
         self.marks.append(("imports", IMPORTED_AT))
 
@@ -248,7 +251,8 @@ class Phases:
             f"{name}={now - prev:.2f}" for (_, prev), (name, now) in itertools.pairwise(self.marks)
         ]
         total = self.marks[-1][1] - self.marks[0][1]
-        return f"startup={total:.2f}s({','.join(parts)})"
+        how = "warm" if os.environ.get(contract.WORKER_ASSIGNED_AT) else "cold"
+        return f"startup={total:.2f}s({','.join(parts)}) start={how}"
 
 
 # ---------------------------------------------------------------- training

@@ -1,4 +1,9 @@
-"""torch's ``LocalElasticAgent``, told apart a broken group from a local fault.
+"""torch's ``LocalElasticAgent`` with warm spares, telling a broken group from a local fault.
+
+Workers start from warm spares (:mod:`elasticjob_runtime.spare_pool`) when the agent
+is given a :class:`~elasticjob_runtime.spare_pool.SparePool`: the first round and every
+restart hand the round to processes that have already imported torch and the script's
+imports, and fresh spares warm up while the round trains.
 
 When a peer node dies, the workers here usually fail too (gloo reports the closed
 connection) before the peer's lease runs out. Stock torch charges that to this
@@ -13,11 +18,15 @@ the next round without spending a restart. A worker killed by a signal here
 from __future__ import annotations
 
 import logging
+import sys
+from typing import Any
 
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
 from elasticjob_runtime.rendezvous import EtcdV3RendezvousHandler
+from elasticjob_runtime.spare import parse_worker_command
+from elasticjob_runtime.spare_pool import SparePool, workers_from
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +37,37 @@ def local_fault(exitcodes: list[int]) -> bool:
 
 
 class MembershipAwareAgent(LocalElasticAgent):
-    """``LocalElasticAgent`` that does not charge restarts for peers that left."""
+    """``LocalElasticAgent`` that starts workers from warm spares and does not charge
+    restarts for peers that left."""
+
+    def __init__(
+        self, *args: Any, warm_spares: bool = False, warm_imports: tuple[str, ...] = (), **kw: Any
+    ) -> None:
+        super().__init__(*args, **kw)
+        self._spares: SparePool | None = None
+        spec = self._worker_group.spec
+        if warm_spares and isinstance(spec.entrypoint, str):
+            target = parse_worker_command(
+                spec.entrypoint, [str(a) for a in spec.args], sys.executable
+            )
+            if target is None:
+                log.info("warm spares off: the worker command is not `python [-u] [-m] target`")
+            else:
+                self._spares = SparePool(target, spec.local_world_size, warm_imports=warm_imports)
+                self._spares.fill()  # they warm up while the first rendezvous runs
+
+    def run(self, role: str = "default") -> Any:
+        try:
+            return super().run(role)
+        finally:
+            if self._spares is not None:
+                self._spares.close()
+
+    def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
+        if self._spares is None:
+            return super()._start_workers(worker_group)  # type: ignore[no-any-return]
+        with workers_from(self._spares):
+            return super()._start_workers(worker_group)  # type: ignore[no-any-return]
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         result: RunResult = super()._monitor_workers(worker_group)

@@ -27,6 +27,11 @@ POD_IP: Final = "ELASTICJOB_POD_IP"
 NODE_NAME: Final = "ELASTICJOB_NODE_NAME"
 HEALTH_PORT: Final = "ELASTICJOB_HEALTH_PORT"
 PROGRESS: Final = "ELASTICJOB_PROGRESS"  # "1" (default) publishes progress to etcd
+# elasticjob-run: "0" turns warm spare workers off; extra modules for spares to import
+WARM_SPARES: Final = "ELASTICJOB_WARM_SPARES"
+WARM_IMPORT: Final = "ELASTICJOB_WARM_IMPORT"
+# set in a worker that a warm spare became: when it got its round (unix seconds)
+WORKER_ASSIGNED_AT: Final = "ELASTICJOB_WORKER_ASSIGNED_AT"
 
 DEFAULT_RDZV_BACKEND: Final = "etcd-v3"
 RDZV_BACKENDS: Final = ("etcd-v3", "c10d", "etcd")

@@ -8,18 +8,24 @@ environment, torch's ``LocalElasticAgent`` runs the workers), with three changes
 * bad configuration (a node range with min > max, an unknown backend, an etcd that
   does not answer) stops before anything starts, with one line saying what to fix;
 * with etcd-v3, workers that fail because a peer left do not use up ``--max-restarts``
-  (:mod:`elasticjob_runtime.agent`).
+  (:mod:`elasticjob_runtime.agent`);
+* workers start from warm spares, interpreters that have already imported torch and
+  the script's imports (:mod:`elasticjob_runtime.spare`); ``--no-warm-spares`` (or
+  ``ELASTICJOB_WARM_SPARES=0``) starts every worker cold as torchrun does, and
+  ``--warm-import mod,...`` names more modules for the spares to import.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import sys
 import time
 from collections.abc import Sequence
 from importlib.metadata import entry_points
+from typing import NoReturn
 
 from elasticjob_runtime import contract
 
@@ -76,7 +82,31 @@ def config_problem(args: argparse.Namespace, backends: Sequence[str]) -> str | N
     return None
 
 
-def _fail(message: str, code: int = 2) -> None:
+def env_switch(name: str, default: bool) -> bool:
+    """A yes/no environment variable; ValueError naming the variable otherwise."""
+    raw = os.environ.get(name, "").strip().lower()
+    if not raw:
+        return default
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    if raw in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{name}={os.environ[name]!r}: use 1 or 0 (true/false, on/off)")
+
+
+def warm_import_list(text: str) -> tuple[str, ...]:
+    """``mod,pkg.mod`` -> module names; ValueError naming a bad one."""
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    for name in names:
+        if not all(part.isidentifier() for part in name.split(".")):
+            raise ValueError(
+                f"--warm-import: {name!r} is not a module name; give dotted module names "
+                "separated by commas, e.g. --warm-import numpy,mypkg.models"
+            )
+    return names
+
+
+def _fail(message: str, code: int = 2) -> NoReturn:
     print(f"{PROG}: error: {message}", file=sys.stderr)
     raise SystemExit(code)
 
@@ -123,6 +153,23 @@ def parser() -> argparse.ArgumentParser:
     )
     if os.environ.get(contract.POD_IP) and not os.environ.get("PET_LOCAL_ADDR"):
         p.set_defaults(local_addr=os.environ[contract.POD_IP])
+    try:
+        warm = env_switch(contract.WARM_SPARES, True)
+    except ValueError as exc:
+        _fail(str(exc))
+    p.add_argument(
+        "--warm-spares",
+        action=argparse.BooleanOptionalAction,
+        default=warm,
+        help="start workers from warm spare processes that have already imported torch and "
+        f"the script's imports (default on; env {contract.WARM_SPARES}=0 turns it off)",
+    )
+    p.add_argument(
+        "--warm-import",
+        default=os.environ.get(contract.WARM_IMPORT, ""),
+        help="comma-separated modules the warm spares import besides the script's own "
+        f"top-level imports (env {contract.WARM_IMPORT})",
+    )
     return p
 
 
@@ -143,6 +190,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     problem = config_problem(args, known_backends())
     if problem:
         _fail(problem)
+    try:
+        warm_imports = warm_import_list(args.warm_import)
+    except ValueError as exc:
+        _fail(str(exc))
     if not args.standalone and args.rdzv_backend == "etcd-v3":
         in_pod = bool(os.environ.get(contract.POD_NAME))
         _check_etcd(args.rdzv_endpoint, ETCD_WAIT_IN_POD_SECONDS if in_pod else 0.0)
@@ -157,8 +208,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     from elasticjob_runtime.agent import MembershipAwareAgent
 
     # torch's launch_agent builds a LocalElasticAgent by this module-level name; ours
-    # is a subclass that does not charge restarts for peers that left (see agent.py).
-    launcher_api.LocalElasticAgent = MembershipAwareAgent  # type: ignore[attr-defined]
+    # is a subclass with warm spares that does not charge restarts for peers that left.
+    launcher_api.LocalElasticAgent = functools.partial(  # type: ignore[attr-defined,assignment]
+        MembershipAwareAgent, warm_spares=args.warm_spares, warm_imports=warm_imports
+    )
     try:
         run(args)  # type: ignore[no-untyped-call]
     except ChildFailedError as exc:

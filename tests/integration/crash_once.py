@@ -1,0 +1,36 @@
+"""The regression example, with one real fault at a fixed step so runs can be compared.
+
+On its first attempt (``TORCHELASTIC_RESTART_COUNT=0``) the worker of global rank
+``CRASH_RANK`` (default 1) SIGKILLs itself right after completing step ``CRASH_AT_STEP``;
+the restarted group resumes from the last checkpoint. Same seed and same fault, so a
+cold and a warm restart must train exactly the same model.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+from elasticjob_examples import train_regression
+
+from elasticjob_runtime.checkpoint import CheckpointManager
+
+
+def main() -> None:
+    at = int(os.environ["CRASH_AT_STEP"])
+    rank = os.environ.get("CRASH_RANK", "1")
+    first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT") == "0"
+    mark_step = CheckpointManager.mark_step
+
+    def crash_after(self: CheckpointManager, step: int) -> None:
+        mark_step(self, step)
+        if step == at and first_attempt and os.environ.get("RANK") == rank:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    CheckpointManager.mark_step = crash_after  # type: ignore[method-assign]
+    train_regression.main(sys.argv[1:])
+
+
+if __name__ == "__main__":
+    main()

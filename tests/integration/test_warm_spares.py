@@ -1,0 +1,247 @@
+"""Warm spare workers under the real launcher: real etcd, real torch workers over gloo.
+
+What a user must not be able to tell apart from a cold start, apart from the time:
+the model trained (same seed, same fault, same losses), exit codes and tracebacks,
+log redirects and tee, SIGTERM, and that nothing is left running afterwards.
+Every agent runs in its own session and is killed by its recorded group at the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from conftest import EtcdServer, launcher_argv
+
+from elasticjob_devcluster.procs import descendants
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+HERE = Path(__file__).parent
+CRASH_ONCE = HERE / "crash_once.py"
+RESULT = "ELASTICJOB_RESULT "
+T = TypeVar("T")
+
+
+@pytest.fixture
+def agents() -> Iterator[list[subprocess.Popen[bytes]]]:
+    started: list[subprocess.Popen[bytes]] = []
+    yield started
+    for proc in started:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+
+
+def start(
+    agents: list[subprocess.Popen[bytes]],
+    etcd: EtcdServer,
+    log: Path,
+    script: list[str],
+    *,
+    nproc: int = 2,
+    max_restarts: int = 0,
+    launcher_flags: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+) -> subprocess.Popen[bytes]:
+    argv = launcher_argv(
+        etcd.endpoint,
+        f"warm-{uuid.uuid4().hex[:8]}",
+        script,
+        nproc=nproc,
+        max_restarts=max_restarts,
+    )
+    argv[3:3] = launcher_flags  # after `python -m elasticjob_runtime.launcher`
+    proc = subprocess.Popen(
+        argv,
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+        start_new_session=True,
+    )
+    agents.append(proc)
+    return proc
+
+
+def wait_for(what: str, check: Callable[[], T | None], timeout: float, log: Path) -> T:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value is not None:
+            return value
+        time.sleep(0.2)
+    pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}\n{log.read_text()[-3000:]}")
+
+
+def result_of(text: str) -> dict[str, Any]:
+    line = next(line for line in text.splitlines() if line.startswith(RESULT))
+    doc: dict[str, Any] = json.loads(line[len(RESULT) :])
+    doc.pop("seconds_this_run")
+    doc["config"].pop("checkpoint_dir")  # each run has its own
+    return doc
+
+
+def train_args(tmp: Path, steps: int = 60) -> list[str]:
+    return [
+        str(CRASH_ONCE),
+        f"--steps={steps}",
+        "--checkpoint-interval=10",
+        "--log-every=5",
+        f"--checkpoint-dir={tmp}",
+    ]
+
+
+def run_with_one_crash(
+    agents: list[subprocess.Popen[bytes]], etcd: EtcdServer, tmp: Path, warm: bool
+) -> str:
+    log = tmp / "agent.log"
+    flags = ("--warm-spares",) if warm else ("--no-warm-spares",)
+    proc = start(
+        agents,
+        etcd,
+        log,
+        train_args(tmp / "ckpt"),
+        max_restarts=1,
+        launcher_flags=flags,
+        env={"CRASH_AT_STEP": "25", "ELASTICJOB_CHECKPOINT_MEMORY_DIR": str(tmp / "shm")},
+    )
+    wait_for("the job to finish", lambda: proc.poll(), 240, log)
+    text = log.read_text()
+    assert proc.returncode == 0, text[-3000:]
+    return text
+
+
+def test_a_killed_worker_restarts_from_a_warm_spare_and_trains_the_cold_starts_model(
+    agents: list[subprocess.Popen[bytes]], etcd: EtcdServer, tmp_path: Path
+) -> None:
+    (tmp_path / "warm").mkdir()
+    (tmp_path / "cold").mkdir()
+    warm = run_with_one_crash(agents, etcd, tmp_path / "warm", warm=True)
+    cold = run_with_one_crash(agents, etcd, tmp_path / "cold", warm=False)
+
+    # Both restarted once from the step-20 checkpoint after rank 1 died at step 25.
+    for text in (warm, cold):
+        assert "resumed from step 20" in text, text[-3000:]
+    starts = re.findall(r"start=(warm|cold)", warm)
+    assert starts == ["warm", "warm"], f"rank 0's first start and its restart: {starts}"
+    assert re.findall(r"start=(warm|cold)", cold) == ["cold", "cold"]
+    # Same seed and same fault: the same model, to the last bit of the held-out loss.
+    assert result_of(warm) == result_of(cold)
+    losses = [re.findall(r"step=(\d+) .*loss=([0-9.]+)", t) for t in (warm, cold)]
+    assert losses[0] == losses[1]
+
+
+def test_warm_workers_leave_nothing_running_and_obey_sigterm(
+    agents: list[subprocess.Popen[bytes]], etcd: EtcdServer, tmp_path: Path
+) -> None:
+    log = tmp_path / "agent.log"
+    proc = start(
+        agents,
+        etcd,
+        log,
+        [*train_args(tmp_path / "ckpt", steps=1_000_000), "--sleep=0.05"],
+        env={"CRASH_AT_STEP": "-1", "ELASTICJOB_CHECKPOINT_MEMORY_DIR": "off"},
+    )
+    wait_for("training", lambda: True if "step=20 " in log.read_text() else None, 180, log)
+    # Two workers and two fresh spares (the spares that became workers were replaced).
+    family = wait_for(
+        "the workers and their replacement spares",
+        lambda: found if len(found := descendants(proc.pid)) >= 4 else None,
+        60,
+        log,
+    )
+    cmdlines = [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in family]
+    assert sum(b"elasticjob_runtime.spare" in c for c in cmdlines) >= 4
+
+    os.kill(proc.pid, signal.SIGTERM)
+    wait_for("the agent to exit after SIGTERM", lambda: proc.poll(), 90, log)
+    text = log.read_text()
+    assert "SIGTERM: saving at the next step boundary" in text  # the workers got it
+    assert re.search(r"SIGTERM: saved step \d+", text), text[-3000:]
+    alive = [pid for pid in family if Path(f"/proc/{pid}").exists() and _not_zombie(pid)]
+    assert not alive, f"left running after the agent exited: {alive}"
+
+
+def _not_zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+FAILING = """
+import sys
+from torch.distributed.elastic.multiprocessing.errors import record
+
+@record
+def main():
+    if sys.argv[1] == "raise":
+        raise ValueError("boom from the training script")
+    print("exiting with", sys.argv[1], flush=True)
+    sys.exit(int(sys.argv[1]))
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+@pytest.mark.parametrize("how", ["raise", "3"])
+def test_a_failing_script_reports_the_same_exit_code_and_traceback_warm_or_cold(
+    agents: list[subprocess.Popen[bytes]], etcd: EtcdServer, tmp_path: Path, how: str
+) -> None:
+    script = tmp_path / "failing.py"
+    script.write_text(FAILING)
+    reports = {}
+    for flag in ("--warm-spares", "--no-warm-spares"):
+        log = tmp_path / f"{flag}.log"
+        proc = start(agents, etcd, log, [str(script), how], nproc=1, launcher_flags=(flag,))
+        wait_for("the launcher to give up", lambda: proc.poll(), 120, log)  # noqa: B023
+        text = log.read_text()
+        assert proc.returncode == 1, text[-3000:]
+        root_cause = text[text.index("Root Cause") :]
+        reports[flag] = re.sub(r"(time|host|error_file)\b.*", "", root_cause)  # per run
+        reports[flag] = re.sub(r"\(pid: \d+\)", "", reports[flag])
+    expected = "exitcode  : 1" if how == "raise" else "exitcode  : 3"
+    assert expected in reports["--warm-spares"]
+    if how == "raise":
+        # The error file @record wrote: the user's traceback, no spare or runpy frames.
+        assert "ValueError: boom from the training script" in reports["--warm-spares"]
+        assert "spare.py" not in reports["--warm-spares"]
+    assert reports["--warm-spares"] == reports["--no-warm-spares"]
+
+
+def test_log_redirects_and_tee_work_for_warm_workers(
+    agents: list[subprocess.Popen[bytes]], etcd: EtcdServer, tmp_path: Path
+) -> None:
+    log = tmp_path / "agent.log"
+    logs = tmp_path / "logs"
+    proc = start(
+        agents,
+        etcd,
+        log,
+        [*train_args(tmp_path / "ckpt", steps=20), "--log-ranks=all"],
+        launcher_flags=("--redirects=3", "--tee=1", f"--log-dir={logs}"),
+        env={"CRASH_AT_STEP": "-1", "ELASTICJOB_CHECKPOINT_MEMORY_DIR": "off"},
+    )
+    wait_for("the job to finish", lambda: proc.poll(), 180, log)
+    text = log.read_text()
+    assert proc.returncode == 0, text[-3000:]
+    for rank in (0, 1):
+        stdout = next(logs.glob(f"*/attempt_0/{rank}/stdout.log")).read_text()
+        assert "step=20 " in stdout and f"rank={rank}" in stdout and "start=warm" in stdout
+    # tee=1: stdout also reaches the agent's console with torch's rank prefix.
+    assert re.search(r"\[default1\]:step=20 .*rank=1", text), text[-3000:]
+    assert "step=20 " not in "".join(
+        p.read_text() for p in logs.glob("*/attempt_0/*/stderr.log")
+    ), "stdout leaked into stderr.log"

@@ -1,0 +1,114 @@
+"""Warm spares' pure decisions: which worker commands a spare can run, what it imports
+ahead of time, when a changed environment forces a cold start, and the hand-over format."""
+
+from __future__ import annotations
+
+import socket
+import sys
+
+import pytest
+
+from elasticjob_runtime.launcher import env_switch, warm_import_list
+from elasticjob_runtime.spare import (
+    Assignment,
+    Target,
+    parse_worker_command,
+    receive_assignment,
+    script_argv,
+    send_assignment,
+    top_level_imports,
+)
+from elasticjob_runtime.spare_pool import env_differences
+
+PY = sys.executable
+
+
+def test_torchrun_module_and_script_commands_are_runnable_by_a_spare() -> None:
+    assert parse_worker_command(PY, ["-u", "-m", "pkg.train", "--lr", "1"], PY) == Target(
+        "module", "pkg.train", ("-u",)
+    )
+    script = parse_worker_command(PY, ["-u", "train.py", "--steps", "3"], PY)
+    assert script is not None and script.kind == "script" and script.name.endswith("/train.py")
+
+
+def test_commands_a_spare_cannot_run_start_cold() -> None:
+    assert parse_worker_command("/usr/bin/env", ["train.py"], PY) is None  # --no-python
+    assert parse_worker_command(PY, ["-X", "dev", "train.py"], PY) is None  # unknown flag
+    assert parse_worker_command(PY, ["-u"], PY) is None  # nothing to run
+    assert parse_worker_command(PY, ["-u", "-m"], PY) is None
+
+
+def test_script_argv_is_what_python_would_set() -> None:
+    module = Target("module", "pkg.train", ("-u",))
+    assert script_argv(module, ["-u", "-m", "pkg.train", "--lr", "1"]) == ["pkg.train", "--lr", "1"]
+    script = Target("script", "/abs/train.py", ("-u",))
+    assert script_argv(script, ["-u", "train.py", "-x"]) == ["train.py", "-x"]
+
+
+def test_top_level_imports_are_found_without_running_the_script() -> None:
+    source = """
+from __future__ import annotations
+import os, numpy as np
+from torch import nn
+from . import sibling
+import json
+try:
+    import yaml
+except ImportError:
+    yaml = None
+if TYPE_CHECKING:
+    import never_at_runtime
+if __name__ == "__main__":
+    import only_when_main
+def f():
+    import inside_function
+raise SystemExit("the script must not run")
+"""
+    assert top_level_imports(source) == ["os", "numpy", "torch", "torch.nn", "json", "yaml"]
+
+
+def test_only_a_changed_non_round_variable_forces_a_cold_start() -> None:
+    spare = {"PATH": "/bin", "OMP_NUM_THREADS": "1", "HOME": "/root"}
+    worker = {**spare, "RANK": "3", "MASTER_PORT": "1234", "TORCHELASTIC_ERROR_FILE": "/e"}
+    assert env_differences(spare, worker) == []
+    assert env_differences(spare, {**worker, "OMP_NUM_THREADS": "4"}) == ["OMP_NUM_THREADS"]
+    assert env_differences(spare, {**worker, "NEW_FLAG": "1"}) == ["NEW_FLAG"]
+    assert env_differences({**spare, "GONE": "x"}, worker) == ["GONE"]
+
+
+def test_the_assignment_and_its_descriptors_cross_the_socket() -> None:
+    agent, spare = socket.socketpair()
+    r, w = socket.socketpair()
+    env = {"RANK": "1", "BIG": "x" * 300_000}  # larger than one socket buffer
+    try:
+        sent = Assignment(["-u", "train.py", "--a"], env, stdout=True, stderr=False)
+        import threading
+
+        sender = threading.Thread(target=send_assignment, args=(agent, sent, [w.fileno()]))
+        sender.start()
+        received = receive_assignment(spare)
+        sender.join()
+        assert received is not None
+        assignment, fds = received
+        assert assignment == sent and len(fds) == 1
+        with socket.socket(fileno=fds[0]) as passed:
+            passed.sendall(b"hello")  # the descriptor is the same socket the agent held
+        assert r.recv(5) == b"hello"
+        agent.close()
+        assert receive_assignment(spare) is None  # the agent went away: the spare ends
+    finally:
+        for s in (agent, spare, r, w):
+            s.close()
+
+
+def test_launcher_switch_and_warm_import_errors_name_the_fix(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("ELASTICJOB_WARM_SPARES", "off")
+    assert env_switch("ELASTICJOB_WARM_SPARES", True) is False
+    monkeypatch.setenv("ELASTICJOB_WARM_SPARES", "maybe")
+    with pytest.raises(ValueError, match="ELASTICJOB_WARM_SPARES='maybe': use 1 or 0"):
+        env_switch("ELASTICJOB_WARM_SPARES", True)
+    assert warm_import_list(" numpy, pkg.models ,") == ("numpy", "pkg.models")
+    with pytest.raises(ValueError, match="'pkg/models' is not a module name"):
+        warm_import_list("pkg/models")

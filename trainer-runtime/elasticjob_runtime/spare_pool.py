@@ -1,0 +1,257 @@
+"""The agent's warm spares: one per local rank, handed each round's assignment.
+
+torch's agent starts a round's workers through ``start_processes``, which builds a
+``SubprocessContext`` of one ``SubprocessHandler`` (a ``Popen``) per local rank.
+:class:`WarmSubprocessContext` is that context with one change: where a live spare
+waits for the rank, the handler adopts the spare's process and sends it the
+assignment (:mod:`elasticjob_runtime.spare`) instead of starting a new one. Everything
+downstream is torch's own code on a real ``Popen``: polling exit codes, error files,
+tee, SIGTERM then SIGKILL after the shutdown timeout. Right after a hand-over the
+pool starts fresh spares, which warm up while the round trains.
+
+A spare is used only if the worker would have started with the same environment apart
+from the per-round variables (:data:`ROUND_VARIABLES`); anything else that differs
+could have been read at import time, so that rank starts cold and the pool renews its
+spares. The pool is off for ``--no-python`` and interpreter flags other than ``-u``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch.distributed.elastic.agent.server import local_elastic_agent
+from torch.distributed.elastic.multiprocessing import start_processes
+from torch.distributed.elastic.multiprocessing.api import PContext, SubprocessContext
+from torch.distributed.elastic.multiprocessing.subprocess_handler import (
+    SubprocessHandler,
+    get_subprocess_handler,
+)
+
+from elasticjob_runtime.spare import Assignment, Target, send_assignment
+
+log = logging.getLogger(__name__)
+
+# What torch's agent sets per worker and round (local_elastic_agent._start_workers and
+# the log destinations): read at run time by torch.distributed, never at import.
+ROUND_VARIABLES = frozenset(
+    {
+        "RANK",
+        "LOCAL_RANK",
+        "GROUP_RANK",
+        "ROLE_RANK",
+        "ROLE_NAME",
+        "LOCAL_WORLD_SIZE",
+        "WORLD_SIZE",
+        "GROUP_WORLD_SIZE",
+        "ROLE_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "CUDA_VISIBLE_DEVICES",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+    }
+)
+ROUND_PREFIXES = ("TORCHELASTIC_",)
+STOP_TIMEOUT_S = 5.0
+
+
+def is_round_variable(name: str) -> bool:
+    return name in ROUND_VARIABLES or name.startswith(ROUND_PREFIXES)
+
+
+def env_differences(spare_env: Mapping[str, str], worker_env: Mapping[str, str]) -> list[str]:
+    """Names outside the per-round set whose values differ: a reason to start cold."""
+    names = (set(spare_env) | set(worker_env)) - {n for n in worker_env if is_round_variable(n)}
+    names -= {n for n in spare_env if is_round_variable(n)}
+    return sorted(n for n in names if spare_env.get(n) != worker_env.get(n))
+
+
+@dataclass
+class Spare:
+    """A started spare: its process and the agent's end of its socket."""
+
+    proc: subprocess.Popen[bytes]
+    sock: socket.socket
+    env: dict[str, str]
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self) -> None:
+        """Stop an idle spare: EOF on its socket, then SIGKILL its session."""
+        self.sock.close()
+        if self.alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(STOP_TIMEOUT_S)
+
+
+@dataclass
+class SparePool:
+    """One warm spare per local rank for ``target``; see the module docstring."""
+
+    target: Target
+    local_world_size: int
+    python: str = sys.executable
+    warm_imports: tuple[str, ...] = ()
+    spares: dict[int, Spare] = field(default_factory=dict)
+    handed_over: int = 0
+    started_cold: int = 0
+
+    def fill(self) -> None:
+        """Start a spare for every local rank that has none (they warm up concurrently)."""
+        for rank in range(self.local_world_size):
+            spare = self.spares.get(rank)
+            if spare is not None and spare.alive():
+                continue
+            if spare is not None:
+                spare.stop()
+            self.spares[rank] = self._start()
+
+    def _start(self) -> Spare:
+        env = dict(os.environ)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        cmd = [
+            self.python,
+            *self.target.flags,
+            "-m",
+            "elasticjob_runtime.spare",
+            f"--fd={theirs.fileno()}",
+            f"--parent={os.getpid()}",
+            f"--kind={self.target.kind}",
+            f"--target={self.target.name}",
+            f"--warm-import={','.join(self.warm_imports)}",
+        ]
+        try:
+            proc = subprocess.Popen(
+                cmd, env=env, pass_fds=(theirs.fileno(),), start_new_session=True
+            )
+        finally:
+            theirs.close()
+        return Spare(proc, ours, env)
+
+    def take(self, local_rank: int, worker_env: Mapping[str, str]) -> Spare | None:
+        """The rank's spare if it is alive and fits ``worker_env``; it leaves the pool."""
+        spare = self.spares.pop(local_rank, None)
+        if spare is None:
+            return None
+        if not spare.alive():
+            log.warning(
+                "warm spare for local rank %d exited (code %s); starting the worker cold",
+                local_rank,
+                spare.proc.returncode,
+            )
+            spare.stop()
+            return None
+        differs = env_differences(spare.env, worker_env)
+        if differs:
+            log.info(
+                "environment changed since the spare started (%s); starting the worker cold",
+                ", ".join(differs),
+            )
+            spare.stop()
+            return None
+        return spare
+
+    def close(self) -> None:
+        for spare in self.spares.values():
+            spare.stop()
+        self.spares.clear()
+
+
+class SpareHandler(SubprocessHandler):
+    """torch's handler around a spare's process: the spare becomes the worker."""
+
+    def __init__(
+        self,
+        spare: Spare,
+        args: Sequence[str],
+        env: dict[str, str],
+        stdout: str | None,
+        stderr: str | None,
+        local_rank_id: int,
+    ) -> None:
+        # As SubprocessHandler: torch opens the log files and keeps them until close().
+        self._stdout = open(stdout, "w") if stdout else None  # noqa: SIM115
+        self._stderr = open(stderr, "w") if stderr else None  # noqa: SIM115
+        self.local_rank_id = local_rank_id
+        self.proc = spare.proc
+        assignment = Assignment(
+            [str(a) for a in args], env, self._stdout is not None, self._stderr is not None
+        )
+        fds = [f.fileno() for f in (self._stdout, self._stderr) if f is not None]
+        try:
+            send_assignment(spare.sock, assignment, fds)
+        finally:
+            spare.sock.close()
+
+
+class WarmSubprocessContext(SubprocessContext):
+    """``SubprocessContext`` whose ranks start from the pool's spares where it can."""
+
+    def __init__(self, pool: SparePool, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._pool = pool
+
+    def _start(self) -> None:
+        if self.subprocess_handlers:
+            raise ValueError("the workers were already started")
+        handlers: dict[int, SubprocessHandler] = {}
+        for rank in range(self.nprocs):
+            env = {**os.environ, **self.envs[rank]}
+            spare = self._pool.take(rank, env)
+            if spare is None:
+                self._pool.started_cold += 1
+                handlers[rank] = get_subprocess_handler(
+                    entrypoint=self.entrypoint,  # type: ignore[arg-type]
+                    args=self.args[rank],
+                    env=self.envs[rank],
+                    stdout=self.stdouts[rank],
+                    stderr=self.stderrs[rank],
+                    local_rank_id=rank,
+                )
+                continue
+            self._pool.handed_over += 1
+            handlers[rank] = SpareHandler(
+                spare, self.args[rank], env, self.stdouts[rank], self.stderrs[rank], rank
+            )
+        self.subprocess_handlers = handlers
+        self._pool.fill()
+
+
+def start_processes_warm(pool: SparePool, **kwargs: Any) -> PContext:
+    """torch's ``start_processes`` for binaries, with :class:`WarmSubprocessContext`."""
+    if not isinstance(kwargs.get("entrypoint"), str) or kwargs.get("numa_options"):
+        return start_processes(**kwargs)
+    kwargs.pop("start_method", None)
+    context = WarmSubprocessContext(pool, **kwargs)
+    try:
+        context.start()
+    except Exception:
+        context.close()
+        raise
+    return context
+
+
+@contextlib.contextmanager
+def workers_from(pool: SparePool) -> Iterator[None]:
+    """While torch's agent starts a round's workers, it starts them through ``pool``."""
+    original = vars(local_elastic_agent)["start_processes"]
+
+    def start(**kwargs: Any) -> PContext:
+        return start_processes_warm(pool, **kwargs)
+
+    setattr(local_elastic_agent, "start_processes", start)  # noqa: B010
+    try:
+        yield
+    finally:
+        setattr(local_elastic_agent, "start_processes", original)  # noqa: B010
