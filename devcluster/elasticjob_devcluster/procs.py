@@ -144,8 +144,9 @@ def alive_groups(records: Sequence[ProcessRecord]) -> list[ProcessRecord]:
     return [r for r in records if not _leader_reused(r) and _group_alive(r.pid)]
 
 
-# Helper processes that multiprocessing starts beside the real workers.
-HELPER_MARKERS = ("resource_tracker", "semaphore_tracker", "forkserver")
+# Helper processes that multiprocessing starts beside the real workers, and elasticjob-run's
+# idle warm spares (a spare that became a worker shows the worker's command line).
+HELPER_MARKERS = ("resource_tracker", "semaphore_tracker", "forkserver", "elasticjob_runtime.spare")
 
 
 def newest_worker_child(pid: int) -> tuple[int, str] | None:

@@ -273,7 +273,7 @@ def kill_worker_process(c: Cluster, dev: DevCluster | None, ns: str, pod: str) -
         faults.kill_worker_process(dev.dir, ns, pod)
         return
     # elsewhere the container's main process (pid 1) is elasticjob-run: kill its newest
-    # python child, from inside the pod
+    # python child that is not a helper or an idle warm spare, from inside the pod
     script = (
         "import os, signal\n"
         "kids = []\n"
@@ -283,7 +283,8 @@ def kill_worker_process(c: Cluster, dev: DevCluster | None, ns: str, pod: str) -
         "        cmd = open(f'/proc/{p}/cmdline').read()\n"
         "    except OSError:\n"
         "        continue\n"
-        "    if stat[1] == '1' and 'python' in cmd and 'tracker' not in cmd:\n"
+        "    idle = 'tracker' in cmd or 'elasticjob_runtime.spare' in cmd\n"
+        "    if stat[1] == '1' and 'python' in cmd and not idle:\n"
         "        kids.append((int(stat[19]), int(p)))\n"
         "os.kill(max(kids)[1], signal.SIGKILL)\n"
     )

@@ -154,7 +154,8 @@ def test_warm_workers_leave_nothing_running_and_obey_sigterm(
         env={"CRASH_AT_STEP": "-1", "ELASTICJOB_CHECKPOINT_MEMORY_DIR": "off"},
     )
     wait_for("training", lambda: True if "step=20 " in log.read_text() else None, 180, log)
-    # Two workers and two fresh spares (the spares that became workers were replaced).
+    # Two workers, which show the worker's own command line as torch's would, and two
+    # fresh idle spares (the spares that became workers were replaced at once).
     family = wait_for(
         "the workers and their replacement spares",
         lambda: found if len(found := descendants(proc.pid)) >= 4 else None,
@@ -162,7 +163,9 @@ def test_warm_workers_leave_nothing_running_and_obey_sigterm(
         log,
     )
     cmdlines = [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in family]
-    assert sum(b"elasticjob_runtime.spare" in c for c in cmdlines) >= 4
+    workers = [c for c in cmdlines if CRASH_ONCE.name.encode() in c]
+    assert len(workers) == 2 and all(b"-u " + str(CRASH_ONCE).encode() in c for c in workers)
+    assert sum(b"elasticjob_runtime.spare" in c for c in cmdlines) == 2, cmdlines
 
     os.kill(proc.pid, signal.SIGTERM)
     wait_for("the agent to exit after SIGTERM", lambda: proc.poll(), 90, log)

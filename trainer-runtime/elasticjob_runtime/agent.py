@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from typing import Any
 
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
@@ -29,6 +30,9 @@ from elasticjob_runtime.spare import parse_worker_command
 from elasticjob_runtime.spare_pool import SparePool, workers_from
 
 log = logging.getLogger(__name__)
+
+# How long a new agent waits for its spares' imports before it joins a round anyway.
+SPARES_WARM_TIMEOUT_S = 120.0
 
 
 def local_fault(exitcodes: list[int]) -> bool:
@@ -45,6 +49,7 @@ class MembershipAwareAgent(LocalElasticAgent):
     ) -> None:
         super().__init__(*args, **kw)
         self._spares: SparePool | None = None
+        self._joined_once = False
         spec = self._worker_group.spec
         if warm_spares and isinstance(spec.entrypoint, str):
             target = parse_worker_command(
@@ -55,6 +60,21 @@ class MembershipAwareAgent(LocalElasticAgent):
             else:
                 self._spares = SparePool(target, spec.local_world_size, warm_imports=warm_imports)
                 self._spares.fill()  # they warm up while the first rendezvous runs
+
+    def _rendezvous(self, worker_group: WorkerGroup) -> None:
+        if self._spares is not None and not self._joined_once:
+            # Join only once the spares are warm: a running group that this agent's
+            # round interrupts then pauses for the switch, not for our imports.
+            started = time.monotonic()
+            if not self._spares.wait_warm(SPARES_WARM_TIMEOUT_S):
+                log.warning(
+                    "warm spares not ready after %.0f s; joining anyway", SPARES_WARM_TIMEOUT_S
+                )
+            log.info(
+                "warm spares ready in %.1f s; joining the rendezvous", time.monotonic() - started
+            )
+        self._joined_once = True
+        super()._rendezvous(worker_group)
 
     def run(self, role: str = "default") -> Any:
         try:

@@ -13,6 +13,12 @@ redirects and tee work unchanged). The spare installs them and runs the script o
 module as ``__main__`` in its main thread, exactly as ``python script.py`` would:
 same ``sys.argv``, ``sys.path[0]``, exit codes, tracebacks and signals.
 
+An idle spare's command line is ``python -u -m elasticjob_runtime.spare --fd=N --parent=P``
+(what it will run travels in ``ELASTICJOB_SPARE_*`` variables it removes at once), so
+nothing that looks for the training script's processes mistakes a spare for a worker;
+once it has its round it takes the worker's own command line (``setproctitle``), so
+``ps``, ``top`` and fault injectors see exactly what torch would have started.
+
 The spare dies with the agent: the socket's end of file (the agent exited) ends an
 idle spare, and until its assignment arrives the kernel kills it if the agent dies
 (``PR_SET_PDEATHSIG``); once it runs the script it behaves like any torch worker.
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import atexit
 import contextlib
 import ctypes
 import importlib
@@ -31,13 +38,14 @@ import runpy
 import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Literal
+from typing import Literal, NoReturn
 
 from elasticjob_runtime import contract
 
@@ -47,6 +55,10 @@ SPARE_FLAGS = frozenset({"-u"})
 # import was 2.5 s of a 4 s warm restart here, so spares pay it ahead of time.
 ALWAYS_WARM = ("torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo")
 _HEADER = 8  # bytes of the length prefix that carries the file descriptors
+# What the spare runs, passed in its environment (not argv, see the module docstring).
+TARGET_ENV = "ELASTICJOB_SPARE_TARGET"  # "script:/abs/train.py" or "module:pkg.train"
+WARM_IMPORT_ENV = "ELASTICJOB_SPARE_WARM_IMPORT"
+WARM = b"w"  # sent by a spare once its imports are done
 _PR_SET_PDEATHSIG = 1
 
 
@@ -270,30 +282,79 @@ def run_target(target: Target, argv: list[str]) -> None:
         raise SystemExit(1) from None
 
 
+def spare_env(target: Target, warm_imports: Sequence[str]) -> dict[str, str]:
+    """The variables that tell a spare what to warm up for (see :func:`main`)."""
+    return {TARGET_ENV: f"{target.kind}:{target.name}", WARM_IMPORT_ENV: ",".join(warm_imports)}
+
+
+def _set_title(args: Sequence[str]) -> None:
+    """Show the worker's own command line in ps (setproctitle is optional)."""
+    with contextlib.suppress(ImportError):
+        from setproctitle import setproctitle
+
+        setproctitle(" ".join([sys.executable, *args]))
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m elasticjob_runtime.spare")
     p.add_argument("--fd", type=int, required=True, help="the agent's socket")
     p.add_argument("--parent", type=int, required=True, help="the agent's pid")
-    p.add_argument("--kind", choices=("script", "module"), required=True)
-    p.add_argument("--target", required=True)
-    p.add_argument("--warm-import", default="", help="comma-separated extra modules")
     args = p.parse_args(argv)
     _set_parent_death_signal(int(signal.SIGKILL))
     if os.getppid() != args.parent:
         return  # the agent died before the death signal was armed
-    target = Target(args.kind, args.target)
+    kind, _, name = os.environ.pop(TARGET_ENV, "").partition(":")
+    if kind not in ("script", "module") or not name:
+        p.error(f"{TARGET_ENV} must be script:PATH or module:NAME (the agent sets it)")
+    target = Target("script" if kind == "script" else "module", name)
+    extra = [m for m in os.environ.pop(WARM_IMPORT_ENV, "").split(",") if m.strip()]
     # What `python script.py` / `python -m module` put first on sys.path.
     sys.path[0] = os.path.dirname(target.name) if target.kind == "script" else os.getcwd()
-    warm_up(target, [m for m in args.warm_import.split(",") if m.strip()])
+    warm_up(target, extra)
     sock = socket.socket(fileno=args.fd)
+    with contextlib.suppress(OSError):
+        sock.sendall(WARM)  # the agent may wait for this before it joins a round
     received = receive_assignment(sock)
     sock.close()
     if received is None:
         return
     assignment, fds = received
     _set_parent_death_signal(0)  # a worker now: it lives and dies like torch's own
+    _set_title(assignment.args)
     _install(assignment, fds)
-    run_target(target, script_argv(target, assignment.args))
+    try:
+        run_target(target, script_argv(target, assignment.args))
+    except SystemExit as exc:
+        finish(exit_status(exc.code))
+    finish(0)
+
+
+def exit_status(code: object) -> int:
+    """The status ``raise SystemExit(code)`` gives, printing a message as Python does."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    print(code, file=sys.stderr)
+    return 1
+
+
+def finish(status: int) -> NoReturn:
+    """End the worker as the interpreter would, without tearing down every module.
+
+    With torch loaded that teardown takes about a second, and the agent waits for it
+    before every restart. Python does not promise finalizers for objects still alive at
+    exit, so this keeps what it does promise: non-daemon threads are waited for, atexit
+    handlers run, the streams are flushed.
+    """
+    shutdown_threads = getattr(threading, "_shutdown", None)
+    if shutdown_threads is not None:
+        shutdown_threads()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(status)
 
 
 if __name__ == "__main__":

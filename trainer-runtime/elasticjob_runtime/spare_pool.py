@@ -20,10 +20,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import select
 import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,7 +38,7 @@ from torch.distributed.elastic.multiprocessing.subprocess_handler import (
     get_subprocess_handler,
 )
 
-from elasticjob_runtime.spare import Assignment, Target, send_assignment
+from elasticjob_runtime.spare import WARM, Assignment, Target, send_assignment, spare_env
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +83,7 @@ class Spare:
     proc: subprocess.Popen[bytes]
     sock: socket.socket
     env: dict[str, str]
+    warm: bool = False  # it said its imports are done
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -127,17 +130,39 @@ class SparePool:
             "elasticjob_runtime.spare",
             f"--fd={theirs.fileno()}",
             f"--parent={os.getpid()}",
-            f"--kind={self.target.kind}",
-            f"--target={self.target.name}",
-            f"--warm-import={','.join(self.warm_imports)}",
         ]
         try:
             proc = subprocess.Popen(
-                cmd, env=env, pass_fds=(theirs.fileno(),), start_new_session=True
+                cmd,
+                env={**env, **spare_env(self.target, self.warm_imports)},
+                pass_fds=(theirs.fileno(),),
+                start_new_session=True,
             )
         finally:
             theirs.close()
         return Spare(proc, ours, env)
+
+    def wait_warm(self, timeout: float) -> bool:
+        """Wait until every spare has done its imports (or died); False on timeout.
+
+        A new agent calls this before it first joins a round, so a running group pauses
+        only for the switch, not for the newcomer's imports.
+        """
+        deadline = time.monotonic() + timeout
+        waiting = {s.sock: s for s in self.spares.values() if not s.warm}
+        while waiting:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            readable, _, _ = select.select(list(waiting), [], [], min(left, 1.0))
+            for sock in readable:
+                spare = waiting.pop(sock)
+                with contextlib.suppress(OSError):
+                    spare.warm = sock.recv(1) == WARM  # b"" : the spare died
+            for sock, spare in list(waiting.items()):
+                if not spare.alive():
+                    del waiting[sock]
+        return True
 
     def take(self, local_rank: int, worker_env: Mapping[str, str]) -> Spare | None:
         """The rank's spare if it is alive and fits ``worker_env``; it leaves the pool."""
