@@ -197,6 +197,9 @@ class Agent:
     proc: subprocess.Popen[bytes]
     log: Path
 
+    def workers_or_none(self) -> list[int] | None:
+        return self.workers() or None
+
     def workers(self) -> list[int]:
         """The agent's training processes (its descendants running the example)."""
         found = []
@@ -259,6 +262,8 @@ class Job:
             # as DESIGN.md: torch 2.13's shared agent store crashes c10d scale-up
             TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
             ELASTICJOB_PROGRESS="0",
+            # torch's agent then logs when it stops and starts its workers (bench.phases)
+            LOGLEVEL="INFO",
             ELASTICJOB_CHECKPOINT_DIR=str(self.workdir / "ckpt"),
             # one node-memory checkpoint copy per agent, as one per pod
             ELASTICJOB_POD_NAME=f"{self.run_id}-{name}",
@@ -276,6 +281,13 @@ class Job:
             if agent.log.exists():
                 found += parse_steps(agent.log.read_text(errors="replace").splitlines())
         return sorted(found, key=lambda s: s.t)
+
+    def logs(self) -> list[list[str]]:
+        """Each agent's log lines (its workers' output included)."""
+        return [
+            a.log.read_text(errors="replace").splitlines() if a.log.exists() else []
+            for a in self.agents
+        ]
 
     def startups(self) -> list[tuple[float, float]]:
         found: list[tuple[float, float]] = []

@@ -39,6 +39,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bench import phases
+from bench.goodput import Goodput, run_goodput
 from bench.harness import (
     LAUNCHERS,
     REPO,
@@ -49,13 +51,19 @@ from bench.harness import (
     free_port,
     wait_for,
 )
+from bench.plot import plot_goodput
 
 RESULTS = REPO / "bench" / "results"
-SCENARIOS = ("worker-kill", "node-kill", "scale-up", "node-freeze")
-DEFAULT_SCENARIOS = SCENARIOS[:3]  # node-freeze costs torchrun its full --recover-timeout
+SCENARIOS = ("worker-kill", "node-kill", "scale-up", "goodput", "node-freeze")
+DEFAULT_SCENARIOS = SCENARIOS[:4]  # node-freeze costs torchrun its full --recover-timeout
 DEFAULT_LAUNCHERS = ("elasticjob-run", "torchrun-c10d")
 CHECKPOINT_INTERVAL = 20
 WARMUP_STEPS = 2 * CHECKPOINT_INTERVAL  # a checkpoint exists before any fault
+# Faults come at a steady state: this long after the job first trains steadily, for both
+# launchers alike (a fault a second after a start would also find our replacement spares
+# still importing torch: no slower than a cold start, but not the common case).
+SETTLE_SECONDS = 8.0
+GOODPUT_INTERVAL = 30.0  # seconds between the goodput run's worker kills
 TRAIN_ARGS = [
     "--steps=1000000",
     "--epochs=1000",
@@ -74,6 +82,8 @@ class Result:
     seconds: float | None = None  # fault (or join) -> first step after it
     steps_redone: int | None = None  # steps trained again after the restore
     worker_startup: float | None = None  # of ``seconds``: new worker's exec -> restored
+    pause: float | None = None  # the last step before the first step after (training stopped)
+    phases: dict[str, float] | None = None  # bench.phases.breakdown of the recovery
     load: float | None = None  # 1-minute load average when the fault was injected
     gave_up_after: float | None = None  # no recovery within this many seconds of the fault
     world_before: int | None = None
@@ -128,7 +138,10 @@ def run_scenario(
     workdir.mkdir(parents=True)
     try:
         start_agents(job, agents)
-        wait_for(f"training at world size {agents}", lambda: steady(job, agents), limits.start)
+        first = wait_for(
+            f"training at world size {agents}", lambda: steady(job, agents), limits.start
+        )
+        time.sleep(max(0.0, first.t + SETTLE_SECONDS - time.time()))
         job.remember_pids()
         result.world_before = agents
         result.load = round(os.getloadavg()[0], 2)
@@ -167,6 +180,10 @@ def run_scenario(
         before = [s.step for s in job.steps() if s.t <= fault_at]
         if before:
             result.steps_redone = max(0, max(before) - (after.step - 1))
+        last = max((s.t for s in job.steps() if s.t < after.t and s.pid in old_pids), default=None)
+        if last is not None:
+            result.pause = round(after.t - last, 2)
+        result.phases = recovery_phases(job, fault_at if scenario != "scale-up" else last, after)
     except TimeoutError as exc:
         result.error = str(exc)
         (workdir / "timeout.txt").write_text(job.tail(40))
@@ -174,6 +191,40 @@ def run_scenario(
         job.stop()
         shutil.rmtree(Path("/dev/shm/elasticjob") / run_id, ignore_errors=True)
     return result
+
+
+def goodput_run(
+    launcher: str, etcd: Etcd, workdir: Path, limits: Limits, minutes: float, seed: int
+) -> Goodput:
+    """Two agents, a worker SIGKILLed every 30 s (same seeded draws for every launcher)."""
+    backend = LAUNCHERS[launcher][1]
+    endpoint = etcd.endpoint if backend != "c10d" else f"127.0.0.1:{free_port()}"
+    run_id = f"bench-{uuid.uuid4().hex[:10]}"
+    job = Job(launcher, workdir, endpoint, "2:2", TRAIN_ARGS, run_id)
+    workdir.mkdir(parents=True)
+    try:
+        start_agents(job, 2)
+        first = wait_for("training at world size 2", lambda: steady(job, 2), limits.start)
+        time.sleep(max(0.0, first.t + SETTLE_SECONDS - time.time()))
+        return run_goodput(job, minutes, GOODPUT_INTERVAL, seed)
+    except TimeoutError as exc:
+        (workdir / "timeout.txt").write_text(job.tail(40))
+        return Goodput(launcher, error=str(exc))
+    finally:
+        job.stop()
+        shutil.rmtree(Path("/dev/shm/elasticjob") / run_id, ignore_errors=True)
+
+
+def recovery_phases(job: Job, start: float | None, after: StepLine) -> dict[str, float] | None:
+    """Where the time from ``start`` (the fault, or for a scale-up the last step before
+    the switch) to ``after`` went; None when the logs lack a mark."""
+    if start is None:
+        return None
+    year = datetime.now().year
+    logs = job.logs()
+    events = [phases.agent_events(lines, year) for lines in logs]
+    ups = [u for lines in logs for u in phases.startups(lines) if start < u.t <= after.t]
+    return phases.breakdown(start, events, max(ups, key=lambda u: u.t, default=None), after.t)
 
 
 # ---------------------------------------------------------------- reporting
@@ -184,7 +235,15 @@ def summarize(results: Sequence[Result]) -> dict[str, dict[str, dict[str, Any]]]
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for r in results:
         cell = out.setdefault(r.launcher, {}).setdefault(
-            r.scenario, {"seconds": [], "failures": [], "steps_redone": [], "worker_startup": []}
+            r.scenario,
+            {
+                "seconds": [],
+                "failures": [],
+                "steps_redone": [],
+                "worker_startup": [],
+                "pause": [],
+                "phases": [],
+            },
         )
         if r.seconds is None:
             cell["failures"].append(r.error)
@@ -196,6 +255,10 @@ def summarize(results: Sequence[Result]) -> dict[str, dict[str, dict[str, Any]]]
                 cell["steps_redone"].append(r.steps_redone)
             if r.worker_startup is not None:
                 cell["worker_startup"].append(r.worker_startup)
+            if r.pause is not None:
+                cell["pause"].append(r.pause)
+            if r.phases is not None:
+                cell["phases"].append(r.phases)
     for scenarios in out.values():
         for cell in scenarios.values():
             secs = cell["seconds"]
@@ -203,6 +266,17 @@ def summarize(results: Sequence[Result]) -> dict[str, dict[str, dict[str, Any]]]
             cell["min"] = min(secs, default=None)
             cell["max"] = max(secs, default=None)
             cell["n"] = len(secs)
+            cell["pause_median"] = (
+                round(statistics.median(cell["pause"]), 2) if cell["pause"] else None
+            )
+            cell["phases_median"] = (
+                {
+                    name: round(statistics.median(p[name] for p in cell["phases"]), 2)
+                    for name in phases.PHASES
+                }
+                if cell["phases"]
+                else None
+            )
     return out
 
 
@@ -229,22 +303,39 @@ LABELS = {
 }
 
 
-def table(summary: dict[str, dict[str, dict[str, Any]]], launchers: Sequence[str]) -> str:
+def table(
+    summary: dict[str, dict[str, dict[str, Any]]],
+    launchers: Sequence[str],
+    goodputs: Sequence[Goodput] = (),
+) -> str:
     rows = [["scenario", *launchers]]
     for scenario in SCENARIOS:
+        if scenario == "goodput":
+            continue
         if any(scenario in summary.get(lch, {}) for lch in launchers):
             row = [LABELS[scenario]]
             row += [format_cell(summary.get(lch, {}).get(scenario)) for lch in launchers]
             rows.append(row)
-            startup = ["  of which: new worker exec -> restored"]
+            pause = ["  training paused (last step -> next step)"]
+            split = ["  detect/rendezvous/worker/pg/restore/step"]
             for lch in launchers:
-                values = summary.get(lch, {}).get(scenario, {}).get("worker_startup") or []
-                startup.append(f"{statistics.median(values):.1f} s" if values else "-")
-            rows.append(startup)
+                cell = summary.get(lch, {}).get(scenario, {})
+                value = cell.get("pause_median")
+                pause.append(f"{value:.1f} s" if value is not None else "-")
+                med = cell.get("phases_median")
+                split.append("/".join(f"{med[n]:.1f}" for n in phases.PHASES) if med else "-")
+            rows += [pause, split]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = [
         "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |" for r in rows
     ]
+    if goodputs:
+        by = {g.launcher: g for g in goodputs}
+        row = [f"goodput, a worker SIGKILLed every {GOODPUT_INTERVAL:.0f} s"]
+        for lch in launchers:
+            g = by.get(lch)
+            row.append("-" if g is None or g.goodput is None else f"{g.goodput:.1%}")
+        lines.append("| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |")
     lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
     return "\n".join(lines)
 
@@ -276,7 +367,7 @@ def machine() -> dict[str, Any]:
 def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="one repetition (default: --reps)")
-    p.add_argument("--reps", type=int, default=2, help="repetitions per launcher and scenario")
+    p.add_argument("--reps", type=int, default=3, help="repetitions per launcher and scenario")
     p.add_argument("--launchers", nargs="+", default=list(DEFAULT_LAUNCHERS), choices=LAUNCHERS)
     p.add_argument(
         "--scenarios",
@@ -286,6 +377,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="node-freeze (a node that vanishes without closing its sockets) is not in the "
         "default set: torchrun sits in the collective until its timeout",
     )
+    p.add_argument("--goodput-minutes", type=float, default=5.0, help="length of the goodput run")
+    p.add_argument("--seed", type=int, default=0, help="seed of the goodput run's fault draws")
     p.add_argument("--start-timeout", type=float, default=240.0, help="seconds to start training")
     p.add_argument("--recover-timeout", type=float, default=150.0, help="seconds to recover")
     p.add_argument("--out", type=Path, default=RESULTS, help="directory for the JSON results")
@@ -300,16 +393,26 @@ def main(argv: Sequence[str] | None = None) -> None:
     info = machine()
     workdir = Path(tempfile.mkdtemp(prefix="elasticjob-bench-"))
     results: list[Result] = []
+    goodputs: list[Goodput] = []
     etcd = Etcd.start(workdir / "etcd")
     try:
         for rep in range(reps):
             for scenario in args.scenarios:
+                if scenario == "goodput":
+                    continue
                 for launcher in args.launchers:
                     where = workdir / f"{scenario}-{launcher}-{rep}"
                     r = run_scenario(scenario, launcher, rep, etcd, where, limits)
                     shown = f"{r.seconds:.2f} s" if r.seconds is not None else f"FAILED: {r.error}"
                     print(f"{scenario:<12} {launcher:<17} rep {rep}: {shown}", flush=True)
                     results.append(r)
+        if "goodput" in args.scenarios:
+            for launcher in args.launchers:
+                where = workdir / f"goodput-{launcher}"
+                g = goodput_run(launcher, etcd, where, limits, args.goodput_minutes, args.seed)
+                shown = f"{g.goodput:.1%}" if g.goodput is not None else f"FAILED: {g.error}"
+                print(f"{'goodput':<12} {launcher:<17} {shown}", flush=True)
+                goodputs.append(g)
     finally:
         etcd.stop()
         if args.keep:
@@ -319,7 +422,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     summary = summarize(results)
     print()
-    print(table(summary, args.launchers))
+    print(table(summary, args.launchers, goodputs))
     doc = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": "python -m bench.run " + " ".join(sys.argv[1:] if argv is None else argv),
@@ -329,12 +432,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         "seconds_total": round(time.monotonic() - started, 1),
         "summary": summary,
         "runs": [asdict(r) for r in results],
+        "goodput": [asdict(g) for g in goodputs],
     }
     args.out.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H%M")
     text = json.dumps(doc, indent=2) + "\n"
     (args.out / "latest.json").write_text(text)
     (args.out / f"{stamp}.json").write_text(text)
+    if goodputs:
+        print(f"plot: {plot_goodput(goodputs, args.out / f'{stamp}-goodput.png')}")
     print(f"\nwritten: {args.out / 'latest.json'} and {stamp}.json ({doc['seconds_total']} s)")
 
 

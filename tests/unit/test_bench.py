@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from bench.harness import StepLine, first_step_after, parse_startups, parse_step_line
 from bench.run import Result, summarize, table
 
@@ -38,8 +40,8 @@ def test_worker_startup_lines_are_read_with_their_time() -> None:
 
 def test_summary_keeps_failures_apart_from_timings() -> None:
     results = [
-        Result("elasticjob-run", "node-kill", 0, seconds=5.0, steps_redone=3, worker_startup=3.0),
-        Result("elasticjob-run", "node-kill", 1, seconds=7.0, steps_redone=1, worker_startup=4.0),
+        Result("elasticjob-run", "node-kill", 0, seconds=5.0, steps_redone=3, pause=5.2),
+        Result("elasticjob-run", "node-kill", 1, seconds=7.0, steps_redone=1, pause=7.2),
         Result("torchrun-c10d", "node-kill", 0, error="no step within 150s"),
     ]
     summary = summarize(results)
@@ -47,7 +49,7 @@ def test_summary_keeps_failures_apart_from_timings() -> None:
     assert (ours["median"], ours["min"], ours["max"], ours["n"]) == (6.0, 5.0, 7.0, 2)
     assert summary["torchrun-c10d"]["node-kill"]["failures"] == ["no step within 150s"]
     text = table(summary, ["elasticjob-run", "torchrun-c10d"])
-    assert "6.0 s (5.0-7.0, n=2)" in text and "failed (1)" in text and "3.5 s" in text
+    assert "6.0 s (5.0-7.0, n=2)" in text and "failed (1)" in text and "6.2 s" in text
 
 
 def test_a_run_that_never_recovers_shows_as_a_lower_bound_not_a_time() -> None:
@@ -57,3 +59,45 @@ def test_a_run_that_never_recovers_shows_as_a_lower_bound_not_a_time() -> None:
     ]
     text = table(summarize(results), ["elasticjob-run", "torchrun-c10d"])
     assert "> 150 s (no step, n=1)" in text and "4.2 s" in text
+
+
+def test_recovery_phases_come_from_torch_agent_lines_and_the_startup_line() -> None:
+    from bench import phases
+
+    lines = [
+        "I0102 10:00:01.250000 77 torch/distributed/elastic/agent/server/api.py:1] "
+        "[default] Stopping worker group",
+        "I0102 10:00:01.600000 77 torch/distributed/elastic/agent/server/api.py:1] "
+        "[default] Starting worker group",
+        "W0102 10:00:09.000000 77 torch/x.py:1] unrelated",
+    ]
+    events = phases.agent_events(lines, 2027)
+    assert [e.what for e in events] == ["stopping", "starting"]
+    base = events[0].t - 1.25  # 10:00:00 local time
+    up = phases.startups(
+        [
+            "resumed from step 40 (x) world=2 rank=0 restarts=1 startup=0.30s(imports=0.01,"
+            f"process_group=0.15,ddp=0.05,restore=0.04) start=warm t={base + 2.0}"
+        ]
+    )[0]
+    split = phases.breakdown(base + 1.0, [events], up, base + 2.1)
+    assert split == {
+        "detect": 0.25,
+        "rendezvous": 0.35,
+        "worker_ready": 0.16,
+        "process_group": 0.2,
+        "restore": 0.04,
+        "first_step": 0.1,
+    }
+    assert phases.breakdown(base + 5.0, [events], up, base + 6.0) is None  # no reaction seen
+
+
+def test_goodput_counts_net_new_steps_at_the_steady_step_time() -> None:
+    from bench.goodput import goodput, steady_step_time
+
+    steps = [StepLine(i, 2, 1, 100.0 + 0.1 * i) for i in range(50)]  # 0.1 s per step
+    steps += [StepLine(40 + i, 2, 2, 106.0 + 0.1 * i) for i in range(20)]  # redid 40..49
+    assert steady_step_time(steps, 104.0) == pytest.approx(0.1)
+    gained, share = goodput(steps, 104.0, 108.0, 0.1)
+    # at 104.0 the newest step was 40 (t=104.0); at 108.0 it is 59 (t=107.9)
+    assert gained == 59 - 40 and share == pytest.approx(19 * 0.1 / 4.0)

@@ -1,0 +1,74 @@
+"""Goodput under repeated faults: the share of wall time that turned into training steps.
+
+Two agents (``--nnodes=2:2``) train; every ``interval`` seconds the worker process of an
+agent drawn by a seeded random generator (the same draws for every launcher) is
+SIGKILLed, for ``minutes``. Goodput = new steps in the window (redone steps do not
+count: the newest step is what advanced) x the steady step time measured before the
+first fault / the window's length. The step timeline is kept for the plot.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import statistics
+import time
+from dataclasses import dataclass, field
+from itertools import pairwise
+
+from bench.harness import Job, StepLine, wait_for
+
+
+@dataclass
+class Goodput:
+    launcher: str
+    window: float = 0.0
+    steps: int = 0  # net new steps in the window
+    step_time: float | None = None  # steady seconds per step before the first fault
+    goodput: float | None = None
+    faults: list[float] = field(default_factory=list)  # seconds into the window
+    timeline: list[tuple[float, int]] = field(default_factory=list)  # (seconds, step)
+    error: str | None = None
+
+
+def steady_step_time(steps: list[StepLine], until: float) -> float | None:
+    """Median time between consecutive steps of one worker before ``until``."""
+    gaps = [
+        b.t - a.t
+        for a, b in pairwise(s for s in steps if s.t < until)
+        if a.pid == b.pid and b.step == a.step + 1
+    ]
+    return statistics.median(gaps) if gaps else None
+
+
+def goodput(steps: list[StepLine], start: float, end: float, step_time: float) -> tuple[int, float]:
+    """(net new steps, goodput) of the window [start, end]."""
+    at_start = max((s.step for s in steps if s.t <= start), default=0)
+    at_end = max((s.step for s in steps if s.t <= end), default=at_start)
+    gained = at_end - at_start
+    return gained, round(gained * step_time / (end - start), 4)
+
+
+def run_goodput(job: Job, minutes: float, interval: float, seed: int) -> Goodput:
+    """Inject the faults into ``job`` (already training steadily) and measure."""
+    result = Goodput(job.launcher)
+    rng = random.Random(seed)
+    start = time.time()
+    end = start + minutes * 60
+    faults: list[float] = []
+    while (next_fault := start + interval * (len(faults) + 1)) < end:
+        time.sleep(max(0.0, next_fault - time.time()))
+        victim = job.agents[rng.randrange(len(job.agents))]
+        pids = wait_for("a worker process to kill", victim.workers_or_none, 60)
+        faults.append(time.time())
+        for pid in pids:
+            os.kill(pid, 9)
+    time.sleep(max(0.0, end - time.time()))
+    steps = job.steps()
+    result.window = round(end - start, 1)
+    result.faults = [round(f - start, 2) for f in faults]
+    result.step_time = steady_step_time(steps, start)
+    if result.step_time is not None:
+        result.steps, result.goodput = goodput(steps, start, end, result.step_time)
+    result.timeline = [(round(s.t - start, 3), s.step) for s in steps if start - 5 <= s.t <= end]
+    return result

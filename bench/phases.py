@@ -1,0 +1,113 @@
+"""Where a recovery's time goes, read from the logs both launchers write (pure functions).
+
+Both launchers run torch's elastic agent, which logs ``[role] Stopping worker group``
+when it reacts to a fault and ``[role] Starting worker group`` once the new round is
+agreed; the example logs its start-up phases (``startup=...(imports=..,
+process_group=.., ddp=.., restore=..)``) and every step. From those:
+
+* **detect**: the fault -> the first agent stopping its workers;
+* **rendezvous**: -> the last agent starting its workers (old workers stopped, new
+  round agreed);
+* **worker ready**: -> the new worker started and imported (process start or warm-spare
+  hand-over, imports);
+* **process group**: -> process group and DDP built;
+* **restore**: -> checkpoint restored;
+* **first step**: -> the first training step done.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+# torch's glog-style prefix: I1122 12:17:33.560000 22150 torch/...py:123] message
+_TORCH_LINE = re.compile(r"^[IWE](\d\d)(\d\d) (\d\d):(\d\d):(\d\d\.\d+) \d+ \S+\] (.*)$")
+_STARTUP = re.compile(
+    r"\bstartup=([0-9.]+)s\(imports=([0-9.]+),process_group=([0-9.]+),ddp=([0-9.]+),"
+    r"restore=([0-9.]+)\).*\bt=([0-9.]+)\s*$"
+)
+PHASES = ("detect", "rendezvous", "worker_ready", "process_group", "restore", "first_step")
+
+
+@dataclass(frozen=True)
+class AgentEvent:
+    t: float  # unix seconds
+    what: str  # "stopping" or "starting"
+
+
+@dataclass(frozen=True)
+class Startup:
+    """A worker's start-up line: when it was restored (``t``) and how long each part took."""
+
+    t: float
+    total: float
+    imports: float
+    process_group: float  # process group and DDP
+    restore: float
+
+
+def agent_events(lines: Iterable[str], year: int) -> list[AgentEvent]:
+    """torch agent's stop/start of its worker group, with their (local-time) timestamps."""
+    found = []
+    for line in lines:
+        m = _TORCH_LINE.match(line)
+        if m is None:
+            continue
+        message = m.group(6)
+        what = (
+            "stopping"
+            if "Stopping worker group" in message
+            else "starting"
+            if "Starting worker group" in message
+            else None
+        )
+        if what is None:
+            continue
+        month, day, hour, minute = (int(m.group(i)) for i in range(1, 5))
+        seconds = float(m.group(5))
+        whole = time.mktime((year, month, day, hour, minute, 0, 0, 0, -1))
+        found.append(AgentEvent(whole + seconds, what))
+    return found
+
+
+def startups(lines: Iterable[str]) -> list[Startup]:
+    found = []
+    for line in lines:
+        m = _STARTUP.search(line)
+        if m is not None:
+            total, imports, pg, ddp, restore, t = (float(g) for g in m.groups())
+            found.append(Startup(t, total, imports, pg + ddp, restore))
+    return found
+
+
+def breakdown(
+    fault: float,
+    per_agent: Sequence[list[AgentEvent]],
+    startup: Startup | None,
+    first_step: float,
+) -> dict[str, float] | None:
+    """The phases of one recovery (seconds each), or None when a mark is missing."""
+    stops = [e.t for events in per_agent for e in events if e.what == "stopping" and e.t >= fault]
+    if not stops or startup is None:
+        return None
+    detected = min(stops)
+    starts = []
+    for events in per_agent:
+        mine = [e.t for e in events if e.what == "starting" and detected <= e.t <= startup.t]
+        if mine:
+            starts.append(min(mine))
+    if not starts:
+        return None
+    agreed = max(starts)
+    imported = startup.t - startup.restore - startup.process_group
+    phases = {
+        "detect": detected - fault,
+        "rendezvous": agreed - detected,
+        "worker_ready": imported - agreed,
+        "process_group": startup.process_group,
+        "restore": startup.restore,
+        "first_step": first_step - startup.t,
+    }
+    return {k: round(v, 3) for k, v in phases.items()}
