@@ -45,7 +45,8 @@ class Fault:
     inject: Callable[[], object]
     at_step: int = 0
     injected_at: float = 0.0  # unix time, the clock of the workers' `t=` log field
-    recovery: Recovery | None = None
+    world: int = 2  # the world size training has once the fault is fully dealt with
+    recoveries: list[Recovery] | None = None  # every pause until then (a lost pod: two)
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,23 @@ def recovery(lines: list[str], injected_at: float, at_step: int) -> Recovery | N
     before = [p.time for p in steps if p.time < restarted]
     paused_from = max([injected_at, *before[-1:]])
     return Recovery(first.time - paused_from, resumed_from, first.world)
+
+
+def recoveries(
+    lines: list[str], injected_at: float, at_step: int, world: int
+) -> list[Recovery] | None:
+    """Every pause a fault caused until training runs at ``world`` again: a deleted pod
+    pauses the survivors when they go on without it, and again when its replacement
+    joins. None until then."""
+    found: list[Recovery] = []
+    since, step = injected_at, at_step
+    while (r := recovery(lines, since, step)) is not None:
+        found.append(r)
+        if r.world == world:
+            return found
+        starts = sorted(s[0] for s in map(parse_start, lines) if s is not None and s[0] > since)
+        since, step = starts[0], -1  # the next restart after this one, any step
+    return None
 
 
 def parse_result(line: str) -> Obj | None:
@@ -199,8 +217,8 @@ class Demo:
         conditions = (self.job().get("status") or {}).get("conditions", [])
         return any(c.get("type") == "Succeeded" and c.get("status") == "True" for c in conditions)
 
-    def recovery(self, fault: Fault) -> Recovery | None:
-        return recovery(self.worker_logs(), fault.injected_at, fault.at_step)
+    def recoveries(self, fault: Fault) -> list[Recovery] | None:
+        return recoveries(self.worker_logs(), fault.injected_at, fault.at_step, fault.world)
 
     def events(self, limit: int = 3) -> list[str]:
         items = self.core.list_namespaced_event(NAMESPACE).items
@@ -287,6 +305,7 @@ def run_demo(demo: Demo, steps: int) -> list[Fault]:
             lambda: demo.run(
                 "kubectl", "-n", NAMESPACE, "scale", f"elasticjob/{JOB}", "--replicas=3"
             ),
+            world=3,
         ),
     ]
     for fault in faults_to_inject:
@@ -304,18 +323,25 @@ def run_demo(demo: Demo, steps: int) -> list[Fault]:
         fault.injected_at = time.time()
         fault.inject()
         demo.watch_until(
-            "training to get past the fault",
-            lambda f=fault: demo.recovery(f) is not None or demo.succeeded(),  # type: ignore[misc]
+            f"training at world size {fault.world} again",
+            lambda f=fault: demo.recoveries(f) is not None or demo.succeeded(),  # type: ignore[misc]
             timeout=300,
         )
-        fault.recovery = demo.recovery(fault)
-        if fault.recovery is not None:
-            demo.say(
-                f"'{fault.name}': training paused {fault.recovery.paused_for:.1f}s, resumed "
-                f"from step {fault.recovery.resumed_from} at world size {fault.recovery.world}"
-            )
+        fault.recoveries = demo.recoveries(fault)
+        if fault.recoveries is not None:
+            demo.say(f"'{fault.name}': {describe(fault.recoveries)}")
     demo.watch_until("the job to succeed", demo.succeeded, timeout=900)
     return faults_to_inject
+
+
+def describe(pauses: list[Recovery]) -> str:
+    """``training paused 0.8s, resumed from step 50 at world size 1; then 0.6s -> 2``."""
+    first, *rest = pauses
+    text = (
+        f"training paused {first.paused_for:4.1f}s, resumed from step {first.resumed_from} "
+        f"at world size {first.world}"
+    )
+    return text + "".join(f"; then {r.paused_for:.1f}s -> world size {r.world}" for r in rest)
 
 
 def summary(demo: Demo, injected: list[Fault]) -> str:
@@ -332,13 +358,8 @@ def summary(demo: Demo, injected: list[Fault]) -> str:
     for fault in injected:
         if fault.injected_at == 0.0:
             continue
-        r = fault.recovery
-        cost = (
-            "did not recover before the end"
-            if r is None
-            else f"training paused {r.paused_for:4.1f}s, resumed from step {r.resumed_from} "
-            f"at world size {r.world}"
-        )
+        r = fault.recoveries
+        cost = "did not recover before the end" if r is None else describe(r)
         lines.append(f"  {fault.name:<26} at step {fault.at_step:>4}: {cost}")
     lines.append(
         f"loss:             {result.get('initial_loss', float('nan')):.4f} -> "

@@ -52,3 +52,21 @@ def test_no_recovery_until_a_new_round_has_passed_the_faults_step(demo: ModuleTy
 def test_result_line_is_parsed_and_other_lines_are_not(demo: ModuleType) -> None:
     assert demo.parse_result('ELASTICJOB_RESULT {"final_loss": 0.1}') == {"final_loss": 0.1}
     assert demo.parse_result("step=1 loss=2") is None
+
+
+def test_a_lost_pod_reports_both_pauses_until_the_world_is_whole_again(
+    demo: ModuleType,
+) -> None:
+    rejoined = [
+        *LOG,
+        "step=90 epoch=0 loss=0.3600 world=1 rank=0 restarts=1 samples=4800 pid=2 t=116.0",
+        # the replacement pod joins: the group restarts at world size 2
+        "resumed from step 90 (/dev/shm/x) world=2 rank=0 restarts=1 t=117.5",
+        "step=91 epoch=0 loss=0.3500 world=2 rank=0 restarts=1 samples=4864 pid=3 t=117.6",
+    ]
+    assert demo.recoveries(LOG, 106.5, 70, world=2) is None  # still at world size 1
+    first, second = demo.recoveries(rejoined, 106.5, 70, world=2)
+    assert (first.world, second.world) == (1, 2)
+    assert second.paused_for == pytest.approx(117.6 - 116.0)
+    assert demo.describe([first, second]).endswith("; then 1.6s -> world size 2")
+    assert demo.recoveries(rejoined, 106.5, 70, world=1) == [first]
