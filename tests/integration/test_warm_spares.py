@@ -130,16 +130,21 @@ def test_a_killed_worker_restarts_from_a_warm_spare_and_trains_the_cold_starts_m
     warm = run_with_one_crash(agents, etcd, tmp_path / "warm", warm=True)
     cold = run_with_one_crash(agents, etcd, tmp_path / "cold", warm=False)
 
-    # Both restarted once from the step-20 checkpoint after rank 1 died at step 25.
+    # Both restarted once after rank 1 died at step 25: from the step-20 checkpoint, or from
+    # step 25 when rank 0 got its agent's SIGTERM at a step boundary before gloo's error.
     for text in (warm, cold):
-        assert "resumed from step 20" in text, text[-3000:]
+        assert re.search(r"resumed from step (20|25) ", text), text[-3000:]
     starts = re.findall(r"start=(warm|cold)", warm)
     assert starts == ["warm", "warm"], f"rank 0's first start and its restart: {starts}"
     assert re.findall(r"start=(warm|cold)", cold) == ["cold", "cold"]
     # Same seed and same fault: the same model, to the last bit of the held-out loss.
     assert result_of(warm) == result_of(cold)
-    losses = [re.findall(r"step=(\d+) .*loss=([0-9.]+)", t) for t in (warm, cold)]
-    assert losses[0] == losses[1]
+    # Log windows restart at a resume; from step 30 on they line up whichever step it was.
+    losses = [
+        [(s, loss) for s, loss in re.findall(r"step=(\d+) .*loss=([0-9.]+)", t) if int(s) >= 30]
+        for t in (warm, cold)
+    ]
+    assert losses[0] == losses[1] and len(losses[0]) == 7
 
 
 def test_warm_workers_leave_nothing_running_and_obey_sigterm(
