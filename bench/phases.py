@@ -110,4 +110,5 @@ def breakdown(
         "restore": startup.restore,
         "first_step": first_step - startup.t,
     }
-    return {k: round(v, 3) for k, v in phases.items()}
+    # log timestamps are milliseconds apart: a phase of ~0 may read a hair below it
+    return {k: round(max(v, 0.0), 3) for k, v in phases.items()}

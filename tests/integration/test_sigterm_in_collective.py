@@ -30,7 +30,7 @@ from elasticjob_runtime.checkpoint import CheckpointManager
 rank, out = int(sys.argv[1]), sys.argv[2]
 dist.init_process_group("gloo")
 ckpt = CheckpointManager(f"{out}/ckpt{rank}", memory=False)
-ckpt.install_sigterm_handler(grace_s=2.0)
+ckpt.install_sigterm_handler(grace_s=float(os.environ.get("TEST_GRACE", "2")))
 ckpt.track({"weights": torch.ones(3)})
 ckpt.mark_step(7)
 print("ready", flush=True)
@@ -42,7 +42,10 @@ while True:
 
 
 @pytest.fixture
-def ranks(tmp_path: Path) -> Iterator[list[subprocess.Popen[bytes]]]:
+def ranks(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[list[subprocess.Popen[bytes]]]:
+    extra: dict[str, str] = getattr(request, "param", {})
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     port = str(free_port())
@@ -54,6 +57,7 @@ def ranks(tmp_path: Path) -> Iterator[list[subprocess.Popen[bytes]]]:
             "WORLD_SIZE": "2",
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": port,
+            **{k: v.format(tmp=tmp_path) for k, v in extra.items()},
         }
         log = (tmp_path / f"rank{rank}.log").open("wb")
         procs.append(
@@ -73,9 +77,11 @@ def ranks(tmp_path: Path) -> Iterator[list[subprocess.Popen[bytes]]]:
             proc.wait(timeout=30)
 
 
-def test_a_worker_stuck_in_a_collective_saves_and_exits_after_sigterm_within_its_grace(
+def freeze_rank1_and_sigterm_rank0(
     tmp_path: Path, ranks: list[subprocess.Popen[bytes]]
-) -> None:
+) -> tuple[int, float, str]:
+    """Rank 0 blocked in all_reduce with a frozen rank 1, then SIGTERMed: exit code,
+    seconds to exit, rank 0's log."""
     logs = [tmp_path / f"rank{r}.log" for r in range(2)]
     deadline = time.monotonic() + 120
     while not all(log.exists() and b"ready" in log.read_bytes() for log in logs):
@@ -91,9 +97,29 @@ def test_a_worker_stuck_in_a_collective_saves_and_exits_after_sigterm_within_its
         code = ranks[0].wait(timeout=20)
     except subprocess.TimeoutExpired:
         pytest.fail("rank 0 ignored SIGTERM while blocked in a collective:\n" + logs[0].read_text())
-    took = time.monotonic() - sent
+    return code, time.monotonic() - sent, logs[0].read_text()
 
+
+def test_a_worker_stuck_in_a_collective_saves_and_exits_after_sigterm_within_its_grace(
+    tmp_path: Path, ranks: list[subprocess.Popen[bytes]]
+) -> None:
+    code, took, log = freeze_rank1_and_sigterm_rank0(tmp_path, ranks)
     assert code == 128 + signal.SIGTERM
     assert took < 15, f"exit took {took:.1f}s"
-    assert "saving from the watchdog" in logs[0].read_text()
+    assert "saving from the watchdog" in log
+    assert (tmp_path / "ckpt0" / "step-0000000007.pt.commit").exists()
+
+
+BROKEN = {"TEST_GRACE": "60", "ELASTICJOB_GROUP_BROKEN_FILE": "{tmp}/group-broken"}
+
+
+@pytest.mark.parametrize("ranks", [BROKEN], indirect=True)
+def test_a_worker_told_its_group_lost_a_peer_saves_at_once_instead_of_waiting_its_grace(
+    tmp_path: Path, ranks: list[subprocess.Popen[bytes]]
+) -> None:
+    # What elasticjob-run's agent does before stopping workers whose round lost a peer.
+    (tmp_path / "group-broken").touch()
+    code, _, log = freeze_rank1_and_sigterm_rank0(tmp_path, ranks)  # waits at most 20 s
+    assert code == 128 + signal.SIGTERM
+    assert "the group lost a peer" in log and "saving from the watchdog" not in log
     assert (tmp_path / "ckpt0" / "step-0000000007.pt.commit").exists()

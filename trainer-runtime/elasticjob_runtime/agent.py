@@ -13,18 +13,28 @@ lease TTL to explain a failure: if a peer left or a new round opened meanwhile,
 the failure is reported as a membership change, which restarts the workers into
 the next round without spending a restart. A worker killed by a signal here
 (SIGKILL, the OOM killer, a segfault) is a local fault and is charged at once.
+
+Before it stops workers whose round lost a peer, the agent creates the file named by
+``ELASTICJOB_GROUP_BROKEN_FILE``: their step in flight sits in a collective that can
+never finish, so the checkpoint's SIGTERM path saves the last completed step at once
+instead of waiting its grace for a step boundary (that grace was 5 s of a frozen node).
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
+from elasticjob_runtime import contract
 from elasticjob_runtime.rendezvous import EtcdV3RendezvousHandler
 from elasticjob_runtime.spare import parse_worker_command
 from elasticjob_runtime.spare_pool import SparePool, workers_from
@@ -48,6 +58,11 @@ class MembershipAwareAgent(LocalElasticAgent):
         self, *args: Any, warm_spares: bool = False, warm_imports: tuple[str, ...] = (), **kw: Any
     ) -> None:
         super().__init__(*args, **kw)
+        # Workers (and the spares, which must see the same environment) learn here that
+        # their round lost a peer: checkpoint.group_broken() then skips the SIGTERM grace.
+        self._notes = Path(tempfile.mkdtemp(prefix="elasticjob-agent-"))
+        self._group_broken = self._notes / "group-broken"
+        os.environ[contract.GROUP_BROKEN_FILE] = str(self._group_broken)
         self._spares: SparePool | None = None
         self._joined_once = False
         spec = self._worker_group.spec
@@ -82,8 +97,19 @@ class MembershipAwareAgent(LocalElasticAgent):
         finally:
             if self._spares is not None:
                 self._spares.close()
+            shutil.rmtree(self._notes, ignore_errors=True)
+
+    def _stop_workers(self, worker_group: WorkerGroup) -> None:
+        handler = worker_group.spec.rdzv_handler
+        if isinstance(handler, EtcdV3RendezvousHandler):
+            lost = handler.peers_lost()
+            if lost:
+                log.info("the round lost %s: workers save their last step without waiting", lost)
+                self._group_broken.touch()
+        super()._stop_workers(worker_group)
 
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
+        self._group_broken.unlink(missing_ok=True)
         if self._spares is None:
             return super()._start_workers(worker_group)  # type: ignore[no-any-return]
         with workers_from(self._spares):

@@ -351,6 +351,14 @@ def clear_memory(run_id: str | None = None) -> None:
         shutil.rmtree(memory, ignore_errors=True)
 
 
+def group_broken() -> bool:
+    """True when this worker's agent is stopping it because its round lost a peer
+    (``elasticjob-run`` creates the file named by ``ELASTICJOB_GROUP_BROKEN_FILE`` first):
+    a collective in flight can then never finish, so waiting for a step boundary is moot."""
+    path = os.environ.get(contract.GROUP_BROKEN_FILE)
+    return bool(path) and os.path.exists(path or "")
+
+
 def _env_rank(name: str) -> int:
     return int(os.environ.get(name, "0"))
 
@@ -692,20 +700,29 @@ class CheckpointManager:
         if self._term_requested.is_set():
             return
         self._term_requested.set()
-        log.warning(
-            "SIGTERM: saving at the next step boundary (last completed step %s; "
-            "watchdog after %.0f s)",
-            self._step,
-            self._grace_s,
-        )
-        threading.Thread(target=self._watchdog, name="checkpoint-sigterm", daemon=True).start()
+        grace = 0.0 if group_broken() else self._grace_s
+        if grace == 0.0:
+            log.warning(
+                "SIGTERM: the group lost a peer, so the step in flight cannot finish; "
+                "saving the last completed step %s now",
+                self._step,
+            )
+        else:
+            log.warning(
+                "SIGTERM: saving at the next step boundary (last completed step %s; "
+                "watchdog after %.0f s)",
+                self._step,
+                grace,
+            )
+        threading.Thread(
+            target=self._watchdog, args=(grace,), name="checkpoint-sigterm", daemon=True
+        ).start()
 
-    def _watchdog(self) -> None:
-        if self._term_done.wait(self._grace_s):
+    def _watchdog(self, grace: float) -> None:
+        if self._term_done.wait(grace):
             return
-        log.warning(
-            "SIGTERM: no step boundary within %.0f s, saving from the watchdog", self._grace_s
-        )
+        if grace > 0:
+            log.warning("SIGTERM: no step boundary within %.0f s, saving from the watchdog", grace)
         try:
             self._save_on_term()
         finally:

@@ -30,6 +30,8 @@ PROGRESS: Final = "ELASTICJOB_PROGRESS"  # "1" (default) publishes progress to e
 # elasticjob-run: "0" turns warm spare workers off; extra modules for spares to import
 WARM_SPARES: Final = "ELASTICJOB_WARM_SPARES"
 WARM_IMPORT: Final = "ELASTICJOB_WARM_IMPORT"
+# elasticjob-run creates this file before it stops workers whose round lost a peer
+GROUP_BROKEN_FILE: Final = "ELASTICJOB_GROUP_BROKEN_FILE"
 # set in a worker that a warm spare became: when it got its round (unix seconds)
 WORKER_ASSIGNED_AT: Final = "ELASTICJOB_WORKER_ASSIGNED_AT"
 

@@ -144,6 +144,7 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
         self._member_lease = 0
         self._register()
         self._round = 0
+        self._participants: tuple[str, ...] = ()
         self._changed = threading.Event()
         self._watch_broken = threading.Event()
         self._restart_why: str | None = None
@@ -246,6 +247,7 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
             joined, revision = self._join(deadline)
             try:
                 self._round = joined.number
+                self._participants = joined.participants
                 self._watch(revision)
                 # A round every participant confirmed still runs when a newer one has
                 # opened meanwhile; the first membership check must see that at once.
@@ -271,6 +273,19 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
                 joined.world_size,
             )
             return RendezvousInfo(store, joined.rank, joined.world_size, bootstrap)
+
+    def peers_lost(self) -> list[str]:
+        """The participants of this node's current round whose lease is gone, read now.
+
+        Non-empty means the round's collectives can never complete: the agent tells its
+        workers so before it stops them (see ``MembershipAwareAgent._stop_workers``).
+        """
+        try:
+            _, _, _, live = self._read()
+        except EtcdError as exc:
+            log.warning("etcd-v3: cannot read the live nodes: %s", exc)
+            return []
+        return lost_participants(self._participants, live)
 
     def _lost_peers(self, joined: Joined) -> str | None:
         """Why ``joined`` cannot start (a participant's lease is gone), or None."""
