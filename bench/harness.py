@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from elasticjob_devcluster.procs import descendants, start_ticks
+from elasticjob_runtime import contract
 from elasticjob_runtime.etcd_client import EtcdClient, EtcdError, parse_endpoint
 
 REPO = Path(__file__).resolve().parents[1]
@@ -158,6 +159,7 @@ class Etcd:
                 f"--listen-peer-urls=http://127.0.0.1:{peer}",
                 f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
                 f"--initial-cluster=bench=http://127.0.0.1:{peer}",
+                *contract.ETCD_FAST_LEASE_FLAGS,  # grants the runtime's 1 s leases
             ],
             stdout=(workdir / "etcd.log").open("wb"),
             stderr=subprocess.STDOUT,

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from elasticjob_runtime import contract
+
 CACHE = Path(os.environ.get("ELASTICJOB_CACHE", Path.home() / ".cache" / "elasticjob"))
 
 
@@ -111,7 +113,10 @@ def _wait_healthy(server: EtcdServer) -> None:
         probe.close()
 
 
-def start_etcd(version: str, workdir: Path) -> EtcdServer:
+def start_etcd(version: str, workdir: Path, fast_leases: bool = True) -> EtcdServer:
+    """Start etcd ``version``; with ``fast_leases`` (the default) it runs with the flags the
+    operator gives a job's etcd, so it grants the runtime's 1 s leases (etcd's own
+    defaults raise them to 2 s)."""
     binary = _etcd_binary(version)
     if binary is None:
         pytest.skip(f"etcd {version} is not built yet; `make setup` builds it into {CACHE}/bin")
@@ -134,6 +139,7 @@ def start_etcd(version: str, workdir: Path) -> EtcdServer:
         f"http://127.0.0.1:{peer}",
         "--initial-cluster",
         f"test=http://127.0.0.1:{peer}",
+        *(contract.ETCD_FAST_LEASE_FLAGS if fast_leases else ()),
     ]
     server = EtcdServer(f"127.0.0.1:{client}", version, _spawn(cmd, log), log, cmd)
     _wait_healthy(server)

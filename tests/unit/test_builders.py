@@ -165,3 +165,16 @@ def test_etcd_deployment_and_service() -> None:
     assert default["spec"]["template"]["spec"]["containers"][0]["image"] == (
         models.DEFAULT_ETCD_IMAGE
     )
+
+
+def test_the_jobs_etcd_grants_the_runtimes_one_second_leases() -> None:
+    # etcd's minimum lease TTL is ceil((3 * election ticks // 2) * heartbeat) seconds,
+    # election ticks = election timeout // heartbeat (server/etcdserver/server.go); with
+    # its defaults (100 ms, 1000 ms) 2 s. tests/integration proves it on a real etcd.
+    pod = builders.etcd_deployment(REF, make_spec())["spec"]["template"]
+    args = pod["spec"]["containers"][0]["args"]
+    flags = dict(a.removeprefix("--").split("=", 1) for a in args)
+    heartbeat, election = int(flags["heartbeat-interval"]), int(flags["election-timeout"])
+    assert election >= 5 * heartbeat  # etcd refuses to start otherwise
+    min_ttl_ms = (3 * (election // heartbeat) // 2) * heartbeat
+    assert -(-min_ttl_ms // 1000) == 1

@@ -74,6 +74,12 @@ class KeyValue:
 
 
 @dataclass(frozen=True)
+class Lease:
+    id: int
+    ttl: int  # what etcd granted, which may be more than was asked for
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """All keys under a prefix as of one store revision."""
 
@@ -97,23 +103,41 @@ def _describe(exc: BaseException) -> str:
 class EtcdClient:
     """A thin, typed face over ``pyetcd`` with the few operations the runtime needs."""
 
-    def __init__(self, endpoint: Endpoint | Sequence[Endpoint], timeout: float = 5.0) -> None:
+    def __init__(
+        self,
+        endpoint: Endpoint | Sequence[Endpoint],
+        timeout: float = 5.0,
+        reconnect_within: float | None = None,
+    ) -> None:
+        """``reconnect_within``: after a lost connection (an etcd restart), try again at
+        least this often (seconds) instead of gRPC's backoff, which grows past a minute."""
         endpoints = [endpoint] if isinstance(endpoint, Endpoint) else list(endpoint)
         if not endpoints:
             raise ValueError("no etcd endpoint given")
         self.endpoint = endpoints[0]
-        self._where = ",".join(str(e) for e in endpoints)
+        self.endpoints = tuple(endpoints)
+        self.where = ",".join(str(e) for e in endpoints)
         # pyetcd sets a failed endpoint aside for time_retry seconds (300 by default).
         # With one endpoint that would turn a brief etcd restart into a five-minute
         # outage, so retry it at once; with several, fail over for a few seconds.
         retry = 0.0 if len(endpoints) == 1 else 5.0
-        channels = [_PyEndpoint(e.host, e.port, secure=False, time_retry=retry) for e in endpoints]
+        options = None
+        if reconnect_within is not None:
+            backoff_ms = max(int(reconnect_within * 1000), 1)
+            options = [
+                ("grpc.initial_reconnect_backoff_ms", min(backoff_ms, 100)),
+                ("grpc.max_reconnect_backoff_ms", backoff_ms),
+            ]
+        channels = [
+            _PyEndpoint(e.host, e.port, secure=False, time_retry=retry, opts=options)
+            for e in endpoints
+        ]
         self._client: Any = MultiEndpointEtcd3Client(
             endpoints=channels, timeout=timeout, failover=len(endpoints) > 1
         )
 
     def _fail(self, what: str, exc: BaseException) -> EtcdError:
-        return EtcdError(f"etcd at {self._where}: {what} failed ({_describe(exc)})")
+        return EtcdError(f"etcd at {self.where}: {what} failed ({_describe(exc)})")
 
     def check(self) -> str:
         """Return the server version; raise a one-line error if etcd is unreachable."""
@@ -121,7 +145,7 @@ class EtcdClient:
             return str(self._client.status().version)
         except (pyetcd.exceptions.Etcd3Exception, grpc.RpcError) as exc:
             raise EtcdError(
-                f"cannot reach etcd at {self._where} ({_describe(exc)}); start etcd there "
+                f"cannot reach etcd at {self.where} ({_describe(exc)}); start etcd there "
                 "or point --rdzv-endpoint / PET_RDZV_ENDPOINT at a running etcd"
             ) from exc
 
@@ -209,10 +233,16 @@ class EtcdClient:
 
     def grant(self, ttl: int) -> int:
         """Grant a lease; keys put with it vanish ``ttl`` seconds after the last refresh."""
+        return self.grant_lease(ttl).id
+
+    def grant_lease(self, ttl: int) -> Lease:
+        """Grant a lease and say for how long: etcd raises a TTL below its minimum
+        (``ceil(1.5 x --election-timeout)``) to that minimum without an error."""
         try:
-            return int(self._client.lease(ttl).id)
+            granted = self._client.lease(ttl)
         except (pyetcd.exceptions.Etcd3Exception, grpc.RpcError) as exc:
             raise self._fail("lease grant", exc) from exc
+        return Lease(id=int(granted.id), ttl=int(granted.ttl))
 
     def refresh(self, lease: int) -> bool:
         """Keep a lease alive; False if it has already expired."""

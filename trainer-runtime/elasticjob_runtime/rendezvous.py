@@ -14,6 +14,9 @@ Two pieces, both on :class:`~elasticjob_runtime.etcd_client.EtcdClient`:
   handler instead waits out heartbeats (15 s by default), a 30 s last call and,
   for a peer that died silently, the collective timeout (pytorch#111646).
 
+The lease TTL (``lease_ttl``, 1 s by default) is how long a dead or frozen node goes
+unnoticed; :mod:`elasticjob_runtime.leases` has the rules and etcd's limits on it.
+
 All keys sit under :func:`~elasticjob_runtime.contract.run_prefix` and carry leases,
 so they vanish with the job.
 """
@@ -24,6 +27,7 @@ import atexit
 import functools
 import json
 import logging
+import math
 import os
 import socket
 import threading
@@ -50,6 +54,13 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import RendezvousBa
 from elasticjob_runtime import contract
 from elasticjob_runtime.etcd_client import EtcdClient, EtcdError, KeyValue, parse_endpoints
 from elasticjob_runtime.etcd_store import EtcdV3Store, RoundAbandoned
+from elasticjob_runtime.leases import (
+    DEFAULT_LEASE_TTL,
+    granted_ttl_message,
+    job_lease_due,
+    keep_alive_timing,
+    late_refresh_warning,
+)
 from elasticjob_runtime.membership import (
     Closed,
     Joined,
@@ -65,6 +76,8 @@ from elasticjob_runtime.membership import (
 log = logging.getLogger(__name__)
 
 BACKEND_NAME = "etcd-v3"
+# While the keep-alive keeps failing (etcd down), say so once every this many seconds.
+KEEP_ALIVE_QUIET_S = 5.0
 
 
 def state_key(run_id: str) -> str:
@@ -119,7 +132,7 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
         limits: Limits,
         local_addr: str | None = None,
         join_timeout: float = 600.0,
-        lease_ttl: int = 2,
+        lease_ttl: int = DEFAULT_LEASE_TTL,
         job_ttl: int = 3600,
     ) -> None:
         if limits.min_nodes < 1 or limits.max_nodes < limits.min_nodes:
@@ -142,7 +155,13 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
         self._job_lease = client.grant(job_ttl)
         self._backend = EtcdV3RendezvousBackend(client, run_id, self._job_lease)
         self._member_lease = 0
+        self._granted_ttl = 0  # what etcd granted for the member lease; 0 until it has
+        self._lease_lock = threading.Lock()  # the keeper and a join may both re-register
         self._register()
+        now = time.monotonic()
+        self._refreshed_at: float | None = now  # the last refresh, None after a failed one
+        self._job_refreshed_at = now
+        self._warned_late_at = -math.inf
         self._round = 0
         self._participants: tuple[str, ...] = ()
         self._changed = threading.Event()
@@ -150,8 +169,15 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
         self._restart_why: str | None = None
         self._cancel_watch: Callable[[], None] | None = None
         self._stop = threading.Event()
+        # The keeper has its own connection, with a short per-request timeout and quick
+        # reconnects: a refresh stuck on a slow etcd or a dead connection must not eat the
+        # TTL, and its failures must not break the main connection's watches.
+        timing = keep_alive_timing(self._granted_ttl)
+        keeper_client = EtcdClient(
+            client.endpoints, timeout=timing.timeout, reconnect_within=timing.interval
+        )
         self._keeper = threading.Thread(
-            target=_keep_alive, args=(weakref.ref(self), self._stop), daemon=True
+            target=_keep_alive, args=(weakref.ref(self), self._stop, keeper_client), daemon=True
         )
         self._keeper.name = f"etcd-v3-lease-{self.node}"
         self._keeper.start()
@@ -161,20 +187,48 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
 
     def _register(self) -> None:
         """Take a fresh member lease and announce this node under it."""
-        self._member_lease = self._client.grant(self._lease_ttl)
-        value = json.dumps({"addr": self._addr, "pid": os.getpid()}).encode()
-        self._client.put(self._members + self.node, value, lease=self._member_lease)
+        with self._lease_lock:
+            lease = self._client.grant_lease(self._lease_ttl)
+            if lease.ttl != self._granted_ttl:  # the first time (or another etcd's minimum)
+                self._granted_ttl = lease.ttl
+                level, message = granted_ttl_message(self._lease_ttl, lease.ttl, self._client.where)
+                log.log(level, "etcd-v3: %s", message)
+            self._member_lease = lease.id
+            value = json.dumps({"addr": self._addr, "pid": os.getpid()}).encode()
+            self._client.put(self._members + self.node, value, lease=self._member_lease)
 
-    def keep_alive(self) -> None:
-        if not self._client.refresh(self._member_lease):
+    def keep_alive(self, client: EtcdClient | None = None) -> None:
+        """Refresh the member lease once (through ``client``, the keeper's connection),
+        and the run's lease when it is due; take new ones where etcd has lost them."""
+        via = client or self._client
+        asked, previous = time.monotonic(), self._refreshed_at
+        self._refreshed_at = None  # until this refresh has worked
+        lost = not via.refresh(self._member_lease)
+        if lost and self._stop.is_set():
+            return  # revoked by _leave (which stops this first): do not come back
+        if lost:
             log.warning("etcd-v3: node %s lost its lease; registering again", self.node)
             self._register()
-        if not self._client.refresh(self._job_lease):
+        done = time.monotonic()
+        if previous is not None and not lost:
+            # Failures in between are reported as such; a late refresh after a working
+            # one means this thread (or etcd) did not get to run in time.
+            late = late_refresh_warning(
+                done - previous, self._granted_ttl, done - self._warned_late_at
+            )
+            if late is not None:
+                self._warned_late_at = done
+                log.warning("etcd-v3: %s: %s", self.node, late)
+        self._refreshed_at = done
+        if not job_lease_due(asked - self._job_refreshed_at, lost):
+            return
+        if not via.refresh(self._job_lease):
             # etcd lost the run's lease (a new etcd pod on an empty volume): every write
             # under it would fail with "requested lease not found" for ever
             log.warning("etcd-v3: the run's lease is gone (etcd lost its data?); taking a new one")
             self._job_lease = self._client.grant(self._job_ttl)
             self._backend.lease = self._job_lease
+        self._job_refreshed_at = asked
 
     def _leave(self) -> None:
         """Drop the member key now so peers learn at once, not after the lease TTL."""
@@ -420,7 +474,9 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
 
     @property
     def lease_ttl(self) -> int:
-        return self._lease_ttl
+        """The member lease's TTL as etcd granted it (at least what ``lease_ttl`` asked):
+        a lost peer is noticed within this plus etcd's 0.5 s expiry check."""
+        return self._granted_ttl
 
     def is_closed(self) -> bool:
         try:
@@ -455,20 +511,38 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
         return True
 
 
-def _keep_alive(ref: weakref.ref[EtcdV3RendezvousHandler], stop: threading.Event) -> None:
-    """Refresh the leases a few times per TTL; exits when the handler is gone."""
-    while True:
-        handler = ref()
-        if handler is None:
-            return
-        interval = max(handler._lease_ttl / 4, 0.2)
-        try:
-            handler.keep_alive()
-        except Exception as exc:  # keep trying: a dead keeper would silently drop the node
-            log.warning("etcd-v3: lease keep-alive failed: %s", exc)
-        del handler
-        if stop.wait(interval):
-            return
+def _keep_alive(
+    ref: weakref.ref[EtcdV3RendezvousHandler], stop: threading.Event, client: EtcdClient
+) -> None:
+    """Refresh the leases five times per TTL through ``client`` (closed on the way out);
+    exits when the handler is gone or has left.
+
+    Nothing else in an agent holds the GIL for long (torch's agent loop sleeps between
+    monitor ticks, etcd calls and process waits release it), so this thread runs on time
+    unless the whole process is starved of CPU, which ``keep_alive`` then reports.
+    """
+    failure_told: float | None = None  # when a failure was last logged; None: working
+    try:
+        while True:
+            handler = ref()
+            if handler is None:
+                return
+            interval = keep_alive_timing(handler.lease_ttl).interval
+            try:
+                handler.keep_alive(client)
+                if failure_told is not None:
+                    log.info("etcd-v3: lease keep-alive works again")
+                failure_told = None
+            except Exception as exc:  # keep trying: a dead keeper would silently drop the node
+                now = time.monotonic()
+                if failure_told is None or now - failure_told >= KEEP_ALIVE_QUIET_S:
+                    log.warning("etcd-v3: lease keep-alive failed (retrying): %s", exc)
+                    failure_told = now
+            del handler
+            if stop.wait(interval):
+                return
+    finally:
+        client.close()
 
 
 def _leave_weak(ref: weakref.ref[EtcdV3RendezvousHandler]) -> None:
@@ -488,8 +562,15 @@ def handler_from_params(params: RendezvousParameters) -> EtcdV3RendezvousHandler
     """Build the handler from torchrun's parameters (``--rdzv-conf`` keys below).
 
     ``join_timeout`` (600 s), ``last_call_timeout`` (15 s; only used while a live
-    node has not joined), ``lease_ttl`` (2 s: how fast a lost node is noticed),
-    ``job_ttl`` (3600 s: how long keys outlive the last agent), ``read_timeout`` (5 s).
+    node has not joined), ``job_ttl`` (3600 s: how long keys outlive the last agent),
+    ``read_timeout`` (5 s), and ``lease_ttl`` (1 s): a node that dies or freezes is
+    noticed within the TTL plus up to 0.5 s (etcd's expiry check). Smaller cannot be
+    asked (etcd counts whole seconds); larger means slower detection but fewer
+    keep-alives (five per TTL) and more slack for an agent or an etcd starved of CPU,
+    which would otherwise look dead to its peers. etcd raises a TTL below its minimum,
+    ``ceil(1.5 x --election-timeout)`` (2 s by default; the etcds we start allow 1 s),
+    and the handler logs what it was granted. On an ElasticJob: ``spec.rdzvConf``
+    (``PET_RDZV_CONF``), e.g. ``rdzvConf: {lease_ttl: "3"}``.
     """
     try:
         endpoints = parse_endpoints(params.endpoint)
@@ -511,7 +592,7 @@ def handler_from_params(params: RendezvousParameters) -> EtcdV3RendezvousHandler
             limits,
             local_addr=params.local_addr,
             join_timeout=_conf_seconds(params, "join_timeout", 600),
-            lease_ttl=_conf_seconds(params, "lease_ttl", 2),
+            lease_ttl=_conf_seconds(params, "lease_ttl", DEFAULT_LEASE_TTL),
             job_ttl=_conf_seconds(params, "job_ttl", 3600),
         )
     except EtcdError as exc:

@@ -1,0 +1,73 @@
+"""The member lease's rules without etcd: refresh timing, what the user is told."""
+
+from __future__ import annotations
+
+import logging
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from elasticjob_runtime.leases import (
+    DEFAULT_LEASE_TTL,
+    LATE_WARNING_EVERY_S,
+    granted_ttl_message,
+    job_lease_due,
+    keep_alive_timing,
+    late_refresh_warning,
+    notice_within,
+)
+
+
+def test_a_lost_node_is_noticed_within_about_a_second_by_default() -> None:
+    assert DEFAULT_LEASE_TTL == 1
+    assert notice_within(DEFAULT_LEASE_TTL) == 1.5  # plus etcd's 500 ms expiry check
+
+
+@given(st.integers(min_value=1, max_value=3600))
+def test_after_a_stuck_refresh_the_next_one_is_done_before_the_lease_runs_out(ttl: int) -> None:
+    t = keep_alive_timing(ttl)
+    # last refresh at 0; the next, at one interval, hangs for its whole timeout; the one
+    # after that must have answered (or failed) before the TTL is up
+    assert 2 * (t.interval + t.timeout) < ttl
+    assert ttl / t.interval >= 4  # refreshed at least four times per TTL
+    assert t.interval < t.late_after < ttl
+
+
+def test_a_refresh_on_time_says_nothing() -> None:
+    assert late_refresh_warning(0.21, 1, since_warned=1e9) is None
+    assert late_refresh_warning(0.5, 1, since_warned=1e9) is None
+
+
+def test_a_late_refresh_says_the_agent_was_starved_and_names_the_knob() -> None:
+    message = late_refresh_warning(0.8, 1, since_warned=1e9)
+    assert message is not None
+    assert "0.8s after the previous refresh" in message and "lease TTL 1s" in message
+    assert "--rdzv-conf lease_ttl" in message and "spec.rdzvConf.lease_ttl" in message
+
+
+def test_late_refreshes_are_reported_at_most_once_a_minute() -> None:
+    assert late_refresh_warning(0.8, 1, since_warned=LATE_WARNING_EVERY_S - 1) is None
+    assert late_refresh_warning(0.8, 1, since_warned=LATE_WARNING_EVERY_S) is not None
+
+
+def test_the_granted_ttl_is_logged_with_what_it_means() -> None:
+    level, message = granted_ttl_message(1, 1, "etcd:2379")
+    assert level == logging.INFO
+    assert message.startswith("lease TTL 1s: a node that dies or freezes is noticed within 1-1.5s")
+
+
+def test_an_etcd_that_raises_the_ttl_is_named_with_how_to_allow_it_or_accept_it() -> None:
+    level, message = granted_ttl_message(1, 2, "etcd.etcd-system.svc:2379")
+    assert level == logging.WARNING
+    assert "asked etcd at etcd.etcd-system.svc:2379 for a 1s lease" in message
+    assert "it granted 2s" in message and "within 2-2.5s" in message
+    assert "--election-timeout=600" in message and "lease_ttl=2" in message
+    assert "\n" not in message
+
+
+def test_the_runs_lease_is_refreshed_every_few_seconds_and_at_once_after_a_lost_member_lease() -> (
+    None
+):
+    assert not job_lease_due(0.2, member_lease_lost=False)
+    assert job_lease_due(2.0, member_lease_lost=False)
+    assert job_lease_due(0.0, member_lease_lost=True)
