@@ -3,7 +3,8 @@
 Run by the node agent as `python -m elasticjob_devcluster.container_init SPEC.json`:
 joins the pod's network namespace, takes private mount and UTS namespaces (so the
 pod's hostname, /etc/hosts and volume mounts are visible to it alone), sets the
-hostname, bind-mounts the volumes and the hosts file, changes to workingDir and execs,
+hostname, bind-mounts the volumes and the hosts file, detaches the copies of the pods'
+tmpfs mounts it inherited from the agent, changes to workingDir and execs,
 so the pid the agent recorded is the container's own process. A setup failure exits
 128, like a runtime that cannot start a container.
 """
@@ -18,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from elasticjob_devcluster import cgroups
+from elasticjob_devcluster import cgroups, volumes
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUTS = 0x04000000
@@ -73,6 +74,7 @@ def enter(spec: dict[str, Any]) -> None:
             _mount(None, target, MS_BIND | MS_REMOUNT | MS_RDONLY)
     if spec.get("hosts_file"):
         _mount(spec["hosts_file"], "/etc/hosts", MS_BIND)
+    volumes.detach_other_pod_tmpfs({os.path.normpath(m["target"]) for m in spec.get("mounts", [])})
     wd = spec.get("working_dir")
     if wd:
         os.makedirs(wd, exist_ok=True)

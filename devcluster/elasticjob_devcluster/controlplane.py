@@ -427,7 +427,7 @@ class DevCluster:
 
         The records stay, so :meth:`leftover_processes` can prove nothing survived.
         """
-        from elasticjob_devcluster import network
+        from elasticjob_devcluster import network, volumes
 
         records = self.records()
         agents = [r for r in records if r.name.startswith("node-agent-")]
@@ -438,6 +438,7 @@ class DevCluster:
             # what an agent could not clean up itself (it was SIGKILLed, or its node lost)
             procs.stop(procs.load_records(node_dir / "processes.json"), grace_seconds=5)
             network.delete_node_pods_netns(node_dir, cluster_network)
+            volumes.unmount_under(node_dir / "pods")  # the pods' tmpfs (/dev/shm, Memory)
         # pod processes in sessions of their own (torch workers) are only in the cgroups
         cgroups.kill(cgroups.cluster_path(cluster_network))
         # one at a time, clients before servers: an apiserver whose etcd is gone hangs

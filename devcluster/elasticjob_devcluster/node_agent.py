@@ -59,6 +59,7 @@ from elasticjob_devcluster import (
     procs,
     scheduling,
     services,
+    volumes,
 )
 from elasticjob_devcluster.pod_env import (
     EnvError,
@@ -264,6 +265,7 @@ class Agent:
         cgroups.kill(cgroups.node_path(self.args.cluster_network, self.args.node))
         procs.save_records(self.procs_file, [])
         network.delete_node_pods_netns(self.state, self.args.cluster_network)
+        volumes.unmount_under(self.state / "pods")
         shutil.rmtree(self.state / "pods", ignore_errors=True)
         with contextlib.suppress(FileNotFoundError):
             (self.state / "control.sock").unlink()
@@ -779,7 +781,9 @@ class Agent:
 
     # ---------------------------------------------------------------- sandbox
     def create_sandbox(self, rt: PodRuntime) -> None:
-        """The pod's netns (hostNetwork pods share the host's network)."""
+        """The pod's netns (hostNetwork pods share the host's network) and /dev/shm."""
+        if not rt.spec.get("hostIPC"):  # the runtime's own /dev/shm, shared by the pod
+            volumes.mount_tmpfs(self.sandbox_shm(rt), volumes.DEFAULT_SHM_BYTES, 0o1777)
         if rt.spec.get("hostNetwork"):
             rt.ip = HOST_IP
             self.write_hosts(rt)
@@ -794,6 +798,9 @@ class Agent:
         rt.start_time = time.time()
         self.hosts_dirty = True
         log.info("pod %s/%s sandbox %s ip %s", rt.namespace, rt.name, rt.netns, rt.ip)
+
+    def sandbox_shm(self, rt: PodRuntime) -> Path:
+        return rt.dir / "shm"
 
     def write_hosts(self, rt: PodRuntime) -> None:
         if rt.torn_down:
@@ -818,6 +825,7 @@ class Agent:
             if rt.netns:
                 network.delete_pod_netns(rt.uid, self.args.cluster_network)
             rt.torn_down = True
+        volumes.unmount_under(rt.dir)  # tmpfs: /dev/shm and emptyDir medium Memory
         if remove_dir:
             shutil.rmtree(rt.dir, ignore_errors=True)
 
@@ -899,7 +907,9 @@ class Agent:
 
     def mounts(self, rt: PodRuntime, c: Obj) -> list[Obj]:
         kinds = {v["name"]: v for v in rt.spec.get("volumes") or []}
-        out = []
+        out: list[Obj] = []
+        if not rt.spec.get("hostIPC") and not volumes.mounts_shm(c):
+            out.append({"source": str(self.sandbox_shm(rt)), "target": volumes.SHM_PATH})
         for vm in c.get("volumeMounts") or []:
             vol = kinds.get(vm["name"])
             if vol is None:

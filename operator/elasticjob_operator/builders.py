@@ -25,6 +25,7 @@ MANAGER: Final = "elasticjob-operator"
 ROLE_WORKER: Final = "worker"
 ROLE_ETCD: Final = "etcd"
 ETCD_DATA_DIR: Final = "/var/lib/etcd"
+SHM_VOLUME: Final = "elasticjob-shm"
 
 
 @dataclass(frozen=True)
@@ -149,7 +150,45 @@ def worker_pod(ref: JobRef, spec: models.ElasticJobSpec, index: int, incarnation
     pod_spec["restartPolicy"] = "Never"
     pod_spec["hostname"] = name
     pod_spec["subdomain"] = worker_service_name(ref.name)
+    add_shm_volume(pod_spec, spec.shm_size)
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+
+
+def _all_containers(pod_spec: Obj) -> list[Obj]:
+    return list(pod_spec.get("initContainers") or []) + list(pod_spec.get("containers") or [])
+
+
+def owns_shm(pod_spec: Obj) -> bool:
+    """The template takes care of /dev/shm itself: a container mounts something there, or
+    the pod shares the host's IPC namespace (and with it the host's /dev/shm)."""
+    if pod_spec.get("hostIPC"):
+        return True
+    return any(
+        str(m.get("mountPath", "")).rstrip("/") == models.SHM_PATH
+        for c in _all_containers(pod_spec)
+        for m in c.get("volumeMounts") or []
+    )
+
+
+def add_shm_volume(pod_spec: Obj, size: str) -> None:
+    """Give every container a memory-backed /dev/shm of ``size`` (spec.shmSize), in place.
+
+    A container runtime's /dev/shm is 64 MiB: too small for the node-memory checkpoint
+    copy of a real model and for DataLoader workers' shared-memory batches. Nothing is
+    added when ``size`` is zero or the template already takes care of /dev/shm.
+    """
+    if models.quantity_bytes(size) == 0 or owns_shm(pod_spec):
+        return
+    taken = {v.get("name") for v in pod_spec.get("volumes") or []}
+    name, n = SHM_VOLUME, 1
+    while name in taken:
+        n += 1
+        name = f"{SHM_VOLUME}-{n}"
+    volume = {"name": name, "emptyDir": {"medium": "Memory", "sizeLimit": size}}
+    pod_spec["volumes"] = [*(pod_spec.get("volumes") or []), volume]
+    for container in _all_containers(pod_spec):
+        mount = {"name": name, "mountPath": models.SHM_PATH}
+        container["volumeMounts"] = [*(container.get("volumeMounts") or []), mount]
 
 
 def worker_service(ref: JobRef) -> Obj:

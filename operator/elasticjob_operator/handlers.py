@@ -22,6 +22,7 @@ import os
 import threading
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -32,7 +33,9 @@ from elasticjob_operator import builders, metrics, models, progress
 from elasticjob_operator.kube import Kube, load_config
 from elasticjob_operator.reconcile import (
     Config,
+    MemoryFallbackReport,
     invalid_spec,
+    memory_fallback_from_json,
     progress_from_json,
     reconcile,
 )
@@ -127,12 +130,18 @@ def _reconcile_locked(kube: Kube, namespace: str, name: str, read_progress: bool
         kube.apply(ref, job, invalid_spec(status, _validation_message(exc), now))
         return
     seen: models.Progress | None = None
+    fallbacks: list[MemoryFallbackReport] = []
     if read_progress and not status.finished and spec.rdzv_backend is not models.RdzvBackend.C10D:
         endpoint = builders.rdzv_endpoint(ref, spec)
-        data = progress.read_progress(endpoint, models.run_id(ref.uid, status.incarnation))
+        run = models.run_id(ref.uid, status.incarnation)
+        data = progress.read_progress(endpoint, run)
         if data is not None:
             seen = progress_from_json(data, now)
-    observed = kube.observe(ref, seen)
+        said = status.node_memory_fallback
+        if said is None or said.run_id != run:  # said once per run: no need to look again
+            raw = progress.read_memory_fallbacks(endpoint, run)
+            fallbacks = [r for r in map(memory_fallback_from_json, raw) if r is not None]
+    observed = replace(kube.observe(ref, seen), memory_fallbacks=tuple(fallbacks))
     decision = reconcile(ref, meta.get("generation"), spec, status, observed, now, CONFIG)
     kube.apply(ref, job, decision)
     new = decision.status

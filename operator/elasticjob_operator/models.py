@@ -13,10 +13,12 @@ so a job that reached the operator some other way is judged by the same rules.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from decimal import Decimal
 from enum import StrEnum
 from typing import Annotated, Any, Final, Literal
 
@@ -38,6 +40,10 @@ DEFAULT_ETCD_IMAGE: Final = "quay.io/coreos/etcd:v3.6.16"
 DEFAULT_BACKOFF_LIMIT: Final = 6
 DEFAULT_MAX_RESTARTS: Final = 3
 C10D_PORT: Final = 29400
+
+# A worker pod's /dev/shm when the spec does not say (see ElasticJobSpec.shm_size).
+DEFAULT_SHM_SIZE: Final = "2Gi"
+SHM_PATH: Final = "/dev/shm"
 
 # Longest job name whose pods `<name>-worker-<i>` (i < 10000) keep a 63-char hostname.
 MAX_NAME_LENGTH: Final = 63 - len("-worker-") - 4
@@ -239,6 +245,20 @@ class ElasticJobSpec(_Model):
         description="Settings of the etcd the operator provisions (only when rdzvEndpoint is "
         "absent).",
     )
+    shm_size: str = Field(
+        default=DEFAULT_SHM_SIZE,
+        max_length=64,
+        description="Size limit of the memory-backed /dev/shm (emptyDir medium Memory) every "
+        "worker container gets; a container runtime's own /dev/shm is 64 MiB. It holds the "
+        "node-memory checkpoint copy (restarts reload from RAM, not the disk; the newest "
+        "copy is written before the previous one is removed, so it needs about twice the "
+        "checkpoint's size) and PyTorch DataLoader workers' shared-memory batches. "
+        "The default 2Gi holds two checkpoints of about 1 GB: some 80M parameters with "
+        "fp32 Adam state. tmpfs pages count against the pod's memory limit only once "
+        "written. A Kubernetes quantity (512Mi, 8Gi); 0 adds no volume. A template that "
+        "mounts its own /dev/shm (or sets hostIPC) is left as it is. A save that does not "
+        "fit is reported once as a Warning event (CheckpointNotInNodeMemory).",
+    )
     scheduling_policy: dict[str, Any] | None = Field(
         default=None,
         description="Accepted for compatibility with the archived controller's run policy; "
@@ -271,6 +291,11 @@ class ElasticJobSpec(_Model):
         return max(self.min_replicas, self.worker.replicas or 0)
 
     @property
+    def shm_size_bytes(self) -> int:
+        """spec.shmSize in bytes; 0 means: add no /dev/shm volume."""
+        return quantity_bytes(self.shm_size)
+
+    @property
     def provisions_etcd(self) -> bool:
         """The operator runs an etcd for this job: no endpoint given and an etcd backend."""
         return self.rdzv_endpoint is None and self.rdzv_backend is RdzvBackend.ETCD_V3
@@ -289,6 +314,24 @@ class Rule:
 def _nproc_ok(s: ElasticJobSpec) -> bool:
     v = s.nproc_per_node
     return v >= 1 if isinstance(v, int) else v in ("auto", "cpu", "gpu")
+
+
+# A non-negative Kubernetes quantity of bytes, as sizeLimit takes it (no milli, no exponent).
+QUANTITY_PATTERN: Final = r"^[0-9]+([.][0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$"
+_QUANTITY_UNITS: Final[dict[str, int]] = {
+    "": 1,
+    **{s: 1000**i for i, s in enumerate(("k", "M", "G", "T", "P", "E"), start=1)},
+    **{s: 1024**i for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"), start=1)},
+}
+
+
+def quantity_bytes(quantity: str) -> int:
+    """Bytes in a quantity matching QUANTITY_PATTERN (rounded up, as Kubernetes does)."""
+    match = re.fullmatch(QUANTITY_PATTERN, quantity)
+    if match is None:
+        raise ValueError(f"{quantity!r} is not a quantity of bytes such as 512Mi or 2Gi")
+    number = quantity[: len(quantity) - len(match.group(2) or "")]
+    return math.ceil(Decimal(number) * _QUANTITY_UNITS[match.group(2) or ""])
 
 
 _HOST_PORT = r"(https?://)?[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?:[0-9]{1,5}"
@@ -366,6 +409,13 @@ SPEC_RULES: Final[tuple[Rule, ...]] = (
             for k, v in (s.rdzv_conf or {}).items()
         ),
     ),
+    Rule(
+        cel=f"self.shmSize.matches('{QUANTITY_PATTERN}')",
+        message="spec.shmSize must be a quantity of bytes: e.g. 512Mi, 2Gi or 8Gi "
+        "(0: no /dev/shm volume)",
+        field_path=".shmSize",
+        check=lambda s: re.fullmatch(QUANTITY_PATTERN, s.shm_size) is not None,
+    ),
 )
 
 # Rules on the whole object (CEL `self` is the ElasticJob; only metadata.name is visible).
@@ -440,6 +490,20 @@ class Progress(_Open):
     update_time: datetime | None = Field(default=None, description="When the runtime published it.")
 
 
+class NodeMemoryFallback(_Model):
+    """A worker's node-memory checkpoint copy failed (reported once per run, as an event)."""
+
+    run_id: str = Field(description="The run (PET_RDZV_ID) it happened in.")
+    pod: str = Field(description="The worker pod that reported it first.")
+    step: int = Field(description="The checkpoint step whose memory copy failed.")
+    checkpoint_bytes: int = Field(description="Size of that checkpoint.")
+    shm_bytes: int | None = Field(
+        default=None, description="Size of the filesystem holding the copy (/dev/shm)."
+    )
+    message: str = Field(description="What the Warning event said.")
+    time: datetime | None = Field(default=None, description="When the operator reported it.")
+
+
 class WorkerIndexes(_Model):
     """The operator's memory about worker indexes, so that a missing pod can be told apart
     from one never created (a lost worker is counted and replaced per restartPolicy)."""
@@ -506,6 +570,11 @@ class ElasticJobStatus(_Model):
     )
     progress: Progress | None = Field(
         default=None, description="Training progress mirrored from the runtime."
+    )
+    node_memory_fallback: NodeMemoryFallback | None = Field(
+        default=None,
+        description="Set once a worker's node-memory checkpoint copy did not fit (restarts "
+        "then read the checkpoint directory): raise spec.shmSize.",
     )
 
     def condition(self, type_: ConditionType) -> Condition | None:

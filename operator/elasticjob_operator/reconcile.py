@@ -38,6 +38,9 @@ Rules
 * Finished jobs: cleanPodPolicy All deletes every worker pod, Running those still
   pending/running, None none; with All or Running the provisioned etcd goes too. After
   ttlSecondsAfterFinished the job itself is deleted (children follow by owner reference).
+* Node memory: when a worker reports that its node-memory checkpoint copy failed (it did
+  not fit in /dev/shm), a Warning event says so with the size that would fit, once per
+  run (``status.nodeMemoryFallback`` remembers it).
 """
 
 from __future__ import annotations
@@ -118,11 +121,26 @@ def node_lost_since(pod: Obj) -> datetime | None:
 
 
 @dataclass(frozen=True)
+class MemoryFallbackReport:
+    """A worker's report that its node-memory checkpoint copy failed
+    (elasticjob_runtime.progress.MemoryFallback, as read from etcd)."""
+
+    pod: str
+    step: int
+    checkpoint_bytes: int
+    shm_bytes: int | None = None
+    free_bytes: int | None = None
+    no_space: bool = True
+    error: str = ""
+
+
+@dataclass(frozen=True)
 class Observed:
     pods: tuple[ObservedPod, ...] = ()
     services: frozenset[str] = frozenset()
     deployments: frozenset[str] = frozenset()
     progress: models.Progress | None = None  # None: not read this round, keep the last one
+    memory_fallbacks: tuple[MemoryFallbackReport, ...] = ()  # this run's reports, if read
 
 
 @dataclass(frozen=True)
@@ -223,6 +241,74 @@ def progress_from_json(data: Obj, now: datetime) -> models.Progress:
     if isinstance(updated, int | float) and not isinstance(updated, bool):
         published = datetime.fromtimestamp(updated, tz=UTC)
     return models.Progress(**fields, update_time=published.replace(microsecond=0))
+
+
+def memory_fallback_from_json(data: Obj) -> MemoryFallbackReport | None:
+    """The runtime's report (snake_case JSON); None if it is not one."""
+
+    def num(name: str) -> int | None:
+        value = data.get(name)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return None
+        return int(value)
+
+    pod, step, size = data.get("pod"), num("step"), num("checkpoint_bytes")
+    if not isinstance(pod, str) or not pod or step is None or size is None:
+        return None
+    return MemoryFallbackReport(
+        pod=pod,
+        step=step,
+        checkpoint_bytes=size,
+        shm_bytes=num("shm_bytes"),
+        free_bytes=num("free_bytes"),
+        no_space=data.get("no_space") is not False,
+        error=str(data.get("error") or ""),
+    )
+
+
+def _size(nbytes: int) -> str:
+    if nbytes >= 2**30:
+        return f"{nbytes / 2**30:.1f} GiB"
+    return f"{max(nbytes, 0) / 2**20:.0f} MiB"
+
+
+def suggested_shm_size(checkpoint_bytes: int) -> str:
+    """A /dev/shm limit for this checkpoint: two copies (the newest is written before the
+    previous one goes) and a tenth for DataLoader batches, in whole GiB (or 256 MiB steps
+    below 1 GiB)."""
+    need = checkpoint_bytes * 2.2
+    if need <= 2**30:
+        return f"{max(1, -(-int(need) // 2**28)) * 256}Mi"
+    return f"{-(-int(need) // 2**30)}Gi"
+
+
+def memory_fallback_message(report: MemoryFallbackReport, spec: ElasticJobSpec) -> str:
+    """What the Warning event says: what happened, what it costs, and the fix."""
+    shm = ""
+    if report.shm_bytes is not None:
+        shm = f" in a /dev/shm of {_size(report.shm_bytes)}"
+        if report.free_bytes is not None:
+            shm += f" ({_size(report.free_bytes)} free)"
+    if not report.no_space:
+        return (
+            f"worker {report.pod}: the node-memory copy of checkpoint step {report.step} "
+            f"failed ({report.error}); restarts on that node read the checkpoint directory"
+        )
+    size = suggested_shm_size(report.checkpoint_bytes)
+    template = spec.worker.template.spec.model_dump(mode="json", by_alias=True)
+    if template.get("hostIPC"):
+        fix = f"free the host's /dev/shm (hostIPC) or make it at least {size}"
+    elif builders.owns_shm(template):
+        fix = f"give the /dev/shm the pod template mounts at least {size}"
+    elif spec.shm_size_bytes == 0:
+        fix = f"set spec.shmSize to at least {size} (0 keeps the runtime's 64 MiB /dev/shm)"
+    else:
+        fix = f"raise spec.shmSize ({spec.shm_size}) to at least {size}"
+    return (
+        f"worker {report.pod}: checkpoint step {report.step} ({_size(report.checkpoint_bytes)}) "
+        f"does not fit{shm}, so restarts on that node read the checkpoint directory "
+        f"instead of node memory: {fix}; pods created after the change get it"
+    )
 
 
 def _progress_changed(old: models.Progress | None, new: models.Progress) -> bool:
@@ -387,6 +473,21 @@ def reconcile(
     st.selector = builders.selector_string(ref.name)
     if observed.progress is not None and _progress_changed(st.progress, observed.progress):
         st.progress = observed.progress
+    run = models.run_id(ref.uid, st.incarnation)  # the run the reports were read for
+    said = st.node_memory_fallback
+    if observed.memory_fallbacks and (said is None or said.run_id != run):
+        first = min(observed.memory_fallbacks, key=lambda r: (r.step, r.pod))
+        message = memory_fallback_message(first, spec)
+        st.node_memory_fallback = models.NodeMemoryFallback(
+            run_id=run,
+            pod=first.pod,
+            step=first.step,
+            checkpoint_bytes=first.checkpoint_bytes,
+            shm_bytes=first.shm_bytes,
+            message=message,
+            time=now,
+        )
+        d.warning("CheckpointNotInNodeMemory", message)
     pods = sorted(observed.pods, key=lambda p: p.index)
     deleted: set[str] = set()
     desired = spec.desired_replicas

@@ -156,6 +156,7 @@ MALFORMED: list[tuple[str, Callable[[Obj], None], str]] = [
     ("negative-ttl", _set("spec.ttlSecondsAfterFinished", -5), "spec.ttlSecondsAfterFinished"),
     ("suspend-not-bool", _set("spec.suspend", "yes"), "spec.suspend"),
     ("rdzv-conf-comma", _set("spec.rdzvConf", {"timeout": "1,2"}), "spec.rdzvConf"),
+    ("shm-size-not-a-quantity", _set("spec.shmSize", "2GB"), "spec.shmSize must be a quantity"),
     ("typo-field", _set("spec.minReplica", 1), "spec.minReplica"),
     ("name-too-long", _set("metadata.name", "a" * 52), "metadata.name must be at most"),
     ("name-with-dot", _set("metadata.name", "a.b"), "metadata.name must be a DNS label"),

@@ -399,6 +399,77 @@ def test_init_containers_run_first_in_order(api: client.CoreV1Api, ns: str) -> N
     assert logs(api, ns, "inits", container="main").strip() == "first second main"
 
 
+# -- /dev/shm: a memory emptyDir is a tmpfs of its sizeLimit; without one, 64 MiB as on
+# containerd. The writer fills half of an 8 MiB limit, then fails to write 8 MiB more.
+SHM_WRITER = """
+import errno, os
+st = os.statvfs('/dev/shm')
+print(f'size={st.f_blocks * st.f_frsize}', flush=True)
+with open('/dev/shm/half', 'wb') as f:
+    f.write(b'x' * (4 << 20))
+try:
+    with open('/dev/shm/more', 'wb') as f:
+        f.write(b'x' * (8 << 20))
+    print('wrote past the limit')
+except OSError as e:
+    print('ENOSPC' if e.errno == errno.ENOSPC else f'error {e}')
+os.remove('/dev/shm/more')
+open('/dev/shm/done', 'w').close()
+mounts = [line.split()[4] for line in open('/proc/self/mountinfo')]
+print('other pods mounts: ' + ','.join(m for m in mounts if '/pods/' in m))
+"""
+SHM_READER = """
+import os, time
+deadline = time.time() + 60
+while not os.path.exists('/dev/shm/done') and time.time() < deadline:
+    time.sleep(0.1)
+print(f'half={os.path.getsize("/dev/shm/half")}')
+"""
+
+
+def host_mounts_of(uid: str) -> list[str]:
+    return [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if uid in line]
+
+
+def test_memory_empty_dir_is_a_tmpfs_of_its_size_limit_shared_by_the_pods_containers(
+    api: client.CoreV1Api, ns: str, devcluster: Any
+) -> None:
+    shm = [{"name": "dshm", "mountPath": "/dev/shm"}]
+    manifest = pod_manifest(
+        "shm",
+        SHM_WRITER,
+        container={"name": "writer", "volumeMounts": shm},
+        volumes=[{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Mi"}}],
+    )
+    reader = {"name": "reader", "image": "python:3.11-slim", "volumeMounts": shm}
+    manifest["spec"]["containers"].append(
+        {**reader, "command": ["python", "-u", "-c", textwrap.dedent(SHM_READER)]}
+    )
+    create(api, ns, manifest)
+    pod = wait_phase(api, ns, "shm", "Succeeded")
+    assert logs(api, ns, "shm", container="writer").splitlines() == [
+        f"size={8 << 20}",
+        "ENOSPC",  # not an eviction: the tmpfs is the limit
+        "other pods mounts: ",  # no copy of another pod's tmpfs keeps its memory alive
+    ]
+    assert logs(api, ns, "shm", container="reader") == f"half={4 << 20}\n"
+    if devcluster is not None:  # the node let go of the tmpfs with the pod
+        wait_for("the pod's tmpfs to be unmounted", lambda: not host_mounts_of(pod.metadata.uid))
+
+
+def test_a_pod_without_its_own_dev_shm_gets_a_private_64_mib_one(
+    api: client.CoreV1Api, ns: str
+) -> None:
+    script = """
+        import os
+        s = os.statvfs('/dev/shm')
+        print(s.f_blocks * s.f_frsize, os.listdir('/dev/shm'))
+    """
+    create(api, ns, pod_manifest("small-shm", script))
+    wait_phase(api, ns, "small-shm", "Succeeded")
+    assert logs(api, ns, "small-shm") == f"{64 << 20} []\n"
+
+
 def test_failing_liveness_probe_restarts_the_container(api: client.CoreV1Api, ns: str) -> None:
     probe = {"tcpSocket": {"port": 9}, "periodSeconds": 1, "failureThreshold": 1}
     manifest = pod_manifest(

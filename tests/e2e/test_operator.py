@@ -225,6 +225,62 @@ def test_training_progress_shows_in_kubectl_get(operator: Cluster, ns: str) -> N
     assert row[5] == "1234"  # the Step column
 
 
+# A worker whose checkpoint does not fit its /dev/shm: the runtime's CheckpointManager
+# (local rank 0 of every pod writes the node-memory copy) reports it to the job's etcd.
+SAVE_TOO_BIG_AND_SLEEP = [
+    "python",
+    "-c",
+    "import os, tempfile, time, torch\n"
+    "from elasticjob_runtime.checkpoint import CheckpointManager\n"
+    "from elasticjob_runtime.etcd_client import EtcdClient, parse_endpoint\n"
+    "s = os.statvfs('/dev/shm')\n"
+    "print(f'shm={s.f_blocks * s.f_frsize}', flush=True)\n"
+    "e = EtcdClient(parse_endpoint(os.environ['PET_RDZV_ENDPOINT']))\n"
+    "while True:  # a real save comes after the rendezvous, so after etcd is up\n"
+    "    try:\n"
+    "        e.check(); break\n"
+    "    except Exception as exc:\n"
+    "        print('etcd not ready:', exc, flush=True); time.sleep(0.5)\n"
+    "ckpt = CheckpointManager(tempfile.mkdtemp(), writer=True, memory_writer=True)\n"
+    "for step in (1, 2):\n"
+    "    ckpt.save({'w': torch.zeros(1 << 19)}, step)  # 2 MiB\n"
+    "print('saved', flush=True)\n"
+    "time.sleep(3600)\n",
+]
+
+
+def test_a_checkpoint_too_big_for_dev_shm_is_one_warning_event(operator: Cluster, ns: str) -> None:
+    c = operator
+    name = start_job(c, ns, job("shm", SAVE_TOO_BIG_AND_SLEEP, replicas=2, shmSize="1Mi"))
+    pod = wait_for("a worker pod", lambda: c.workers(ns, name).get("shm-worker-0"))
+    assert {"name": "elasticjob-shm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}} in [
+        c.core.api_client.sanitize_for_serialization(v) for v in pod.spec.volumes
+    ]
+
+    def logs() -> str:
+        return str(c.kubectl("-n", ns, "logs", "shm-worker-0", check=False).stdout)
+
+    wait_for("the worker to save", lambda: "saved" in logs())
+    assert f"shm={1 << 20}" in logs()  # the pod's /dev/shm is the spec's, not 64 MiB
+
+    def said() -> Obj | None:
+        return c.status(ns, name).get("nodeMemoryFallback")
+
+    fallback = wait_for("status.nodeMemoryFallback", said)
+    assert fallback["runId"] == c.job(ns, name)["metadata"]["uid"]
+    time.sleep(12)  # a resync later (10 s): the operator does not say it again
+
+    def events() -> list[Any]:
+        selector = f"involvedObject.name={name},reason=CheckpointNotInNodeMemory"
+        return list(c.core.list_namespaced_event(ns, field_selector=selector).items)
+
+    [event] = events()
+    assert event.type == "Warning" and (event.count or 1) == 1
+    assert event.message == fallback["message"]
+    assert "does not fit in a /dev/shm of 1 MiB" in event.message
+    assert "raise spec.shmSize (1Mi) to at least 256Mi" in event.message
+
+
 def test_kubectl_scale_changes_the_worker_count(operator: Cluster, ns: str) -> None:
     c = operator
     name = start_job(c, ns, job("scale", PRINT_ENV_AND_SLEEP, replicas=1))
@@ -520,6 +576,8 @@ def test_api_server_and_the_models_agree_on_what_is_valid(operator: Cluster, ns:
             spec["rdzvEndpoint"] = rng.choice(["etcd:2379", "etcd", "a.b.c:1,d:2", "http://e:2379"])
         if rng.random() < 0.3:
             spec["etcd"] = {"image": "etcd:x"}
+        if rng.random() < 0.3:
+            spec["shmSize"] = rng.choice(["512Mi", "0", "1.5Gi", "2GB", "-1Gi", "8e9"])
         try:
             ElasticJobSpec.model_validate(spec)
             models_ok = True

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from elasticjob_operator import builders, models
 from elasticjob_operator.builders import JobRef
 from elasticjob_runtime import contract
@@ -126,6 +128,72 @@ def test_building_a_pod_does_not_mutate_the_spec() -> None:
     builders.worker_pod(REF, spec, 0, 0)
     builders.worker_pod(REF, spec, 1, 0)
     assert spec.model_dump() == before
+
+
+def shm_mounts(pod: dict[str, Any]) -> list[list[dict[str, Any]]]:
+    """Per container (init containers first), its volumeMounts at /dev/shm."""
+    spec = pod["spec"]
+    return [
+        [m for m in c.get("volumeMounts") or [] if m["mountPath"] == "/dev/shm"]
+        for c in (spec.get("initContainers") or []) + spec["containers"]
+    ]
+
+
+def spec_with_pod(
+    container: dict[str, Any], *, shm_size: str = "2Gi", **pod: Any
+) -> models.ElasticJobSpec:
+    """make_spec's job with more PodSpec fields in the template (volumes, hostIPC...)."""
+    raw = make_spec(container=container, shmSize=shm_size).model_dump(mode="json", by_alias=True)
+    raw["replicaSpecs"]["Worker"]["template"]["spec"].update(pod)
+    return models.ElasticJobSpec.model_validate(raw)
+
+
+TRAINER = {"name": "trainer", "image": "img"}
+
+
+def test_every_worker_container_gets_a_memory_backed_dev_shm_of_the_default_size() -> None:
+    pod = builders.worker_pod(REF, make_spec(), 0, 0)
+    assert pod["spec"]["volumes"] == [
+        {"name": "elasticjob-shm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}}
+    ]
+    assert shm_mounts(pod) == [[{"name": "elasticjob-shm", "mountPath": "/dev/shm"}]] * 2
+
+
+def test_shm_size_sets_the_limit_and_keeps_the_templates_volumes_and_mounts() -> None:
+    volumes = [
+        {"name": "ckpt", "persistentVolumeClaim": {"claimName": "c"}},
+        {"name": "elasticjob-shm", "emptyDir": {}},  # the name is taken: ours moves aside
+    ]
+    container = {**TRAINER, "volumeMounts": [{"name": "ckpt", "mountPath": "/ckpt"}]}
+    spec = spec_with_pod(container, shm_size="16Gi", volumes=volumes, initContainers=[TRAINER])
+    pod = builders.worker_pod(REF, spec, 0, 0)
+    assert pod["spec"]["volumes"] == [
+        *volumes,
+        {"name": "elasticjob-shm-2", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}},
+    ]
+    assert pod["spec"]["containers"][0]["volumeMounts"][0] == {"name": "ckpt", "mountPath": "/ckpt"}
+    assert shm_mounts(pod) == [[{"name": "elasticjob-shm-2", "mountPath": "/dev/shm"}]] * 3
+
+
+def test_a_template_that_mounts_its_own_dev_shm_is_left_alone() -> None:
+    mine = {"name": "mine", "emptyDir": {"medium": "Memory", "sizeLimit": "40Gi"}}
+    container = {**TRAINER, "volumeMounts": [{"name": "mine", "mountPath": "/dev/shm/"}]}
+    pod = builders.worker_pod(REF, spec_with_pod(container, volumes=[mine]), 0, 0)
+    assert pod["spec"]["volumes"] == [mine]
+    assert "volumeMounts" not in pod["spec"]["containers"][1]  # the sidecar is not touched
+
+
+def test_a_host_ipc_pod_keeps_the_hosts_dev_shm() -> None:
+    pod = builders.worker_pod(REF, spec_with_pod(TRAINER, hostIPC=True), 0, 0)
+    assert "volumes" not in pod["spec"]
+    assert shm_mounts(pod) == [[], []]
+
+
+@pytest.mark.parametrize("size", ["0", "0Gi"])
+def test_shm_size_zero_adds_no_volume(size: str) -> None:
+    pod = builders.worker_pod(REF, make_spec(shmSize=size), 0, 0)
+    assert "volumes" not in pod["spec"]
+    assert shm_mounts(pod) == [[], []]
 
 
 def test_headless_service_selects_the_workers() -> None:

@@ -19,6 +19,7 @@ from elasticjob_runtime.checkpoint import (
     fetch_from_peer,
 )
 from elasticjob_runtime.health import HealthServer
+from elasticjob_runtime.progress import MemoryFallback, memory_fallback_reporter_from_env
 from elasticjob_runtime.sampler import ElasticSampler
 
 
@@ -239,6 +240,38 @@ def test_failing_memory_copy_warns_once_and_the_disk_copy_stands(
     [record] = caplog.records
     assert "node-memory checkpoint copy" in record.getMessage()
     assert committed_steps(tmp_path / "ckpt") == [1, 2]
+
+
+def test_a_failing_memory_copy_is_reported_once_with_the_sizes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ELASTICJOB_POD_NAME", "train-worker-3")
+    reports: list[MemoryFallback] = []
+    blocker = tmp_path / "shm-full"
+    blocker.write_text("not a directory")
+    mgr = manager(tmp_path, memory_dir=blocker / "run", on_memory_fallback=reports.append)
+    mgr.save({"x": torch.ones(1000)}, 7)
+    mgr.save({"x": torch.ones(1000)}, 8)
+    [report] = reports
+    size = (tmp_path / "ckpt" / checkpoint_name(8)).stat().st_size
+    assert (report.pod, report.step, report.checkpoint_bytes) == ("train-worker-3", 7, size)
+    assert not report.no_space and "Not a directory" in report.error
+    assert report.shm_bytes is not None and report.shm_bytes > 0  # the parent filesystem's
+
+
+def test_without_an_etcd_endpoint_a_memory_fallback_is_only_logged(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("PET_RDZV_ENDPOINT", raising=False)
+    assert memory_fallback_reporter_from_env() is None
+    monkeypatch.setenv("PET_RDZV_ENDPOINT", "worker-0:29400")
+    monkeypatch.setenv("PET_RDZV_ID", "run")
+    monkeypatch.setenv("PET_RDZV_BACKEND", "c10d")  # a TCPStore, not an etcd
+    assert memory_fallback_reporter_from_env() is None
+    monkeypatch.setenv("PET_RDZV_BACKEND", "etcd-v3")
+    assert memory_fallback_reporter_from_env() is not None
+    monkeypatch.setenv("ELASTICJOB_PROGRESS", "0")
+    assert memory_fallback_reporter_from_env() is None
 
 
 def test_node_memory_copy_is_preferred_at_equal_step(tmp_path: Path) -> None:

@@ -105,6 +105,23 @@ def test_effective_sizes_when_fields_are_absent() -> None:
     assert (s.desired_replicas, s.effective_max_replicas) == (2, 2)
 
 
+@pytest.mark.parametrize(
+    ("size", "nbytes"),
+    [
+        (None, 2 * 1024**3),  # the default, 2Gi
+        ("512Mi", 512 * 1024**2),
+        ("1.5Gi", 3 * 1024**3 // 2),
+        ("8G", 8 * 10**9),
+        ("100k", 100_000),
+        ("1000", 1000),
+        ("0", 0),  # no /dev/shm volume
+    ],
+)
+def test_shm_size_is_a_quantity_of_bytes(size: str | None, nbytes: int) -> None:
+    s = models.ElasticJobSpec.model_validate(spec(shmSize=size))
+    assert s.shm_size_bytes == nbytes
+
+
 def test_provisions_etcd_only_for_etcd_v3_without_endpoint() -> None:
     assert models.ElasticJobSpec.model_validate(spec(rdzvEndpoint=None)).provisions_etcd
     c10d = models.ElasticJobSpec.model_validate(spec(rdzvEndpoint=None, rdzvBackend="c10d"))
@@ -123,6 +140,10 @@ def test_provisions_etcd_only_for_etcd_v3_without_endpoint() -> None:
         ({"nprocPerNode": "many"}, "spec.nprocPerNode must be"),
         ({"rdzvConf": {"a": "1,b=2"}}, "spec.rdzvConf keys must be identifiers"),
         ({"rdzvConf": {"not an id": "1"}}, "spec.rdzvConf keys must be identifiers"),
+        ({"shmSize": "2GB"}, "spec.shmSize must be a quantity of bytes: e.g. 512Mi"),
+        ({"shmSize": "-1Gi"}, "spec.shmSize must be a quantity of bytes"),
+        ({"shmSize": "lots"}, "spec.shmSize must be a quantity of bytes"),
+        ({"shmSize": ""}, "spec.shmSize must be a quantity of bytes"),
     ],
 )
 def test_cross_field_rules_refuse_with_a_message_naming_the_field(

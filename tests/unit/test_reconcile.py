@@ -23,14 +23,17 @@ from elasticjob_operator.reconcile import (
     ChildRef,
     Config,
     Decision,
+    MemoryFallbackReport,
     Observed,
     ObservedPod,
     exit_code,
     invalid_spec,
+    memory_fallback_from_json,
     observe_pod,
     progress_from_json,
     reconcile,
     set_condition,
+    suggested_shm_size,
 )
 
 REF = JobRef(name="train", namespace="ml", uid="uid-1")
@@ -634,6 +637,129 @@ def test_progress_reads_the_runtimes_record() -> None:
 def test_progress_ignores_values_of_the_wrong_type() -> None:
     p = progress_from_json({"step": "many", "epoch": True, "worldSize": 2, "other": 1}, T0)
     assert (p.step, p.epoch, p.world_size) == (None, None, 2)
+
+
+# -- node memory -----------------------------------------------------------------------
+
+MiB = 2**20
+
+
+def too_big(pod: str, step: int = 20, size: int = 300 * MiB, **kw: Any) -> MemoryFallbackReport:
+    kw.setdefault("shm_bytes", 64 * MiB)
+    kw.setdefault("free_bytes", 60 * MiB)
+    return MemoryFallbackReport(pod=pod, step=step, checkpoint_bytes=size, **kw)
+
+
+def fallback_round(w: World, *reports: MemoryFallbackReport) -> Decision:
+    """A round in which the operator read these reports from the run's etcd."""
+    observed = replace(w.observed(), memory_fallbacks=reports)
+    d = reconcile(REF, 1, w.spec, w.status, observed, w.now, w.config)
+    w.status = d.status
+    return d
+
+
+def warnings_about_memory(d: Decision) -> list[str]:
+    return [
+        e.message
+        for e in d.events
+        if e.type == "Warning" and e.reason == "CheckpointNotInNodeMemory"
+    ]
+
+
+def test_a_checkpoint_too_big_for_node_memory_is_one_warning_event_per_run() -> None:
+    w = running_world(shmSize="64Mi")
+    reports = (too_big("train-worker-1"), too_big("train-worker-0"), too_big("w-9", step=30))
+    [message] = warnings_about_memory(fallback_round(w, *reports))
+    assert message == (
+        "worker train-worker-0: checkpoint step 20 (300 MiB) does not fit in a /dev/shm of "
+        "64 MiB (60 MiB free), so restarts on that node read the checkpoint directory instead "
+        "of node memory: raise spec.shmSize (64Mi) to at least 768Mi; pods created after the "
+        "change get it"
+    )
+    said = w.status.node_memory_fallback
+    assert said is not None
+    assert (said.run_id, said.pod, said.step, said.checkpoint_bytes) == (
+        "uid-1",
+        "train-worker-0",
+        20,
+        300 * MiB,
+    )
+    assert said.message == message and said.time == T0
+    for _ in range(3):  # every resync reads the reports again: nothing more is said
+        w.advance(10)
+        assert warnings_about_memory(fallback_round(w, *reports)) == []
+    assert w.status.node_memory_fallback == said
+    assert warnings_about_memory(fallback_round(w)) == []  # nothing read: status stays
+    assert w.status.node_memory_fallback == said
+
+
+def test_a_new_run_after_resume_is_told_again() -> None:
+    w = running_world()
+    assert len(warnings_about_memory(fallback_round(w, too_big("train-worker-0")))) == 1
+    w.spec = make_spec(suspend=True)
+    w.round()
+    w.settle()
+    w.spec = make_spec()
+    w.round()
+    assert w.status.incarnation == 1
+    [message] = warnings_about_memory(fallback_round(w, too_big("train-worker-1", step=50)))
+    assert "train-worker-1: checkpoint step 50" in message
+    said = w.status.node_memory_fallback
+    assert said is not None and said.run_id == "uid-1-1"
+
+
+def test_the_advice_follows_what_the_template_does_with_dev_shm() -> None:
+    off = fallback_round(running_world(shmSize="0"), too_big("w", size=900 * MiB))
+    [message] = warnings_about_memory(off)
+    assert "set spec.shmSize to at least 2Gi (0 keeps the runtime's 64 MiB /dev/shm)" in message
+    raw = make_spec().model_dump(mode="json", by_alias=True)
+    pod = raw["replicaSpecs"]["Worker"]["template"]["spec"]
+    pod["containers"][0]["volumeMounts"] = [{"name": "mine", "mountPath": "/dev/shm"}]
+    pod["volumes"] = [{"name": "mine", "emptyDir": {"medium": "Memory"}}]
+    w = World(models.ElasticJobSpec.model_validate(raw))
+    w.round()
+    [message] = warnings_about_memory(fallback_round(w, too_big("w", size=3 * 2**30)))
+    assert "give the /dev/shm the pod template mounts at least 7Gi" in message
+    other = too_big("w", no_space=False, error="[Errno 30] Read-only file system")
+    [message] = warnings_about_memory(fallback_round(running_world(), other))
+    assert message == (
+        "worker w: the node-memory copy of checkpoint step 20 failed ([Errno 30] Read-only "
+        "file system); restarts on that node read the checkpoint directory"
+    )
+
+
+@pytest.mark.parametrize(
+    ("size", "limit"),
+    [
+        (1, "256Mi"),
+        (100 * MiB, "256Mi"),
+        (300 * MiB, "768Mi"),
+        (500 * MiB, "2Gi"),
+        (3 << 30, "7Gi"),
+    ],
+)
+def test_the_suggested_shm_size_holds_two_copies_and_some_room(size: int, limit: str) -> None:
+    assert suggested_shm_size(size) == limit
+    assert models.quantity_bytes(limit) >= 2.2 * size
+
+
+def test_memory_fallback_reads_the_runtimes_report_and_refuses_junk() -> None:
+    record = {
+        "pod": "train-worker-2",
+        "step": 40,
+        "checkpoint_bytes": 123,
+        "shm_bytes": 67108864,
+        "free_bytes": None,
+        "no_space": True,
+        "error": "[Errno 28] No space left on device",
+        "updated": 1.5,
+    }
+    assert memory_fallback_from_json(record) == MemoryFallbackReport(
+        "train-worker-2", 40, 123, 67108864, None, True, "[Errno 28] No space left on device"
+    )
+    assert memory_fallback_from_json({**record, "step": "forty"}) is None
+    assert memory_fallback_from_json({**record, "pod": ""}) is None
+    assert memory_fallback_from_json({"pod": "p"}) is None
 
 
 # -- observation helpers ---------------------------------------------------------------

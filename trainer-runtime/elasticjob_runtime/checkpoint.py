@@ -13,10 +13,14 @@ keyed by run id and pod. tmpfs is RAM, it outlives the worker process (the agent
 and the pod keep it) and it needs no server, so a worker restarted by the agent
 reloads without touching the (maybe network) disk; ``load_latest`` prefers the
 memory copy when it is at least as new. A server inside the agent would work as
-well but adds a protocol and a process to keep alive for no gain. On Kubernetes
-``/dev/shm`` is 64 MiB unless the pod mounts an ``emptyDir: {medium: Memory}``
-there; when the memory copy does not fit, the save logs one line and the disk
-copy still stands.
+well but adds a protocol and a process to keep alive for no gain. A container
+runtime's own ``/dev/shm`` is 64 MiB, too small for a real model, so the operator
+gives worker pods a memory-backed one of ``spec.shmSize`` (default 2Gi; the newest
+copy is written before the previous one goes, so it needs twice the checkpoint).
+When the memory copy does not fit (or fails otherwise) the disk copy still stands;
+the first failure is logged in one line and reported to the run's etcd
+(:func:`elasticjob_runtime.progress.report_memory_fallback`), where the operator
+finds it and says so once in the job's events, with the size that would fit.
 
 Typical use in a DDP script::
 
@@ -45,6 +49,7 @@ import atexit
 import contextlib
 import copy
 import ctypes
+import errno
 import hashlib
 import io
 import json
@@ -63,11 +68,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from elasticjob_runtime import contract
+
+if TYPE_CHECKING:  # progress imports the etcd client: only when a report is due
+    from elasticjob_runtime.progress import MemoryFallback
 
 log = logging.getLogger(__name__)
 
@@ -351,6 +359,21 @@ def clear_memory(run_id: str | None = None) -> None:
         shutil.rmtree(memory, ignore_errors=True)
 
 
+def filesystem_space(path: Path) -> tuple[int | None, int | None]:
+    """(size, free bytes) of the filesystem holding ``path`` or its nearest existing parent."""
+    for candidate in (path, *path.parents):
+        try:
+            st = os.statvfs(candidate)
+        except OSError:
+            continue
+        return st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
+    return None, None
+
+
+def _mib(nbytes: int | None) -> str:
+    return "?" if nbytes is None else f"{nbytes / 2**20:.0f} MiB"
+
+
 def group_broken() -> bool:
     """True when this worker's agent is stopping it because its round lost a peer
     (``elasticjob-run`` creates the file named by ``ELASTICJOB_GROUP_BROKEN_FILE`` first):
@@ -386,6 +409,7 @@ class CheckpointManager:
         writer: bool | None = None,
         memory_writer: bool | None = None,
         run_id: str | None = None,
+        on_memory_fallback: Callable[[MemoryFallback], None] | None = None,
     ) -> None:
         where = directory if directory is not None else os.environ.get(contract.CHECKPOINT_DIR)
         if not where:
@@ -409,6 +433,8 @@ class CheckpointManager:
         self._pending_step = -1
         self._error: BaseException | None = None
         self._memory_warned = False
+        # None: report to the run's etcd (progress.memory_fallback_reporter_from_env)
+        self._on_memory_fallback = on_memory_fallback
         self._tracked: StateSource | None = None
         self._step: int | None = None
         self._saved_step: int | None = None
@@ -470,14 +496,46 @@ class CheckpointManager:
                 prune(self.memory_dir, 1)
             except OSError as exc:
                 if not self._memory_warned:
-                    log.warning(
-                        "node-memory checkpoint copy in %s failed (%s); restarts will read %s",
-                        self.memory_dir,
-                        exc,
-                        self.directory,
-                    )
                     self._memory_warned = True
+                    self._memory_failed(self.memory_dir, step, len(data), exc)
         self._saved_step = step
+
+    def _memory_failed(self, memory_dir: Path, step: int, size: int, exc: OSError) -> None:
+        """The first failed node-memory copy: one log line, and a report to the operator."""
+        from elasticjob_runtime import progress  # torch-free, but loads the etcd client
+
+        total, free = filesystem_space(memory_dir)
+        no_space = exc.errno in (errno.ENOSPC, errno.EDQUOT)
+        log.warning(
+            "node-memory checkpoint copy in %s failed (%s): step %d is %s, on a filesystem "
+            "of %s (%s free); restarts will read %s.%s",
+            memory_dir,
+            exc,
+            step,
+            _mib(size),
+            _mib(total),
+            _mib(free),
+            self.directory,
+            " On Kubernetes, raise the ElasticJob's spec.shmSize to twice the checkpoint."
+            if no_space
+            else "",
+        )
+        report = progress.MemoryFallback(
+            pod=os.environ.get(contract.POD_NAME) or socket.gethostname(),
+            step=step,
+            checkpoint_bytes=size,
+            shm_bytes=total,
+            free_bytes=free,
+            no_space=no_space,
+            error=str(exc),
+            updated=time.time(),
+        )
+        notify = self._on_memory_fallback or progress.memory_fallback_reporter_from_env()
+        try:
+            if notify is not None:
+                notify(report)
+        except Exception as report_exc:  # a report must never fail the save
+            log.warning("node-memory fallback not reported: %s", report_exc)
 
     def wait(self) -> None:
         """Wait for an asynchronous save in flight; raise :class:`CheckpointError` if it failed."""

@@ -51,6 +51,16 @@ def progress_key(run_id: str) -> str:
     return f"/elasticjob/{run_id}/progress"
 
 
+def memory_fallback_key(run_id: str, pod: str) -> str:
+    """etcd key where a pod reports that its node-memory checkpoint copy failed (read by
+    the operator, which says so once in the job's events)."""
+    return f"{memory_fallback_prefix(run_id)}{pod}"
+
+
+def memory_fallback_prefix(run_id: str) -> str:
+    return f"{run_prefix(run_id)}memory-fallback/"
+
+
 def run_prefix(run_id: str) -> str:
     """etcd key prefix holding all of one run's rendezvous state."""
     return f"/elasticjob/{run_id}/"

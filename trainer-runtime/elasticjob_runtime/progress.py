@@ -10,6 +10,11 @@ after the publishing process dies, and at once on ``close()``.
 Publishing is throttled (``min_interval``) so a fast loop does not flood etcd.
 Torch-free: the operator imports :func:`decode_progress` / :func:`read_progress`.
 
+Besides, every node's memory writer (local rank 0, not only global rank 0) reports a
+node-memory checkpoint copy that failed under ``contract.memory_fallback_key(run_id,
+pod)`` (:func:`report_memory_fallback`, called by the CheckpointManager): the operator
+says so once in the job's events, so a /dev/shm too small for the model is not silent.
+
 In a training script::
 
     reporter = reporter_from_env()                      # None except on rank 0
@@ -35,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from elasticjob_runtime import contract
-from elasticjob_runtime.etcd_client import EtcdClient, EtcdError, parse_endpoint
+from elasticjob_runtime.etcd_client import EtcdClient, EtcdError, parse_endpoint, parse_endpoints
 
 log = logging.getLogger(__name__)
 
@@ -273,3 +278,96 @@ def fetch_checkpoint_from_peer(
     from elasticjob_runtime.checkpoint import fetch_from_peer  # imports torch
 
     return fetch_from_peer(progress.checkpoint_url, Path(directory), timeout=timeout)
+
+
+# -- node-memory checkpoint copies that failed ------------------------------------------
+
+# The report outlives its writer (the operator must see it even if the pod dies at once)
+# but not the run's etcd for ever: an hour is many operator resyncs.
+MEMORY_FALLBACK_TTL = 3600
+
+
+@dataclass(frozen=True)
+class MemoryFallback:
+    """One pod's node-memory checkpoint copy failed; restarts there read the disk copy."""
+
+    pod: str
+    step: int
+    checkpoint_bytes: int
+    shm_bytes: int | None  # size of the filesystem holding the copy (/dev/shm)
+    free_bytes: int | None  # free on it after the failed write was removed
+    no_space: bool  # ENOSPC: it did not fit (else another error, in ``error``)
+    error: str
+    updated: float
+
+
+def encode_memory_fallback(report: MemoryFallback) -> bytes:
+    return json.dumps(asdict(report), sort_keys=True).encode()
+
+
+def decode_memory_fallback(raw: bytes) -> MemoryFallback:
+    doc: dict[str, Any] = json.loads(raw)
+
+    def opt_int(name: str) -> int | None:
+        value = doc.get(name)
+        return None if value is None else int(value)
+
+    return MemoryFallback(
+        pod=str(doc["pod"]),
+        step=int(doc["step"]),
+        checkpoint_bytes=int(doc["checkpoint_bytes"]),
+        shm_bytes=opt_int("shm_bytes"),
+        free_bytes=opt_int("free_bytes"),
+        no_space=bool(doc.get("no_space", False)),
+        error=str(doc.get("error", "")),
+        updated=float(doc.get("updated", 0.0)),
+    )
+
+
+def report_memory_fallback(
+    client: EtcdClient, run_id: str, report: MemoryFallback, ttl: int = MEMORY_FALLBACK_TTL
+) -> None:
+    """Put the report under the run's prefix, on a lease of ``ttl`` seconds (not kept alive)."""
+    lease = client.grant(ttl)
+    client.put(
+        contract.memory_fallback_key(run_id, report.pod), encode_memory_fallback(report), lease
+    )
+
+
+def read_memory_fallbacks(client: EtcdClient, run_id: str) -> list[MemoryFallback]:
+    """Every pod's report in the run, by pod name."""
+    items = client.snapshot(contract.memory_fallback_prefix(run_id)).items
+    return [decode_memory_fallback(items[key].value) for key in sorted(items)]
+
+
+def memory_fallback_reporter_from_env(
+    timeout: float = 2.0,
+) -> Callable[[MemoryFallback], None] | None:
+    """Where a worker reports a failed node-memory copy: the run's etcd, from the same
+    variables as :func:`reporter_from_env` (any rank), or None without an etcd endpoint
+    (c10d, or not launched by elasticjob-run/torchrun) or with ``ELASTICJOB_PROGRESS=0``.
+    Reporting never raises: it logs one line if etcd cannot be reached."""
+    endpoint, run_id = os.environ.get(contract.RDZV_ENDPOINT), run_id_from_env()
+    backend = os.environ.get(contract.RDZV_BACKEND, contract.DEFAULT_RDZV_BACKEND)
+    if os.environ.get(contract.PROGRESS, "1") == "0" or backend == "c10d":
+        return None
+    if not endpoint or not run_id:
+        return None
+    try:
+        address = parse_endpoints(endpoint, contract.DEFAULT_ETCD_PORT)
+    except ValueError as exc:
+        log.warning("node-memory fallbacks not reported: %s", exc)
+        return None
+    run = run_id
+
+    def report(fallback: MemoryFallback) -> None:
+        try:
+            client = EtcdClient(address, timeout=timeout)
+            try:
+                report_memory_fallback(client, run, fallback)
+            finally:
+                client.close()
+        except EtcdError as exc:
+            log.warning("node-memory fallback not reported to the operator: %s", exc)
+
+    return report
