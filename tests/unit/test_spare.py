@@ -101,6 +101,16 @@ def test_the_assignment_and_its_descriptors_cross_the_socket() -> None:
             s.close()
 
 
+def test_an_agent_that_closes_without_reading_the_warm_byte_ends_the_spare_quietly() -> None:
+    agent, spare = socket.socketpair()
+    try:
+        spare.sendall(b"w")  # unread when the agent closes: the spare's read gets ECONNRESET
+        agent.close()
+        assert receive_assignment(spare) is None
+    finally:
+        spare.close()
+
+
 def test_launcher_switch_and_warm_import_errors_name_the_fix(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -216,7 +216,10 @@ def send_assignment(sock: socket.socket, assignment: Assignment, fds: Sequence[i
 
 def receive_assignment(sock: socket.socket) -> tuple[Assignment, list[int]] | None:
     """Spare side: block until the assignment arrives; None when the agent went away."""
-    header, fds, _, _ = socket.recv_fds(sock, _HEADER, 2)
+    try:
+        header, fds, _, _ = socket.recv_fds(sock, _HEADER, 2)
+    except OSError:
+        return None  # the agent closed the socket before reading our warm byte: ECONNRESET
     head = _read_exactly(sock, _HEADER - len(header), bytearray(header)) if header else None
     body = _read_exactly(sock, int.from_bytes(head, "big"), bytearray()) if head else None
     if body is None:
