@@ -60,14 +60,21 @@ def parse_steps(lines: Iterable[str]) -> list[StepLine]:
 
 
 def first_step_after(
-    steps: Iterable[StepLine], t: float, old_pids: set[int], world: int | None = None
+    steps: Iterable[StepLine],
+    t: float,
+    old_pids: set[int],
+    world: int | None = None,
+    regrouped_at: float | None = None,
 ) -> StepLine | None:
-    """The first step completed after ``t`` by a worker started after it (not an old worker
-    finishing a step that was already in flight), optionally at world size ``world``."""
+    """The first step completed after ``t`` by a worker started after it, or by an old
+    worker after it regrouped in place at ``regrouped_at`` (not an old worker finishing a
+    step that was already in flight), optionally at world size ``world``."""
     fresh = [
         s
         for s in steps
-        if s.t > t and s.pid not in old_pids and (world is None or s.world == world)
+        if s.t > t
+        and (s.pid not in old_pids or (regrouped_at is not None and s.t > regrouped_at))
+        and (world is None or s.world == world)
     ]
     return min(fresh, key=lambda s: s.t, default=None)
 
@@ -239,6 +246,7 @@ class Job:
     nnodes: str
     train_args: list[str]
     run_id: str
+    max_restarts: int = 3
     agents: list[Agent] = field(default_factory=list)
     _started: dict[int, int] = field(default_factory=dict)  # pid -> start time
 
@@ -254,7 +262,7 @@ class Job:
             f"--rdzv-endpoint={self.rdzv_endpoint}",
             f"--rdzv-id={self.run_id}",
             "--local-addr=127.0.0.1",
-            "--max-restarts=3",
+            f"--max-restarts={self.max_restarts}",
             str(SCRIPT),
             *self.train_args,
         ]
@@ -297,6 +305,17 @@ class Job:
             if agent.log.exists():
                 found += parse_startups(agent.log.read_text(errors="replace").splitlines())
         return sorted(found)
+
+    def regrouped_after(self, t: float) -> float | None:
+        """When the first worker logged ``regrouped at step`` (it stayed alive and joined
+        the next round) after ``t``, if one did."""
+        found = []
+        for agent in self.agents:
+            if agent.log.exists():
+                for line in agent.log.read_text(errors="replace").splitlines():
+                    if line.startswith("regrouped at step"):
+                        found += [at for at, _ in parse_startups([line]) if at > t]
+        return min(found, default=None)
 
     def remember_pids(self) -> None:
         """Record the agents and their current workers (called while they run)."""

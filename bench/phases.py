@@ -1,9 +1,11 @@
 """Where a recovery's time goes, read from the logs both launchers write (pure functions).
 
 Both launchers run torch's elastic agent, which logs ``[role] Stopping worker group``
-when it reacts to a fault and ``[role] Starting worker group`` once the new round is
-agreed; the example logs its start-up phases (``startup=...(imports=..,
-process_group=.., ddp=.., restore=..)``) and every step. From those:
+when it reacts to a fault (ours logs ``regrouping the running workers in place`` instead
+when its workers use the training-loop API and stay alive) and ``[role] Starting worker
+group`` once the new round is agreed; the example logs its start-up phases
+(``startup=...(imports=.., process_group=.., ddp=.., restore=..)``) and every step.
+From those:
 
 * **detect**: the fault -> the first agent stopping its workers;
 * **rendezvous**: -> the last agent starting its workers (old workers stopped, new
@@ -28,6 +30,8 @@ _STARTUP = re.compile(
     r"\bstartup=([0-9.]+)s\(imports=([0-9.]+),process_group=([0-9.]+),ddp=([0-9.]+),"
     r"restore=([0-9.]+)\).*\bt=([0-9.]+)\s*$"
 )
+# ours: [2026-11-22 16:31:14,319] elasticjob_runtime.agent: regrouping the running workers...
+_OUR_LINE = re.compile(r"^\[(\d{4})-(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d),(\d{3})\] \S+: (.*)$")
 PHASES = ("detect", "rendezvous", "worker_ready", "process_group", "restore", "first_step")
 
 
@@ -52,6 +56,13 @@ def agent_events(lines: Iterable[str], year: int) -> list[AgentEvent]:
     """torch agent's stop/start of its worker group, with their (local-time) timestamps."""
     found = []
     for line in lines:
+        ours = _OUR_LINE.match(line)
+        if ours is not None:
+            if "regrouping the running workers in place" in ours.group(8):
+                y, mo, d, h, mi, sec, ms = (int(ours.group(i)) for i in range(1, 8))
+                whole = time.mktime((y, mo, d, h, mi, sec, 0, 0, -1))
+                found.append(AgentEvent(whole + ms / 1000, "stopping"))
+            continue
         m = _TORCH_LINE.match(line)
         if m is None:
             continue

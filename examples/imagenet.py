@@ -14,37 +14,31 @@ pattern plus noise, generated from the seed (no download), so the loss falls wit
 epoch. ``--data DIR`` reads ``DIR/<class>/<image>`` files instead (needs Pillow).
 
 The model is a CIFAR-style ResNet (3 stages of basic blocks) defined here, since
-torchvision is not a dependency of the runtime. One optimizer step consumes one global
-batch through :class:`~elasticjob_runtime.sampler.ElasticSampler`; checkpoints hold the
-model, optimizer, sampler, epoch and best accuracy, are written every
-``--checkpoint-interval`` steps and at each epoch's end, and are restored on every rank.
+torchvision is not a dependency of the runtime. The training loop is the runtime's
+:mod:`~elasticjob_runtime.elastic` API: one optimizer step per global batch through
+:class:`~elasticjob_runtime.sampler.ElasticSampler`; checkpoints (model, optimizer,
+sampler, best accuracy) every ``--checkpoint-interval`` steps and at each epoch's end;
+under ``elasticjob-run`` survivors of a fault regroup in place.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import itertools
 import json
 import os
-import socket
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
-from torch.nn.parallel import DistributedDataParallel
 
-from elasticjob_runtime import contract
-from elasticjob_runtime.checkpoint import Checkpoint, CheckpointManager
-from elasticjob_runtime.progress import reporter_from_env
+from elasticjob_runtime import contract, elastic
 from elasticjob_runtime.sampler import ElasticSampler
 
 RESULT_PREFIX = "ELASTICJOB_RESULT "
@@ -179,38 +173,6 @@ class ResNet(nn.Module):
         return logits
 
 
-# ---------------------------------------------------------------- checkpoints
-
-
-@dataclass
-class State:
-    """What a restart needs besides the model and optimizer (the recipe's State)."""
-
-    epoch: int = 0
-    step: int = 0
-    samples: int = 0
-    best_acc1: float = 0.0
-
-    def as_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in ("epoch", "step", "samples", "best_acc1")}
-
-
-def load_checkpoint(
-    ckpt: CheckpointManager, targets: Mapping[str, Any], state: State
-) -> Checkpoint | None:
-    """Restore the newest checkpoint on every rank (all ranks agree on its step)."""
-    found = ckpt.restore(targets)
-    if found is not None:
-        for key, value in found.state["meta"].items():
-            setattr(state, key, value)
-    return found
-
-
-def save_checkpoint(ckpt: CheckpointManager, targets: Mapping[str, Any], state: State) -> None:
-    """Save model, optimizer, sampler and ``state`` as step ``state.step`` (rank 0 writes)."""
-    ckpt.save({**targets, "meta": state.as_dict()}, state.step)
-
-
 # ---------------------------------------------------------------- training
 
 
@@ -250,18 +212,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-def _init_distributed() -> tuple[int, int]:
-    if "RANK" not in os.environ:  # run without a launcher: a world of one
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        os.environ.update(
-            RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
-        )
-    dist.init_process_group("gloo")
-    return dist.get_rank(), dist.get_world_size()
-
-
 @torch.no_grad()
 def validate(model: nn.Module, data: Images, batch_size: int = 128) -> tuple[float, float]:
     """(mean loss, top-1 accuracy %) over ``data``, on this process alone."""
@@ -291,107 +241,90 @@ def datasets(args: argparse.Namespace) -> tuple[Images, Images | None]:
     return train_folder, (ImageFolder(args.val, args.image_size) if args.val else None)
 
 
-def capped_at_epoch_end(sampler: ElasticSampler) -> bool:
-    """True when the loop ended at an epoch boundary (the epoch-end save already ran)."""
-    return sampler.remaining == 0 or sampler.consumed == 0
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    rank, world = _init_distributed()
-    restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    run = elastic.Run(
+        checkpoint_dir=args.checkpoint_dir or default_checkpoint_dir(),
+        checkpoint_interval=args.checkpoint_interval,
+        keep=2,
+        sigterm_grace=args.sigterm_grace,
+    )
     torch.manual_seed(args.seed)
     train_data, val_data = datasets(args)
-
-    model = DistributedDataParallel(ResNet(train_data.num_classes, args.width))
+    model = ResNet(train_data.num_classes, args.width)
     optimizer = torch.optim.SGD(
         model.parameters(), lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay
     )
     sampler = ElasticSampler(len(train_data), seed=args.seed)
-    targets = {"model": model, "optim": optimizer, "sampler": sampler}
-    state = State()
-
-    run = os.environ.get("TORCHELASTIC_RUN_ID") or "local"
-    directory = args.checkpoint_dir or str(
-        Path(tempfile.gettempdir()) / "elasticjob-examples" / run / "imagenet"
-    )
-    ckpt = CheckpointManager(directory, keep=2, memory="TORCHELASTIC_RUN_ID" in os.environ)
-    ckpt.install_sigterm_handler(grace_s=args.sigterm_grace)
-    ckpt.track(lambda: {**targets, "meta": state.as_dict()})
-    resumed = load_checkpoint(ckpt, targets, state)
-    if rank == 0:
-        how = f"resumed from step {state.step}" if resumed else "starting fresh"
-        print(f"{how} world={world} rank={rank} restarts={restarts}", flush=True)
-    first_loss: float | None = None
-    reporter = reporter_from_env()
-
-    def log(loss: float, acc: float) -> None:
-        print(
-            f"step={state.step} epoch={state.epoch} loss={loss:.4f} acc={acc:.1f} "
-            f"world={world} rank={rank} restarts={restarts} pid={os.getpid()} "
-            f"t={time.time():.3f}",
-            flush=True,
+    ddp = run.wrap(model, optimizer, sampler)
+    run.meta.setdefault("best_acc1", 0.0)
+    if run.rank == 0:
+        how = (
+            "starting fresh"
+            if run.resumed_from == "fresh"
+            else f"resumed from step {run.global_step}"
         )
+        print(f"{how} world={run.world_size} rank={run.rank} restarts={run.restarts}", flush=True)
+    first_loss: float | None = None
+    blank = torch.zeros(1, 3, args.image_size, args.image_size)
 
-    def capped() -> bool:
-        return bool(0 < args.max_steps <= state.step)
-
-    while state.epoch < args.epochs and not capped():
-        sampler.set_epoch(state.epoch)
-        while sampler.remaining > 0 and not capped():
-            global_n = min(world * args.batch_size, sampler.remaining)
-            x, y = train_data.batch(list(itertools.islice(sampler, args.batch_size)))
-            out = model(x) if len(y) else model(torch.zeros(1, 3, args.image_size, args.image_size))
-            # sum over this rank's images, scaled so DDP's average is the global-batch mean
-            loss = F.cross_entropy(out, y, reduction="sum") if len(y) else 0.0 * out.sum()
-            optimizer.zero_grad(set_to_none=True)
-            (loss * (world / global_n)).backward()
-            optimizer.step()
-            sampler.advance(world * args.batch_size)
-            state.step += 1
-            state.samples += global_n
-            ckpt.mark_step(state.step)
-            if state.step % args.checkpoint_interval == 0:
-                save_checkpoint(ckpt, targets, state)
-            if reporter is not None:
-                reporter.update(state.step, global_n, epoch=state.epoch)
-            if rank == 0 and len(y) and state.step % args.print_freq == 0:
+    for epoch in run.epochs(args.epochs, max_steps=args.max_steps or None):
+        for x, y in run.batches(train_data.batch, args.batch_size):
+            with run.step() as step:
+                # A rank without images at an epoch's uneven end still takes part in the
+                # step (DDP reduces on every rank), with a loss of zero.
+                out = ddp(x) if len(y) else ddp(blank)
+                loss = F.cross_entropy(out, y, reduction="sum") if len(y) else 0.0 * out.sum()
+                optimizer.zero_grad(set_to_none=True)
+                # the sum over this rank's images, scaled so that DDP's average is the
+                # mean over the global batch
+                (loss * (run.world_size / run.global_batch)).backward()
+                optimizer.step()
+            if (
+                step.committed
+                and run.rank == 0
+                and len(y)
+                and run.global_step % args.print_freq == 0
+            ):
                 mean = float(loss.item()) / len(y)
                 first_loss = mean if first_loss is None else first_loss
-                log(mean, 100.0 * float((out.argmax(1) == y).float().mean().item()))
-        if sampler.remaining == 0:
-            state.epoch += 1
-            if rank == 0 and val_data is not None:
-                val_loss, acc1 = validate(model.module, val_data)
-                state.best_acc1 = max(state.best_acc1, acc1)
+                acc = 100.0 * float((out.argmax(1) == y).float().mean().item())
                 print(
-                    f"epoch {state.epoch - 1} done: val_loss={val_loss:.4f} acc1={acc1:.1f} "
-                    f"best={state.best_acc1:.1f}",
+                    f"step={run.global_step} epoch={epoch} loss={mean:.4f} acc={acc:.1f} "
+                    f"world={run.world_size} rank={run.rank} restarts={run.restarts} "
+                    f"regroups={run.regroups} pid={os.getpid()} t={time.time():.3f}",
                     flush=True,
                 )
-            save_checkpoint(ckpt, targets, state)
+        if sampler.remaining == 0:  # the epoch ended (not --max-steps)
+            if run.rank == 0 and val_data is not None:
+                val_loss, acc1 = validate(model, val_data)
+                run.meta["best_acc1"] = max(run.meta["best_acc1"], acc1)
+                print(
+                    f"epoch {epoch} done: val_loss={val_loss:.4f} acc1={acc1:.1f} "
+                    f"best={run.meta['best_acc1']:.1f}",
+                    flush=True,
+                )
+            run.save()
 
-    if ckpt.stop_requested:
-        ckpt.mark_step(state.step)
-    if state.step % args.checkpoint_interval != 0 and not capped_at_epoch_end(sampler):
-        save_checkpoint(ckpt, targets, state)  # stopped by --max-steps between saves
-    ckpt.close()
-    if reporter is not None:
-        reporter.close()
-    if rank == 0:
+    run.finish()
+    if run.rank == 0:
         result: dict[str, Any] = {
             "first_logged_loss": first_loss,
-            "steps": state.step,
-            "samples_seen": state.samples,
-            "epochs": state.epoch,
-            "best_acc1": state.best_acc1,
-            "world_size": world,
+            "steps": run.global_step,
+            "samples_seen": run.samples,
+            "epochs": sampler.epoch,
+            "best_acc1": run.meta["best_acc1"],
+            "world_size": run.world_size,
         }
         if val_data is not None:
-            result["val_loss"], result["val_acc1"] = validate(model.module, val_data)
+            result["val_loss"], result["val_acc1"] = validate(model, val_data)
         print(RESULT_PREFIX + json.dumps(result, sort_keys=True), flush=True)
-    dist.destroy_process_group()
+
+
+def default_checkpoint_dir() -> str:
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID") or "local"
+    return str(Path(tempfile.gettempdir()) / "elasticjob-examples" / run_id / "imagenet")
 
 
 if __name__ == "__main__":

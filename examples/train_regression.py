@@ -13,9 +13,11 @@ optimizer step consumes one global batch (``world * batch_size`` samples) throug
 runtime's :class:`~elasticjob_runtime.sampler.ElasticSampler`, so a resize mid-epoch
 neither repeats nor skips a sample; the loss is the exact mean over the global batch
 even when the epoch's last batch does not split evenly (a rank may hold no sample).
-Model, optimizer, sampler and counters are checkpointed every ``--checkpoint-interval``
-steps and on SIGTERM; every rank restores the newest one, so a restarted or resized
-group resumes where the last checkpoint left it.
+The training loop is the runtime's :mod:`~elasticjob_runtime.elastic` API: it saves
+model, optimizer, sampler and counters every ``--checkpoint-interval`` steps and on
+SIGTERM, and under ``elasticjob-run`` a worker whose peer left or joined regroups in
+place (``regrouped at step N ...``) and carries on from memory; a new worker gets the
+state from a survivor. A restarted group resumes from the newest checkpoint.
 
 Logs one line per ``--log-every`` steps (``step= epoch= loss= world= rank= restarts=
 samples= pid= t=``, ``t`` in unix seconds) and, on rank 0 at the end, one line
@@ -27,28 +29,21 @@ manifest can set it without touching the command; flags win.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import math
 import os
-import socket
 import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
-from elasticjob_runtime import contract
-from elasticjob_runtime.checkpoint import CheckpointManager
-from elasticjob_runtime.progress import reporter_from_env
+from elasticjob_runtime import contract, elastic
 from elasticjob_runtime.sampler import ElasticSampler
 
 IMPORTED_AT = time.time()
@@ -187,30 +182,7 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
     return float(nn.functional.mse_loss(model(x), y).item())
 
 
-# ---------------------------------------------------------------- process group
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def init_distributed(timeout_s: float | None) -> tuple[int, int]:
-    """Join the launcher's process group, or make a world of one when run without one."""
-    if "RANK" not in os.environ:
-        os.environ.update(
-            RANK="0",
-            WORLD_SIZE="1",
-            LOCAL_RANK="0",
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(_free_port()),
-        )
-    kwargs: dict[str, Any] = {}
-    if timeout_s is not None:
-        kwargs["timeout"] = timedelta(seconds=timeout_s)
-    dist.init_process_group("gloo", **kwargs)
-    return dist.get_rank(), dist.get_world_size()
+# ---------------------------------------------------------------- start-up
 
 
 def default_checkpoint_dir() -> str:
@@ -232,27 +204,27 @@ def process_start_time() -> float | None:
     return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
 
 
-class Phases:
-    """Wall-clock marks of the start-up, logged so a slow restart can be explained."""
+def startup_summary(timings: Mapping[str, float], first: float | None, how: str) -> str:
+    """``startup=<total>s(imports=..,process_group=..,ddp=..,restore=..) start=<how>``.
 
-    def __init__(self) -> None:
-        # A warm spare (elasticjob-run) was exec'd long before its round: count from the
-        # moment it was handed the round instead.
-        assigned = os.environ.get(contract.WORKER_ASSIGNED_AT)
-        start = float(assigned) if assigned else process_start_time()
-        self.marks: list[tuple[str, float]] = [] if start is None else [("exec", start)]
-        self.marks.append(("imports", IMPORTED_AT))
+    ``first`` is when this start began: the process's exec, or for a warm spare the
+    moment it was handed the round; None for a regroup in place (no imports), whose
+    total includes waiting for the agent's next round."""
+    imports = 0.0 if first is None else max(0.0, IMPORTED_AT - first)
+    parts = {"imports": imports, **{k: timings.get(k, 0.0) for k in ("process_group", "ddp")}}
+    parts["restore"] = timings.get("restore", 0.0)
+    total = timings.get("wait", 0.0) + sum(parts.values())
+    inner = ",".join(f"{name}={value:.2f}" for name, value in parts.items())
+    return f"startup={total:.2f}s({inner}) start={how}"
 
-    def mark(self, name: str) -> None:
-        self.marks.append((name, time.time()))
 
-    def __str__(self) -> str:
-        parts = [
-            f"{name}={now - prev:.2f}" for (_, prev), (name, now) in itertools.pairwise(self.marks)
-        ]
-        total = self.marks[-1][1] - self.marks[0][1]
-        how = "warm" if os.environ.get(contract.WORKER_ASSIGNED_AT) else "cold"
-        return f"startup={total:.2f}s({','.join(parts)}) start={how}"
+def start_kind() -> tuple[float | None, str]:
+    # A warm spare (elasticjob-run) was exec'd long before its round: count from the
+    # moment it was handed the round instead.
+    assigned = os.environ.get(contract.WORKER_ASSIGNED_AT)
+    if assigned:
+        return float(assigned), "warm"
+    return process_start_time(), "cold"
 
 
 # ---------------------------------------------------------------- training
@@ -264,115 +236,96 @@ def log(line: str) -> None:
 
 def train(config: Config) -> dict[str, Any] | None:
     """Train; returns the result summary on rank 0 (None elsewhere)."""
-    phases = Phases()
+    first, how = start_kind()
     torch.set_num_threads(config.threads)
-    rank, world = init_distributed(config.collective_timeout)
-    phases.mark("process_group")
-    restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    logs = config.log_ranks == "all" or rank == 0
 
+    def started(line: str, run: elastic.Run, began: float | None, how: str) -> None:
+        """What a start, a restart or a regroup in place logs, and how long it took."""
+        if config.log_ranks == "all" or run.rank == 0:
+            log(
+                f"{line} world={run.world_size} rank={run.rank} restarts={run.restarts} "
+                f"{startup_summary(run.timings, began, how)} t={time.time():.3f}"
+            )
+
+    run = elastic.Run(
+        checkpoint_dir=config.checkpoint_dir or default_checkpoint_dir(),
+        checkpoint_interval=config.checkpoint_interval,
+        timeout=config.collective_timeout,
+        sigterm_grace=config.sigterm_grace,
+        on_regroup=lambda run: started(
+            f"regrouped at step {run.global_step} ({run.resumed_from})", run, None, "in-place"
+        ),
+    )
     x, y = make_data(config.samples + EVAL_SAMPLES, config.seed)
     x_train, y_train = x[: config.samples], y[: config.samples]
     x_eval, y_eval = x[config.samples :], y[config.samples :]
-
-    model = DistributedDataParallel(make_model(config.seed))
-    phases.mark("ddp")
+    model = make_model(config.seed)
     optim = torch.optim.Adam(model.parameters(), lr=config.lr)
     sampler = ElasticSampler(config.samples, seed=config.seed)
-    meta: dict[str, Any] = {"step": 0, "samples": 0, "initial_loss": None}
+    ddp = run.wrap(model, optim, sampler)
+    if run.meta.get("initial_loss") is None:
+        run.meta["initial_loss"] = evaluate(model, x_eval, y_eval)
 
-    def state() -> Mapping[str, Any]:
-        return {"model": model, "optim": optim, "sampler": sampler, "meta": dict(meta)}
+    def logs() -> bool:
+        return config.log_ranks == "all" or run.rank == 0
 
-    # The node-memory copy is keyed by run id: without a launcher there is none, and a
-    # later plain run would silently resume an earlier one, so keep it off there.
-    launched = "TORCHELASTIC_RUN_ID" in os.environ
-    ckpt = CheckpointManager(
-        config.checkpoint_dir or default_checkpoint_dir(), keep=3, memory=launched
-    )
-    ckpt.install_sigterm_handler(grace_s=config.sigterm_grace)
-    ckpt.track(state)
-    resumed = ckpt.restore(state())
-    phases.mark("restore")
-    if resumed is not None:
-        meta.update(resumed.state["meta"])
-    if meta["initial_loss"] is None:
-        meta["initial_loss"] = evaluate(model.module, x_eval, y_eval)
-    if logs:
-        how = f"resumed from step {meta['step']} ({resumed.path})" if resumed else "starting fresh"
-        log(f"{how} world={world} rank={rank} restarts={restarts} {phases} t={time.time():.3f}")
+    if run.resumed_from.startswith("checkpoint"):
+        started(f"resumed from step {run.global_step} ({run.ckpt.directory})", run, first, how)
+    elif run.resumed_from.startswith("rank"):
+        started(f"resumed from step {run.global_step} ({run.resumed_from})", run, first, how)
+    else:
+        started("starting fresh", run, first, how)
 
-    reporter = reporter_from_env()
-    step: int = meta["step"]
-    saved_step = step if resumed is not None else None
     window_loss, window_n = 0.0, 0
-    started = time.monotonic()
-    for epoch in range(sampler.epoch, config.epochs):
-        sampler.set_epoch(epoch)
-        while sampler.remaining > 0 and step < config.steps:
-            global_n = min(world * config.batch_size, sampler.remaining)
-            idx = torch.tensor(list(itertools.islice(sampler, config.batch_size)), dtype=torch.long)
-            xb, yb = x_train[idx], y_train[idx]
-            # DDP averages gradients over ranks; scaling the sum by world/global_n makes the
-            # result the gradient of the mean over the whole global batch (uneven ones too).
-            sse = ((model(xb) - yb) ** 2).sum()
-            loss = sse * (world / global_n)
-            optim.zero_grad(set_to_none=True)
-            loss.backward()
-            optim.step()
-            sampler.advance(world * config.batch_size)
-            step += 1
-            meta.update(step=step, samples=meta["samples"] + global_n)
-            if config.log_samples:
-                log(
-                    f"samples step={step} epoch={epoch} world={world} rank={rank} "
-                    f"idx={','.join(str(i) for i in idx.tolist())} t={time.time():.3f}"
-                )
+    t0 = time.monotonic()
+    for epoch in run.epochs(config.epochs, max_steps=config.steps):
+        for idx in run.batches(torch.tensor, config.batch_size):
+            xb, yb = x_train[idx.long()], y_train[idx.long()]
+            with run.step() as step:
+                # DDP averages gradients over ranks; scaling the sum by world/global_batch
+                # makes it the gradient of the mean over the whole global batch.
+                sse = ((ddp(xb) - yb) ** 2).sum()
+                optim.zero_grad(set_to_none=True)
+                (sse * (run.world_size / run.global_batch)).backward()
+                optim.step()
+                if config.log_samples:  # here, not after the block: a dropped step logs none
+                    log(
+                        f"samples step={run.global_step + 1} epoch={epoch} "
+                        f"world={run.world_size} rank={run.rank} "
+                        f"idx={','.join(str(i) for i in idx.tolist())} t={time.time():.3f}"
+                    )
+            if not step.committed:
+                continue
             if len(idx):
                 window_loss += float(sse.item()) / len(idx)
                 window_n += 1
-            ckpt.mark_step(step)
-            if step % config.checkpoint_interval == 0:
-                ckpt.save(state(), step)
-                saved_step = step
-            if reporter is not None:
-                reporter.update(step, global_n, epoch=epoch, checkpoint_step=saved_step)
-            if logs and (step % config.log_every == 0 or step == config.steps):
+            step_no = run.global_step
+            if logs() and (step_no % config.log_every == 0 or step_no == config.steps):
                 mean = window_loss / window_n if window_n else float("nan")
                 log(
-                    f"step={step} epoch={epoch} loss={mean:.4f} world={world} rank={rank} "
-                    f"restarts={restarts} samples={meta['samples']} pid={os.getpid()} "
-                    f"t={time.time():.3f}"
+                    f"step={step_no} epoch={epoch} loss={mean:.4f} world={run.world_size} "
+                    f"rank={run.rank} restarts={run.restarts} samples={run.samples} "
+                    f"pid={os.getpid()} t={time.time():.3f}"
                 )
                 window_loss, window_n = 0.0, 0
             if config.sleep > 0:
                 time.sleep(config.sleep)
-        if step >= config.steps:
-            break
 
-    if ckpt.stop_requested:
-        ckpt.mark_step(step)  # SIGTERM during the last step: save and exit 143
-    if step % config.checkpoint_interval != 0:
-        ckpt.save(state(), step)
-    ckpt.close()
-    if reporter is not None:
-        reporter.publish()
-        reporter.close()
-    result: dict[str, Any] | None = None
-    if rank == 0:
-        result = {
-            "initial_loss": meta["initial_loss"],
-            "final_loss": evaluate(model.module, x_eval, y_eval),
-            "steps": step,
-            "samples_seen": meta["samples"],
-            "epochs": sampler.epoch + (1 if sampler.remaining == 0 else 0),
-            "world_size": world,
-            "restarts": restarts,
-            "seconds_this_run": round(time.monotonic() - started, 3),
-            "config": asdict(config),
-        }
-    dist.destroy_process_group()
-    return result
+    run.finish()
+    if run.rank != 0:
+        return None
+    return {
+        "initial_loss": run.meta["initial_loss"],
+        "final_loss": evaluate(model, x_eval, y_eval),
+        "steps": run.global_step,
+        "samples_seen": run.samples,
+        "epochs": sampler.epoch + (1 if sampler.remaining == 0 else 0),
+        "world_size": run.world_size,
+        "restarts": run.restarts,
+        "regroups": run.regroups,
+        "seconds_this_run": round(time.monotonic() - t0, 3),
+        "config": asdict(config),
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> None:

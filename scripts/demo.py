@@ -80,9 +80,10 @@ def parse_step_line(line: str) -> StepLine | None:
 
 def parse_start(line: str) -> tuple[float, int] | None:
     """When a worker (re)started training and from which step: the example's
-    ``resumed from step N ...`` / ``starting fresh ...`` line carries ``t=<unix time>``."""
+    ``resumed from step N ...`` / ``regrouped at step N ...`` (a survivor that stayed
+    alive) / ``starting fresh ...`` line carries ``t=<unix time>``."""
     words = line.split()
-    if line.startswith("resumed from step"):
+    if line.startswith(("resumed from step", "regrouped at step")):
         step = int(words[3])
     elif line.startswith("starting fresh"):
         step = 0

@@ -7,15 +7,19 @@ saying so, until that build exists). Every server is stopped by its recorded pid
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
 
@@ -160,3 +164,80 @@ def etcd_any(
     server = start_etcd(request.param, tmp_path_factory.mktemp(f"etcd{request.param}"))
     yield server
     server.stop()
+
+
+# -- elasticjob-run agents, as the launcher tests start them
+
+RESULT = "ELASTICJOB_RESULT "
+T = TypeVar("T")
+
+
+@pytest.fixture
+def agents() -> Iterator[list[subprocess.Popen[bytes]]]:
+    """The agents a test starts; at the end each is killed with every process under it
+    (warm spares and the workers they became run in sessions of their own)."""
+    from elasticjob_devcluster.procs import descendants
+
+    started: list[subprocess.Popen[bytes]] = []
+    yield started
+    for proc in started:
+        if proc.poll() is None:
+            family = descendants(proc.pid)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            for pid in family:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+
+
+def start(
+    agents: list[subprocess.Popen[bytes]],
+    etcd: EtcdServer,
+    log: Path,
+    script: list[str],
+    *,
+    nproc: int = 2,
+    max_restarts: int = 0,
+    launcher_flags: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+    nnodes: str = "1",
+    run_id: str | None = None,
+) -> subprocess.Popen[bytes]:
+    """An ``elasticjob-run`` agent in its own session (killed by its group at the end)."""
+    argv = launcher_argv(
+        etcd.endpoint,
+        run_id or f"run-{uuid.uuid4().hex[:8]}",
+        script,
+        nnodes=nnodes,
+        nproc=nproc,
+        max_restarts=max_restarts,
+    )
+    argv[3:3] = launcher_flags  # after `python -m elasticjob_runtime.launcher`
+    proc = subprocess.Popen(
+        argv,
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+        start_new_session=True,
+    )
+    agents.append(proc)
+    return proc
+
+
+def wait_for(what: str, check: Callable[[], T | None], timeout: float, log: Path) -> T:
+    """bench's ``wait_for``, failing the test with the end of ``log``."""
+    from bench.harness import wait_for as poll
+
+    try:
+        return poll(what, check, timeout)
+    except TimeoutError as exc:
+        pytest.fail(f"{exc}\n{log.read_text()[-3000:]}")
+
+
+def result_of(text: str) -> dict[str, Any]:
+    line = next(line for line in text.splitlines() if line.startswith(RESULT))
+    doc: dict[str, Any] = json.loads(line[len(RESULT) :])
+    doc.pop("seconds_this_run")
+    doc["config"].pop("checkpoint_dir")  # each run has its own
+    return doc

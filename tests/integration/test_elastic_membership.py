@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 import pytest
 from conftest import EtcdServer, free_port, launcher_argv, start_etcd
 
+from bench.harness import wait_for as poll
 from elasticjob_devcluster.procs import descendants
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -112,14 +113,11 @@ class Job:
         return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
 
     def wait_for(self, what: str, check: Callable[[], T | None], timeout: float) -> T:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            value = check()
-            if value is not None:
-                return value
-            time.sleep(0.1)
-        logs = "\n".join(a.tail() for a in self.agents)
-        pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}\n{logs}")
+        try:
+            return poll(what, check, timeout)
+        except TimeoutError as exc:
+            logs = "\n".join(a.tail() for a in self.agents)
+            pytest.fail(f"{exc}\n{logs}")
 
     def wait_exit(self, agents: list[Agent], timeout: float) -> list[int]:
         codes = self.wait_for(

@@ -8,20 +8,14 @@ Every agent runs in its own session and is killed by its recorded group at the e
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import re
 import signal
 import subprocess
-import time
-import uuid
-from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
 
 import pytest
-from conftest import EtcdServer, launcher_argv
+from conftest import EtcdServer, result_of, start, wait_for
 
 from elasticjob_devcluster.procs import descendants
 
@@ -29,67 +23,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 HERE = Path(__file__).parent
 CRASH_ONCE = HERE / "crash_once.py"
-RESULT = "ELASTICJOB_RESULT "
-T = TypeVar("T")
-
-
-@pytest.fixture
-def agents() -> Iterator[list[subprocess.Popen[bytes]]]:
-    started: list[subprocess.Popen[bytes]] = []
-    yield started
-    for proc in started:
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
-
-
-def start(
-    agents: list[subprocess.Popen[bytes]],
-    etcd: EtcdServer,
-    log: Path,
-    script: list[str],
-    *,
-    nproc: int = 2,
-    max_restarts: int = 0,
-    launcher_flags: tuple[str, ...] = (),
-    env: dict[str, str] | None = None,
-) -> subprocess.Popen[bytes]:
-    argv = launcher_argv(
-        etcd.endpoint,
-        f"warm-{uuid.uuid4().hex[:8]}",
-        script,
-        nproc=nproc,
-        max_restarts=max_restarts,
-    )
-    argv[3:3] = launcher_flags  # after `python -m elasticjob_runtime.launcher`
-    proc = subprocess.Popen(
-        argv,
-        stdout=log.open("wb"),
-        stderr=subprocess.STDOUT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
-        start_new_session=True,
-    )
-    agents.append(proc)
-    return proc
-
-
-def wait_for(what: str, check: Callable[[], T | None], timeout: float, log: Path) -> T:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value is not None:
-            return value
-        time.sleep(0.2)
-    pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}\n{log.read_text()[-3000:]}")
-
-
-def result_of(text: str) -> dict[str, Any]:
-    line = next(line for line in text.splitlines() if line.startswith(RESULT))
-    doc: dict[str, Any] = json.loads(line[len(RESULT) :])
-    doc.pop("seconds_this_run")
-    doc["config"].pop("checkpoint_dir")  # each run has its own
-    return doc
 
 
 def train_args(tmp: Path, steps: int = 60) -> list[str]:

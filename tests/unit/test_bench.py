@@ -27,6 +27,10 @@ def test_a_step_an_old_worker_finishes_after_the_fault_does_not_count_as_recover
     assert after == StepLine(9, 2, pid=5, t=14.0)
     assert first_step_after(steps, 10.0, old_pids={1, 5}) is None
     assert first_step_after(steps, 10.0, old_pids={1}, world=3) is None
+    # A survivor that regrouped in place at t=11 counts from then on, at the new size.
+    survivor = [*steps[:2], StepLine(11, 2, pid=1, t=11.3)]
+    assert first_step_after(survivor, 10.0, {1}, 2, regrouped_at=11.0) == survivor[2]
+    assert first_step_after(survivor, 10.0, {1}, 2) is None
 
 
 def test_worker_startup_lines_are_read_with_their_time() -> None:
@@ -90,6 +94,31 @@ def test_recovery_phases_come_from_torch_agent_lines_and_the_startup_line() -> N
         "first_step": 0.1,
     }
     assert phases.breakdown(base + 5.0, [events], up, base + 6.0) is None  # no reaction seen
+
+
+def test_an_in_place_regroup_is_read_from_our_agent_line_and_the_regroup_line() -> None:
+    from bench import phases
+
+    lines = [
+        "[2027-01-02 10:00:01,250] elasticjob_runtime.agent: regrouping the running workers "
+        "in place (the round lost ['n2']: they abandon its collectives)",
+        "[2027-01-02 10:00:01,300] elasticjob_runtime.agent: something else",
+        "I0102 10:00:01.400000 77 torch/distributed/elastic/agent/server/api.py:1] "
+        "[default] Starting worker group",
+    ]
+    events = phases.agent_events(lines, 2027)
+    assert [e.what for e in events] == ["stopping", "starting"]
+    base = events[0].t - 1.25
+    up = phases.startups(
+        [
+            "regrouped at step 41 (rank 1 at step 41) world=2 rank=0 restarts=0 startup=0.30s("
+            f"imports=0.00,process_group=0.10,ddp=0.02,restore=0.03) start=in-place t={base + 1.6}"
+        ]
+    )[0]
+    split = phases.breakdown(base + 1.0, [events], up, base + 1.7)
+    assert split is not None
+    assert split["detect"] == 0.25 and split["rendezvous"] == 0.15
+    assert split["process_group"] == pytest.approx(0.12) and split["restore"] == 0.03
 
 
 def test_goodput_counts_net_new_steps_at_the_steady_step_time() -> None:

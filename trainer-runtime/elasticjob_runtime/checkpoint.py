@@ -190,6 +190,43 @@ def deserialize(
     return loaded
 
 
+def group_device() -> torch.device:
+    """Where the default group's collectives want their tensors."""
+    import torch.distributed as dist
+
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def gather_steps(mine: int, device: torch.device) -> list[int]:
+    """Every rank's ``mine`` (a step, -1 for none), in rank order."""
+    import torch.distributed as dist
+
+    tensor = torch.tensor([mine], dtype=torch.int64, device=device)
+    gathered = [torch.zeros_like(tensor) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, tensor)
+    return [int(t.item()) for t in gathered]
+
+
+def broadcast_bytes(data: bytes, src: int, device: torch.device) -> bytes:
+    """``data`` of rank ``src``, on every rank (plain tensor collectives: torch's object
+    collectives need numpy, which a slim image may not have)."""
+    import torch.distributed as dist
+
+    size = torch.tensor([len(data)], dtype=torch.int64, device=device)
+    dist.broadcast(size, src)
+    if dist.get_rank() == src:
+        buf = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
+    else:
+        buf = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
+    dist.broadcast(buf, src)
+    if dist.get_rank() == src:
+        return data
+    host = buf.cpu().contiguous()
+    return ctypes.string_at(host.data_ptr(), host.numel())
+
+
 def _fsync_dir(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY)
     try:
@@ -632,38 +669,22 @@ class CheckpointManager:
         return ckpt
 
     def _agree(self, ckpt: Checkpoint | None) -> Checkpoint | None:
-        """Make every rank hold the newest step any rank has (plain tensor collectives:
-        torch's object collectives need numpy, which a slim image may not have)."""
+        """Make every rank hold the newest step any rank has."""
         import torch.distributed as dist
 
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
             return ckpt
         rank = dist.get_rank()
-        device = (
-            torch.device("cuda", torch.cuda.current_device())
-            if dist.get_backend() == "nccl"
-            else torch.device("cpu")
-        )
-        mine = torch.tensor([-1 if ckpt is None else ckpt.step], dtype=torch.int64, device=device)
-        gathered = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
-        dist.all_gather(gathered, mine)
-        steps = [int(t.item()) for t in gathered]
+        device = group_device()
+        steps = gather_steps(-1 if ckpt is None else ckpt.step, device)
         newest = max(steps)
         if newest < 0 or all(s == newest for s in steps):
             return ckpt
         src = steps.index(newest)
         data = serialize(ckpt.state) if rank == src and ckpt is not None else b""
-        size = torch.tensor([len(data)], dtype=torch.int64, device=device)
-        dist.broadcast(size, src)
-        if rank == src:
-            buf = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
-        else:
-            buf = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
-        dist.broadcast(buf, src)
+        received = broadcast_bytes(data, src, device)
         if ckpt is not None and ckpt.step == newest:
             return ckpt
-        host = buf.cpu().contiguous()
-        received = ctypes.string_at(host.data_ptr(), host.numel())
         state = deserialize(received)
         log.warning(
             "checkpoint step %d received from rank %d (this rank had %s)",

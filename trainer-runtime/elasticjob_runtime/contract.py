@@ -32,6 +32,10 @@ WARM_SPARES: Final = "ELASTICJOB_WARM_SPARES"
 WARM_IMPORT: Final = "ELASTICJOB_WARM_IMPORT"
 # elasticjob-run creates this file before it stops workers whose round lost a peer
 GROUP_BROKEN_FILE: Final = "ELASTICJOB_GROUP_BROKEN_FILE"
+# elasticjob-run's directory of round assignments shared with its workers (channel.py)
+AGENT_CHANNEL: Final = "ELASTICJOB_AGENT_CHANNEL"
+# "0": the training-loop API (elastic.Run) restarts instead of regrouping in place
+IN_PLACE: Final = "ELASTICJOB_IN_PLACE"
 # set in a worker that a warm spare became: when it got its round (unix seconds)
 WORKER_ASSIGNED_AT: Final = "ELASTICJOB_WORKER_ASSIGNED_AT"
 

@@ -116,6 +116,12 @@ class ElasticSampler(Sampler[int]):
         self.epoch = 0
         self.consumed = 0
 
+    def reshard(self, rank: int, world_size: int) -> None:
+        """Take ``rank``'s share of a new world from the current position on (the epoch
+        and position are global, so nothing else changes)."""
+        rank_positions(self.num_samples, self.consumed, rank, world_size)  # validates
+        self.rank, self.world_size = rank, world_size
+
     def set_epoch(self, epoch: int) -> None:
         """Move to ``epoch``; the position resets only when the epoch changes."""
         if epoch != self.epoch:

@@ -26,11 +26,10 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from torch.distributed.elastic.agent.server import local_elastic_agent
 from torch.distributed.elastic.multiprocessing import start_processes
 from torch.distributed.elastic.multiprocessing.api import PContext, SubprocessContext
 from torch.distributed.elastic.multiprocessing.subprocess_handler import (
@@ -265,18 +264,3 @@ def start_processes_warm(pool: SparePool, **kwargs: Any) -> PContext:
         context.close()
         raise
     return context
-
-
-@contextlib.contextmanager
-def workers_from(pool: SparePool) -> Iterator[None]:
-    """While torch's agent starts a round's workers, it starts them through ``pool``."""
-    original = vars(local_elastic_agent)["start_processes"]
-
-    def start(**kwargs: Any) -> PContext:
-        return start_processes_warm(pool, **kwargs)
-
-    setattr(local_elastic_agent, "start_processes", start)  # noqa: B010
-    try:
-        yield
-    finally:
-        setattr(local_elastic_agent, "start_processes", original)  # noqa: B010

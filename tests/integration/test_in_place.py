@@ -1,0 +1,241 @@
+"""Survivors that stay alive: the training-loop API under the real launcher, real etcd,
+real torch workers over gloo.
+
+A peer that dies, joins or freezes changes the round; the workers whose own process is
+healthy keep their pid and their memory, drop at most the step in flight, and a new
+worker gets the state from a survivor. Compared with the restart path
+(``ELASTICJOB_IN_PLACE=0``), the same fault trains the same model, and every sample is
+still seen exactly once per epoch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from conftest import EtcdServer, result_of, start, wait_for
+
+from elasticjob_devcluster.procs import descendants
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+HERE = Path(__file__).parent
+CRASH_ONCE = HERE / "crash_once.py"
+SAMPLES = 1024  # small, so that the runs cross epoch boundaries and resizes
+
+
+def train_args(ckpt: Path, steps: int, *extra: str) -> list[str]:
+    return [
+        str(CRASH_ONCE),
+        f"--steps={steps}",
+        f"--samples={SAMPLES}",
+        "--batch-size=8",
+        "--checkpoint-interval=10",
+        "--log-every=1",
+        "--log-ranks=all",
+        "--log-samples=1",
+        f"--checkpoint-dir={ckpt}",
+        *extra,
+    ]
+
+
+def steps_by_pid(text: str) -> dict[int, list[int]]:
+    """Worker pid -> the steps it logged."""
+    found: dict[int, list[int]] = {}
+    for step, pid in re.findall(r"^step=(\d+) .* pid=(\d+) ", text, re.M):
+        found.setdefault(int(pid), []).append(int(step))
+    return found
+
+
+def pids_throughout(text: str, last: int) -> set[int]:
+    """Workers that logged the first step and step ``last``: they never restarted."""
+    return {pid for pid, steps in steps_by_pid(text).items() if steps[0] == 1 and last in steps}
+
+
+def assert_exactly_once(text: str, world_history: str) -> None:
+    """Every index at most once per epoch, and every finished epoch covered whole."""
+    by_epoch: dict[int, Counter[int]] = {}
+    for epoch, idx in re.findall(r"^samples step=\d+ epoch=(\d+) .* idx=([\d,]*) t=", text, re.M):
+        seen = by_epoch.setdefault(int(epoch), Counter())
+        seen.update(int(i) for i in idx.split(",") if i)
+    assert by_epoch, f"no sample lines ({world_history})"
+    for epoch, seen in by_epoch.items():
+        repeated = [i for i, n in seen.items() if n > 1]
+        assert not repeated, f"epoch {epoch} repeated {repeated[:10]} ({world_history})"
+    for epoch in sorted(by_epoch)[:-1]:
+        assert len(by_epoch[epoch]) == SAMPLES, f"epoch {epoch} skipped samples"
+
+
+def run_crash(
+    agents: list[subprocess.Popen[bytes]], etcd: EtcdServer, tmp: Path, in_place: bool
+) -> tuple[str, str]:
+    """Two agents with two workers each; global rank 1 SIGKILLs itself after step 25.
+    Returns the agents' logs and the workers' output."""
+    run_id = f"inplace-{uuid.uuid4().hex[:8]}"
+    env = {
+        "CRASH_AT_STEP": "25",
+        "ELASTICJOB_IN_PLACE": "1" if in_place else "0",
+        "ELASTICJOB_CHECKPOINT_MEMORY_DIR": str(tmp / "shm"),
+    }
+    procs, logs = [], []
+    for node in ("a", "b"):
+        log = tmp / f"agent-{node}.log"
+        procs.append(
+            start(
+                agents,
+                etcd,
+                log,
+                train_args(tmp / f"ckpt-{node}", 80),
+                nnodes="2",
+                nproc=2,
+                max_restarts=1,
+                run_id=run_id,
+                # A file per worker: two `python -u` workers sharing one stream can
+                # split each other's lines (print writes the text and the newline apart).
+                launcher_flags=("--redirects=3", f"--log-dir={tmp / f'logs-{node}'}"),
+                env={**env, "ELASTICJOB_CHECKPOINT_MEMORY_DIR": str(tmp / f"shm-{node}")},
+            )
+        )
+        logs.append(log)
+    for proc, log in zip(procs, logs, strict=True):
+        wait_for("the job to finish", lambda p=proc: p.poll(), 300, log)
+        assert proc.returncode == 0, log.read_text()[-4000:]
+    workers = sorted(tmp.glob("logs-*/**/stdout.log"))
+    assert len(workers) == 6, workers  # 2 + 2 first, 2 restarted on the node that lost one
+    return "\n".join(log.read_text() for log in logs), "\n".join(w.read_text() for w in workers)
+
+
+def test_a_dead_peer_leaves_the_survivors_running_and_the_model_matches_a_restart(
+    agents: list[subprocess.Popen[bytes]], etcd: EtcdServer, tmp_path: Path
+) -> None:
+    (tmp_path / "in-place").mkdir()
+    (tmp_path / "restart").mkdir()
+    _, in_place = run_crash(agents, etcd, tmp_path / "in-place", in_place=True)
+    _, restart = run_crash(agents, etcd, tmp_path / "restart", in_place=False)
+
+    # The node that lost rank 1 restarted both its workers (a local fault); the other
+    # node's two workers regrouped at step 25: nothing redone, nothing read from disk.
+    regrouped = re.findall(r"^regrouped at step (\d+) \(([^)]*)\)", in_place, re.M)
+    assert len(regrouped) == 2, in_place[-4000:]
+    assert {int(step) for step, _ in regrouped} == {25}
+    resumed = re.findall(r"^resumed from step (\d+) \((rank \d+ at step \d+)\)", in_place, re.M)
+    assert len(resumed) == 2 and {int(s) for s, _ in resumed} == {25}, in_place[-4000:]
+    assert len(pids_throughout(in_place, 80)) == 2, steps_by_pid(in_place).keys()
+    assert "regrouped" not in restart
+    assert not pids_throughout(restart, 80)
+
+    # Same seed, same fault, same world history: the same model either way.
+    ours, theirs = result_of(in_place), result_of(restart)
+    for doc in (ours, theirs):
+        del doc["regroups"], doc["restarts"]  # how it got there differs, not where
+    assert ours == theirs
+    assert_exactly_once(in_place, "2x2, rank 1 died at step 25, regrouped in place")
+
+
+def test_a_joining_node_switches_the_running_group_without_restarting_it(
+    agents: list[subprocess.Popen[bytes]], etcd: EtcdServer, tmp_path: Path
+) -> None:
+    run_id = f"join-{uuid.uuid4().hex[:8]}"
+    first_log, second_log = tmp_path / "first.log", tmp_path / "second.log"
+    args = train_args(tmp_path / "ckpt", 1_000_000, "--sleep=0.05")
+    env = {"CRASH_AT_STEP": "-1", "ELASTICJOB_CHECKPOINT_MEMORY_DIR": "off"}
+    first = start(agents, etcd, first_log, args, nnodes="1:2", nproc=1, run_id=run_id, env=env)
+    wait_for(
+        "training", lambda: True if "step=30 " in first_log.read_text() else None, 180, first_log
+    )
+    start(agents, etcd, second_log, args, nnodes="1:2", nproc=1, run_id=run_id, env=env)
+    wait_for(
+        "training at world size 2",
+        lambda: (
+            True
+            if re.search(
+                r"^step=\d+ .*world=2 .*rank=1 ",
+                second_log.read_text() + first_log.read_text(),
+                re.M,
+            )
+            else None
+        ),
+        180,
+        second_log,
+    )
+    text = first_log.read_text()
+    # One process all along on the first node, which switched at a step boundary (or
+    # dropped the one step in flight) and handed its state to the newcomer.
+    assert len(steps_by_pid(text)) == 1, text[-3000:]
+    (at,) = re.findall(r"^regrouped at step (\d+) ", text, re.M)
+    last_before = max(int(s) for s in re.findall(r"^step=(\d+) .*world=1 ", text, re.M))
+    assert int(at) >= last_before - 1  # at most the step in flight redone
+    newcomer = second_log.read_text()
+    assert re.search(rf"^resumed from step {at} \(rank \d at step {at}\)", newcomer, re.M), (
+        newcomer[-3000:]
+    )
+
+    family = descendants(first.pid)
+    os.killpg(first.pid, signal.SIGTERM)
+    wait_for("the first agent to exit", lambda: first.poll(), 90, first_log)
+    alive = [pid for pid in family if Path(f"/proc/{pid}").exists()]
+    assert not alive or all(_zombie(pid) for pid in alive), alive
+
+
+def test_a_frozen_peer_does_not_hold_the_survivor_in_a_gloo_collective(
+    agents: list[subprocess.Popen[bytes]], etcd: EtcdServer, tmp_path: Path
+) -> None:
+    run_id = f"freeze-{uuid.uuid4().hex[:8]}"
+    logs = [tmp_path / "a.log", tmp_path / "b.log"]
+    args = train_args(tmp_path / "ckpt", 1_000_000, "--sleep=0.02")
+    env = {"CRASH_AT_STEP": "-1", "ELASTICJOB_CHECKPOINT_MEMORY_DIR": "off"}
+    procs = [
+        start(agents, etcd, log, args, nnodes="1:2", nproc=1, run_id=run_id, env=env)
+        for log in logs
+    ]
+    wait_for(
+        "training at world size 2",
+        lambda: (
+            True if "world=2" in logs[0].read_text() and "step=20 " in logs[0].read_text() else None
+        ),
+        180,
+        logs[0],
+    )
+    frozen = [procs[1].pid, *descendants(procs[1].pid)]
+    for pid in frozen:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        # No TCP reset ever comes from a stopped process: without an abort the survivor
+        # would sit in gloo's collective for its 30 min timeout.
+        wait_for(
+            "the survivor to go on alone",
+            lambda: (
+                True
+                if re.search(r"^regrouped at step \d+ .*world=1 ", logs[0].read_text(), re.M)
+                else None
+            ),
+            60,
+            logs[0],
+        )
+        text = logs[0].read_text()
+        assert len(steps_by_pid(text)) == 1, text[-3000:]
+        wait_for(
+            "a step at world size 1",
+            lambda: True if re.search(r"^step=\d+ .*world=1 ", logs[0].read_text(), re.M) else None,
+            60,
+            logs[0],
+        )
+    finally:
+        for pid in frozen:
+            for sig in (signal.SIGKILL, signal.SIGCONT):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True

@@ -1,0 +1,168 @@
+"""The files through which ``elasticjob-run``'s agent and its workers talk about rounds.
+
+The agent owns a directory (named to its workers by ``ELASTICJOB_AGENT_CHANNEL``).
+For every round it writes each local rank's *assignment*: the environment torch's
+agent gives a worker for that round (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` ...) and a
+generation number that grows with every round this agent delivers. A worker that was
+started for the round reads it once; a worker that regroups in place (the training-loop
+API in :mod:`elasticjob_runtime.elastic`) keeps running across rounds and waits here
+for a newer generation instead of exiting.
+
+Workers write two things back:
+
+* ``in-place-<local rank>``: its pid, once it can regroup in place. The agent keeps a
+  healthy worker across a membership change only when every local worker said so.
+* ``regroup-<local rank>``: the generation in which its collective failed. The agent
+  opens a new round for it (a peer's failure that changed no membership still ends
+  the round for everyone).
+
+Files are written whole (a temporary file renamed over the old one) and polled: a
+``stat`` every few milliseconds costs nothing beside a training step, and unlike a
+pipe it needs no descriptor that survives torch's process start-up and warm spares.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from elasticjob_runtime import contract
+
+POLL_S = 0.01
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """One local rank's part in one round, as the agent delivered it."""
+
+    generation: int
+    env: dict[str, str]
+    # The round this replaces lost a peer: its collectives can never finish, so a worker
+    # abandons them at once instead of at its next step boundary.
+    abort: bool = False
+
+    @property
+    def rank(self) -> int:
+        return int(self.env["RANK"])
+
+    @property
+    def world_size(self) -> int:
+        return int(self.env["WORLD_SIZE"])
+
+    @property
+    def master(self) -> tuple[str, int]:
+        return self.env["MASTER_ADDR"], int(self.env["MASTER_PORT"])
+
+    def store_prefix(self) -> str:
+        """A key prefix only this round's members share: its rank-0 endpoint is chosen
+        afresh each round, and the generation-independent form lets a worker started for
+        the round and a worker regrouping into it agree without asking anyone."""
+        host, port = self.master
+        return f"elasticjob/round/{host}:{port}/"
+
+    def to_json(self) -> str:
+        return json.dumps({"generation": self.generation, "abort": self.abort, "env": self.env})
+
+    @classmethod
+    def from_json(cls, text: str) -> Assignment:
+        raw = json.loads(text)
+        env = {str(k): str(v) for k, v in dict(raw["env"]).items()}
+        return cls(int(raw["generation"]), env, bool(raw.get("abort", False)))
+
+
+def _write_whole(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+class AgentChannel:
+    """The agent's side: deliver assignments, read who can regroup and who asks to."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    def deliver(self, generation: int, envs: Mapping[int, Mapping[str, str]], abort: bool) -> None:
+        for local_rank, env in envs.items():
+            assignment = Assignment(generation, {k: str(v) for k, v in env.items()}, abort)
+            _write_whole(self.directory / f"assignment-{local_rank}.json", assignment.to_json())
+
+    def in_place_pids(self) -> dict[int, int]:
+        """Local rank -> pid of each worker that said it can regroup in place."""
+        out: dict[int, int] = {}
+        for path in self.directory.glob("in-place-*"):
+            try:
+                out[int(path.name.rsplit("-", 1)[1])] = int(path.read_text())
+            except (OSError, ValueError):
+                continue
+        return out
+
+    def regroup_requested(self, generation: int) -> bool:
+        """Did a worker's collective fail in ``generation`` (the round now running)?"""
+        for path in self.directory.glob("regroup-*"):
+            try:
+                if int(path.read_text()) >= generation:
+                    return True
+            except (OSError, ValueError):
+                continue
+        return False
+
+    def forget_workers(self) -> None:
+        """Workers are being replaced: their offers to regroup in place end with them."""
+        for path in self.directory.glob("in-place-*"):
+            path.unlink(missing_ok=True)
+
+
+class WorkerChannel:
+    """A worker's side, for one local rank."""
+
+    def __init__(self, directory: Path, local_rank: int) -> None:
+        self.directory = directory
+        self.local_rank = local_rank
+        self._assignment = directory / f"assignment-{local_rank}.json"
+        self._seen: tuple[int, int] | None = None
+        self._latest: Assignment | None = None
+
+    @classmethod
+    def from_env(cls) -> WorkerChannel | None:
+        """None outside ``elasticjob-run`` (plain torchrun, or no launcher at all)."""
+        directory = os.environ.get(contract.AGENT_CHANNEL)
+        if not directory or not Path(directory).is_dir():
+            return None
+        return cls(Path(directory), int(os.environ.get("LOCAL_RANK", "0")))
+
+    def latest(self) -> Assignment | None:
+        """The newest assignment (re-read only when the file changed: one ``stat``)."""
+        try:
+            st = self._assignment.stat()
+        except FileNotFoundError:
+            return None
+        key = (st.st_mtime_ns, st.st_ino)
+        if key != self._seen:
+            try:
+                self._latest = Assignment.from_json(self._assignment.read_text())
+            except (OSError, ValueError, KeyError):
+                return self._latest  # replaced under us: the next poll reads the new one
+            self._seen = key
+        return self._latest
+
+    def wait_newer(self, generation: int, timeout: float) -> Assignment | None:
+        """The first assignment newer than ``generation``, or None after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            found = self.latest()
+            if found is not None and found.generation > generation:
+                return found
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(POLL_S)
+
+    def offer_in_place(self) -> None:
+        _write_whole(self.directory / f"in-place-{self.local_rank}", str(os.getpid()))
+
+    def request_regroup(self, generation: int) -> None:
+        _write_whole(self.directory / f"regroup-{self.local_rank}", str(generation))

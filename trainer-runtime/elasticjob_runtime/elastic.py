@@ -1,0 +1,528 @@
+"""The training-loop API: a DDP script made elastic in about ten lines, recovering in place.
+
+A plain DDP loop, and the same loop with this API (docs/training-loop.md has the diff)::
+
+    run = elastic.Run(checkpoint_dir="/ckpt")        # instead of init_process_group
+    model, optim = Net(), torch.optim.SGD(...)
+    sampler = ElasticSampler(len(data), seed=0)       # instead of DistributedSampler
+    ddp = run.wrap(model, optim, sampler)             # instead of DDP(model)
+    for epoch in run.epochs(3):
+        for x, y in run.batches(data.fetch, batch_size=32):
+            with run.step():                          # one optimizer step
+                optim.zero_grad()
+                loss_fn(ddp(x), y).backward()
+                optim.step()
+    run.finish()
+
+What the lines buy:
+
+* **Checkpoints**: model, optimizer, sampler, :attr:`Run.global_step` and :attr:`Run.meta`
+  every ``checkpoint_interval`` steps, on SIGTERM at the step boundary, and at the end;
+  restored on start.
+* **Exactly-once data**: :meth:`Run.batches` takes each step's indices from the
+  :class:`~elasticjob_runtime.sampler.ElasticSampler`, the same number of steps on
+  every rank (a rank may get an empty batch at an epoch's uneven end: ``fetch([])``
+  must return an empty batch), and re-shards it whenever the world changes.
+* **In-place recovery** under ``elasticjob-run``: when a peer leaves or joins, this
+  process does not exit. A collective that fails (or that the agent abandons because
+  its round lost a peer) drops the step in flight; the worker takes the next round's
+  rank and world from its agent (:mod:`elasticjob_runtime.channel`), builds a fresh
+  process group (:mod:`elasticjob_runtime.round_group`), and carries on from its own
+  memory. A joiner, or a survivor one step behind, gets the state over the new group
+  from the lowest rank holding the newest step; no checkpoint is read. When a new
+  member joins a healthy group, every worker switches at its next step boundary.
+* Without ``elasticjob-run`` (plain torchrun, or no launcher) the same script runs and
+  recovers by restarting, from its checkpoints.
+
+Code after the ``with run.step():`` block runs for a dropped step too; keep per-step
+work (logging a loss) inside it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import os
+import socket
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from elasticjob_runtime import contract
+from elasticjob_runtime.channel import POLL_S, Assignment, WorkerChannel
+from elasticjob_runtime.checkpoint import (
+    CheckpointManager,
+    broadcast_bytes,
+    deserialize,
+    gather_steps,
+    serialize,
+    state_to_save,
+)
+from elasticjob_runtime.progress import reporter_from_env
+from elasticjob_runtime.round_group import RoundGroup, round_group
+from elasticjob_runtime.sampler import ElasticSampler
+
+log = logging.getLogger(__name__)
+
+Batch = TypeVar("Batch")
+
+# The variables torch's agent sets per round; a regrouped worker's environment follows.
+ASSIGNED = (
+    "RANK",
+    "LOCAL_RANK",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "WORLD_SIZE",
+    "GROUP_WORLD_SIZE",
+    "ROLE_WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
+# How long a worker whose group broke waits for its agent's next round.
+REGROUP_TIMEOUT_S = float(os.environ.get("ELASTICJOB_REGROUP_TIMEOUT", "900"))
+# What gloo says when a peer's connection is gone (torch wraps it in a RuntimeError).
+GLOO_FAILURES = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "[gloo")
+
+
+def collective_failed(exc: BaseException) -> bool:
+    """Is ``exc`` a collective that failed because the group broke (not a bug here)?"""
+    if isinstance(exc, dist.DistError):
+        return True
+    return isinstance(exc, RuntimeError) and any(text in str(exc) for text in GLOO_FAILURES)
+
+
+def steps_left(remaining: int, world_size: int, batch_size: int) -> int:
+    """Optimizer steps until the epoch's end: the same on every rank."""
+    return -(-remaining // (world_size * batch_size))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _solo_env() -> None:
+    """A world of one when no launcher set one up (``python train.py``)."""
+    if "RANK" not in os.environ:
+        os.environ.update(
+            RANK="0",
+            WORLD_SIZE="1",
+            LOCAL_RANK="0",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(_free_port()),
+        )
+
+
+def default_checkpoint_dir() -> Path:
+    run = os.environ.get("TORCHELASTIC_RUN_ID") or "local"
+    return Path(tempfile.gettempdir()) / "elasticjob-checkpoints" / run
+
+
+@dataclass
+class StepOutcome:
+    """What ``with run.step() as outcome:`` tells the code after the block."""
+
+    committed: bool = False  # False: the step was dropped (the group broke in it)
+
+
+class CurrentDDP:
+    """The model as the current round's ``DistributedDataParallel`` wraps it: call it and
+    read its attributes as the DDP module; it is re-wrapped after every regroup."""
+
+    def __init__(self, run: Run) -> None:
+        self._run = run
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._run.ddp(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._run.ddp, name)
+
+
+class Run:
+    """One worker's part in an elastic training run (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        checkpoint_dir: str | Path | None = None,
+        checkpoint_interval: int = 100,
+        keep: int = 3,
+        backend: str = "gloo",
+        timeout: float | None = None,
+        sigterm_grace: float = 5.0,
+        in_place: bool | None = None,
+        on_regroup: Callable[[Run], None] | None = None,
+    ) -> None:
+        """``in_place`` (default: on unless ``ELASTICJOB_IN_PLACE=0``) regroups a healthy
+        worker across membership changes under ``elasticjob-run``; off, it exits and
+        its agent restarts it, as under any other launcher. ``on_regroup(run)`` is
+        called after each regroup in place, before the next step (to log it)."""
+        if checkpoint_interval < 1:
+            raise ValueError(f"checkpoint_interval must be at least 1 (got {checkpoint_interval})")
+        _solo_env()
+        launched = "TORCHELASTIC_RUN_ID" in os.environ
+        if in_place is None:
+            in_place = os.environ.get(contract.IN_PLACE, "1") != "0"
+        self._channel = WorkerChannel.from_env() if in_place else None
+        current = self._channel.latest() if self._channel is not None else None
+        self._generation = current.generation if current is not None else 0
+        self._assignment = self._assignment_from_env()
+        self._timeout = timedelta(seconds=timeout) if timeout else timedelta(minutes=30)
+        self._group: RoundGroup = round_group(backend)
+        started = time.monotonic()
+        self._group.build(self._assignment, self._timeout)
+        # Seconds of the last (re)grouping: wait (for the round), process_group, restore, ddp.
+        self.timings: dict[str, float] = {"wait": 0.0, "process_group": time.monotonic() - started}
+
+        self.checkpoint_interval = checkpoint_interval
+        # The node-memory copy is keyed by run id: without a launcher there is none, and
+        # a later plain run would silently resume an earlier one, so keep it off there.
+        self.ckpt = CheckpointManager(
+            checkpoint_dir or default_checkpoint_dir(), keep=keep, memory=launched
+        )
+        self.ckpt.install_sigterm_handler(grace_s=sigterm_grace)
+        self.ckpt.track(self._state)
+        self.reporter = reporter_from_env()
+
+        self.global_step = 0  # optimizer steps completed by the whole group
+        self.samples = 0  # samples those steps consumed, all ranks together
+        self.meta: dict[str, Any] = {}  # saved and restored with the state (JSON-like values)
+        self.restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        self.regroups = 0  # rounds this process joined in place
+        # "fresh", "checkpoint step N", "rank R at step N" or "own memory at step N"
+        self.resumed_from = "fresh"
+        self.global_batch = 0  # samples the whole group takes in the current step
+
+        self._module: nn.Module | None = None
+        self._optimizer: torch.optim.Optimizer | None = None
+        self._sampler: ElasticSampler | None = None
+        self._ddp: DistributedDataParallel | None = None
+        self._ddp_kwargs: dict[str, Any] = {}
+        self._live = False  # holds state newer than any checkpoint, after the first sync
+        self._saved_step: int | None = None
+        self._batch_size = 1
+        self._max_steps: int | None = None
+        self._phase = "idle"  # idle -> fetched (a batch is out) -> running (in step())
+        self._aborted_generation = -1
+        self._closed = threading.Event()
+        self._parent = os.getppid()  # the agent; a worker whose agent died stops waiting
+        self._on_regroup = on_regroup
+        self._watcher: threading.Thread | None = None
+
+    # -- who we are this round
+
+    @staticmethod
+    def _assignment_from_env() -> Assignment:
+        env = {name: os.environ[name] for name in ASSIGNED if name in os.environ}
+        return Assignment(0, env)
+
+    @property
+    def rank(self) -> int:
+        return self._assignment.rank
+
+    @property
+    def world_size(self) -> int:
+        return self._assignment.world_size
+
+    @property
+    def ddp(self) -> DistributedDataParallel:
+        if self._ddp is None:
+            raise RuntimeError("call run.wrap(model, optimizer, sampler) first")
+        return self._ddp
+
+    @property
+    def sampler(self) -> ElasticSampler:
+        if self._sampler is None:
+            raise RuntimeError("call run.wrap(model, optimizer, sampler) first")
+        return self._sampler
+
+    # -- set-up
+
+    def wrap(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        sampler: ElasticSampler,
+        **ddp_kwargs: Any,
+    ) -> CurrentDDP:
+        """Restore (from a peer's memory or a checkpoint), wrap ``model`` in DDP, and
+        register the three for checkpoints and in-place recovery."""
+        self._module, self._optimizer, self._sampler = model, optimizer, sampler
+        self._ddp_kwargs = ddp_kwargs
+        sampler.reshard(self.rank, self.world_size)
+        self._restore_and_wrap()
+        if self._channel is not None:
+            self._channel.offer_in_place()
+            self._watcher = threading.Thread(
+                target=self._watch, name="elasticjob-round-watch", daemon=True
+            )
+            self._watcher.start()
+        return CurrentDDP(self)
+
+    def _state(self) -> Mapping[str, Any]:
+        return {
+            "model": self._module,
+            "optim": self._optimizer,
+            "sampler": self._sampler,
+            "run": {"step": self.global_step, "samples": self.samples, "meta": dict(self.meta)},
+        }
+
+    def _load(self, state: Mapping[str, Any]) -> None:
+        for key, target in self._state().items():
+            loader = getattr(target, "load_state_dict", None)
+            if callable(loader):
+                loader(state[key])
+        self.global_step = int(state["run"]["step"])
+        self.samples = int(state["run"].get("samples", 0))
+        self.meta.clear()
+        self.meta.update(state["run"]["meta"])
+
+    def _share_state(self) -> None:
+        """Every rank ends at the newest step any rank holds in memory; when none holds
+        one (a first start, or every process restarted), at the newest checkpoint."""
+        device = self._group.device
+        steps = gather_steps(self.global_step if self._live else -1, device)
+        newest = max(steps)
+        if newest < 0:
+            resumed = self.ckpt.restore(self._state())  # agrees over the group itself
+            if resumed is not None:
+                self._load(resumed.state)
+                self._saved_step = resumed.step
+                self.resumed_from = f"checkpoint step {resumed.step}"
+        elif all(step == newest for step in steps):
+            self.resumed_from = f"own memory at step {newest}"
+        else:
+            src = steps.index(newest)
+            data = serialize(state_to_save(self._state())) if self.rank == src else b""
+            received = broadcast_bytes(data, src, device)
+            if steps[self.rank] == newest:
+                self.resumed_from = f"own memory at step {newest}"
+            else:
+                self._load(deserialize(received))
+                self.resumed_from = f"rank {src} at step {newest}"
+        self._live = True
+
+    def _restore_and_wrap(self) -> None:
+        started = time.monotonic()
+        self._share_state()
+        wrapped = time.monotonic()
+        self._ddp = DistributedDataParallel(self._module, **self._ddp_kwargs)
+        self.timings["restore"] = wrapped - started
+        self.timings["ddp"] = time.monotonic() - wrapped
+
+    # -- the loop
+
+    @property
+    def reached_max_steps(self) -> bool:
+        return self._max_steps is not None and self.global_step >= self._max_steps
+
+    def epochs(self, count: int, max_steps: int | None = None) -> Iterator[int]:
+        """Epochs from the restored one up to ``count`` (or until ``max_steps``)."""
+        self._max_steps = max_steps
+        sampler = self.sampler
+        while sampler.epoch < count and not self.reached_max_steps:
+            epoch = sampler.epoch
+            yield epoch
+            if sampler.epoch == epoch and sampler.remaining == 0:
+                sampler.set_epoch(epoch + 1)
+
+    def batches(self, fetch: Callable[[list[int]], Batch], batch_size: int) -> Iterator[Batch]:
+        """This rank's batch for each step left in the epoch: ``fetch(indices)``."""
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1 (got {batch_size})")
+        self._batch_size = batch_size
+        sampler = self.sampler
+        epoch = sampler.epoch
+
+        def more() -> bool:
+            return sampler.epoch == epoch and sampler.remaining > 0 and not self.reached_max_steps
+
+        while more():
+            if self._switch_pending():
+                self._regroup(failed=False)
+            generation = self._generation
+            positions = iter(sampler)  # this round's shard, from the committed position
+            while generation == self._generation and more():
+                if self._switch_pending():
+                    break  # a new member: switch here, between steps
+                self.global_batch = min(self.world_size * batch_size, sampler.remaining)
+                self._phase = "fetched"
+                yield fetch(list(itertools.islice(positions, batch_size)))
+                if self._phase == "fetched":
+                    raise RuntimeError(
+                        "each batch from run.batches() needs one `with run.step():` around "
+                        "its training step"
+                    )
+
+    @contextlib.contextmanager
+    def step(self) -> Iterator[StepOutcome]:
+        """One optimizer step: committed when the block ends; dropped (and the group
+        rebuilt) when a collective in it fails because the group broke."""
+        if self._phase != "fetched":
+            raise RuntimeError("`with run.step():` goes once around each batch of run.batches()")
+        self._phase = "running"
+        outcome = StepOutcome()
+        try:
+            yield outcome
+        except Exception as exc:
+            self._phase = "idle"
+            if self._channel is None or not (
+                collective_failed(exc) or self._aborted_generation == self._generation
+            ):
+                raise
+            log.warning("step %d dropped: %s", self.global_step + 1, str(exc).splitlines()[0])
+            self._regroup(failed=True)
+            return
+        self._phase = "idle"
+        self._commit()
+        outcome.committed = True
+
+    def _commit(self) -> None:
+        self.global_step += 1
+        self.samples += self.global_batch
+        self.sampler.advance(self.world_size * self._batch_size)
+        self.ckpt.mark_step(self.global_step)  # after SIGTERM: saves this step and exits 143
+        if self.global_step % self.checkpoint_interval == 0:
+            self.ckpt.save(self._state(), self.global_step)
+            self._saved_step = self.global_step
+        if self.reporter is not None:
+            self.reporter.update(
+                self.global_step,
+                self.global_batch,
+                epoch=self.sampler.epoch,
+                checkpoint_step=self._saved_step,
+            )
+
+    def save(self) -> None:
+        """Checkpoint the current step now (e.g. at an epoch's end), besides the interval."""
+        if self._saved_step != self.global_step:
+            self.ckpt.save(self._state(), self.global_step)
+            self._saved_step = self.global_step
+
+    # -- regrouping
+
+    def _switch_pending(self) -> bool:
+        if self._channel is None:
+            return False
+        latest = self._channel.latest()
+        return latest is not None and latest.generation > self._generation
+
+    def _watch(self) -> None:
+        """Abandon the round's collectives as soon as the agent says it lost a peer, or
+        the agent is gone (nobody will hand this worker another round)."""
+        assert self._channel is not None
+        channel = WorkerChannel(self._channel.directory, self._channel.local_rank)
+        while not self._closed.wait(POLL_S):
+            latest = channel.latest()
+            generation = self._generation
+            orphaned = os.getppid() != self._parent
+            newer = latest is not None and latest.generation > generation
+            if not orphaned and not (newer and latest is not None and latest.abort):
+                continue
+            if self._aborted_generation < generation:
+                self._aborted_generation = generation
+                self._group.abort()
+
+    def _regroup(self, failed: bool) -> None:
+        """Leave this round's group and join the next one, keeping everything in memory."""
+        assert self._channel is not None
+        started = time.monotonic()
+        # The old DDP (and through it the old group) is dropped only once the next round
+        # stands: freeing it joins gloo's threads, and one of them may still be finishing
+        # the aborted work, which needs the GIL this thread would hold while it waits.
+        retired = [self._ddp]
+        self._ddp = None
+        while True:
+            self.ckpt.mark_step(self.global_step)  # SIGTERM now: save this step, exit 143
+            if failed:
+                self._channel.request_regroup(self._generation)
+            self._aborted_generation = self._generation
+            self._group.abort()  # peers blocked on us fail now instead of at a timeout
+            self._group.destroy()
+            assignment = self._next_assignment(started)
+            self._generation, self._assignment = assignment.generation, assignment
+            os.environ.update(assignment.env)
+            waited = time.monotonic() - started
+            try:
+                built = time.monotonic()
+                self._group.build(assignment, self._timeout)
+                self.timings = {"wait": waited, "process_group": time.monotonic() - built}
+                self.sampler.reshard(self.rank, self.world_size)
+                self._restore_and_wrap()
+            except Exception as exc:
+                if not collective_failed(exc):
+                    raise
+                log.warning("round %d broke while forming: %s", assignment.generation, exc)
+                failed = True
+                continue
+            break
+        retired.clear()
+        self.regroups += 1
+        log.warning(
+            "regrouped in place: rank %d of %d at step %d in %.2f s",
+            self.rank,
+            self.world_size,
+            self.global_step,
+            time.monotonic() - started,
+        )
+        if self._on_regroup is not None:
+            self._on_regroup(self)
+
+    def _next_assignment(self, started: float) -> Assignment:
+        assert self._channel is not None
+        while True:
+            found = self._channel.wait_newer(self._generation, timeout=0.25)
+            if found is not None:
+                return found
+            self.ckpt.mark_step(self.global_step)
+            if os.getppid() != self._parent:
+                raise RuntimeError("the elasticjob-run agent exited while its workers regrouped")
+            if time.monotonic() - started > REGROUP_TIMEOUT_S:
+                raise RuntimeError(
+                    f"no new round from the agent within {REGROUP_TIMEOUT_S:.0f} s after the "
+                    "process group broke (ELASTICJOB_REGROUP_TIMEOUT sets the limit)"
+                )
+
+    # -- the end
+
+    def finish(self) -> None:
+        """Save the last step, publish progress, and leave the group."""
+        if self.ckpt.stop_requested:
+            self.ckpt.mark_step(self.global_step)  # SIGTERM during the last step: save, exit 143
+        if self._live:
+            self.save()
+        self.ckpt.close()
+        if self.reporter is not None:
+            self.reporter.publish()
+            self.reporter.close()
+        self._closed.set()
+        if self._watcher is not None:
+            self._watcher.join()
+        self._group.destroy()
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if kind is None:
+            self.finish()
