@@ -401,8 +401,21 @@ def test_a_deleted_worker_pod_leaves_survivors_training_and_its_replacement_join
         deleted_at = time.time()
         c.kubectl("-n", ns, "delete", "pod", f"{name}-worker-1", "--wait=false")
         alone = wait_for("the survivor to train alone", lambda: at(1, deleted_at), TRAIN)
-        pending = c.core.read_namespaced_pod(f"{name}-worker-1", ns)
-        assert pending.metadata.uid != old_uid and pending.status.phase == "Pending"
+
+        def replacement() -> Any:
+            # The survivor regroups in place, often before the deleted pod is gone.
+            pods = c.core.list_namespaced_pod(ns).items
+            return next(
+                (
+                    p
+                    for p in pods
+                    if p.metadata.name == f"{name}-worker-1" and p.metadata.uid != old_uid
+                ),
+                None,
+            )
+
+        pending = wait_for("the replacement pod", replacement, TRAIN)
+        assert pending.status.phase == "Pending"
     finally:
         for node in nodes:
             c.kubectl("uncordon", node)
