@@ -23,6 +23,8 @@ import pytest
 from conftest import EtcdServer, result_of, start, wait_for
 
 from elasticjob_devcluster.procs import descendants
+from elasticjob_runtime.etcd_client import EtcdClient, parse_endpoint
+from elasticjob_runtime.progress import read_progress
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -145,7 +147,11 @@ def test_a_joining_node_switches_the_running_group_without_restarting_it(
     run_id = f"join-{uuid.uuid4().hex[:8]}"
     first_log, second_log = tmp_path / "first.log", tmp_path / "second.log"
     args = train_args(tmp_path / "ckpt", 1_000_000, "--sleep=0.05")
-    env = {"CRASH_AT_STEP": "-1", "ELASTICJOB_CHECKPOINT_MEMORY_DIR": "off"}
+    env = {
+        "CRASH_AT_STEP": "-1",
+        "ELASTICJOB_CHECKPOINT_MEMORY_DIR": "off",
+        "PET_RDZV_ENDPOINT": etcd.endpoint,  # rank 0 publishes progress there
+    }
     first = start(agents, etcd, first_log, args, nnodes="1:2", nproc=1, run_id=run_id, env=env)
     wait_for(
         "training", lambda: True if "step=30 " in first_log.read_text() else None, 180, first_log
@@ -176,6 +182,22 @@ def test_a_joining_node_switches_the_running_group_without_restarting_it(
     assert re.search(rf"^resumed from step {at} \(rank \d at step {at}\)", newcomer, re.M), (
         newcomer[-3000:]
     )
+    # Whichever process is rank 0 now publishes the job's progress, at the new size.
+    client = EtcdClient(parse_endpoint(etcd.endpoint, 2379))
+    try:
+        progress = wait_for(
+            "progress at world size 2",
+            lambda: (
+                p
+                if (p := read_progress(client, run_id)) and p.world_size == 2 and p.step > int(at)
+                else None
+            ),
+            30,
+            second_log,
+        )
+        assert progress.step > int(at)
+    finally:
+        client.close()
 
     family = descendants(first.pid)
     os.killpg(first.pid, signal.SIGTERM)

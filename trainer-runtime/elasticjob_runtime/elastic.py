@@ -406,6 +406,7 @@ class Run:
                 self.global_batch,
                 epoch=self.sampler.epoch,
                 checkpoint_step=self._saved_step,
+                world_size=self.world_size,
             )
 
     def save(self) -> None:
@@ -480,8 +481,17 @@ class Run:
             self.global_step,
             time.monotonic() - started,
         )
+        self._follow_rank_0()
         if self._on_regroup is not None:
             self._on_regroup(self)
+
+    def _follow_rank_0(self) -> None:
+        """Global rank 0 publishes progress; after a regroup it may be this process."""
+        if self.rank == 0 and self.reporter is None:
+            self.reporter = reporter_from_env()
+        elif self.rank != 0 and self.reporter is not None:
+            self.reporter.close()
+            self.reporter = None
 
     def _next_assignment(self, started: float) -> Assignment:
         assert self._channel is not None
