@@ -167,7 +167,9 @@ def run_scenario(
         try:
             after = wait_for(
                 f"a training step after the {scenario}",
-                lambda: first_step_after(job.steps(), fault_at, old_pids, world_after),
+                lambda: first_step_after(
+                    job.steps(), fault_at, old_pids, world_after, job.regrouped_after(fault_at)
+                ),
                 limits.recover,
             )
         except TimeoutError:
@@ -183,7 +185,10 @@ def run_scenario(
         last = max((s.t for s in job.steps() if s.t < after.t and s.pid in old_pids), default=None)
         if last is not None:
             result.pause = round(after.t - last, 2)
-        result.phases = recovery_phases(job, fault_at if scenario != "scale-up" else last, after)
+        if scenario == "scale-up":
+            result.phases = recovery_phases(job, last, after, reacted_after=fault_at)
+        else:
+            result.phases = recovery_phases(job, fault_at, after)
     except TimeoutError as exc:
         result.error = str(exc)
         (workdir / "timeout.txt").write_text(job.tail(40))
@@ -200,7 +205,9 @@ def goodput_run(
     backend = LAUNCHERS[launcher][1]
     endpoint = etcd.endpoint if backend != "c10d" else f"127.0.0.1:{free_port()}"
     run_id = f"bench-{uuid.uuid4().hex[:10]}"
-    job = Job(launcher, workdir, endpoint, "2:2", TRAIN_ARGS, run_id)
+    # every kill is charged to the victim's agent: give both launchers room for all of them
+    restarts = int(minutes * 60 / GOODPUT_INTERVAL) + 1
+    job = Job(launcher, workdir, endpoint, "2:2", TRAIN_ARGS, run_id, max_restarts=restarts)
     workdir.mkdir(parents=True)
     try:
         start_agents(job, 2)
@@ -215,14 +222,26 @@ def goodput_run(
         shutil.rmtree(Path("/dev/shm/elasticjob") / run_id, ignore_errors=True)
 
 
-def recovery_phases(job: Job, start: float | None, after: StepLine) -> dict[str, float] | None:
+def recovery_phases(
+    job: Job, start: float | None, after: StepLine, reacted_after: float | None = None
+) -> dict[str, float] | None:
     """Where the time from ``start`` (the fault, or for a scale-up the last step before
-    the switch) to ``after`` went; None when the logs lack a mark."""
+    the switch) to ``after`` went; None when the logs lack a mark. With ``reacted_after``
+    (a scale-up), an agent that reacted after it but before ``start`` moves the start
+    there: agents that regroup in place run the rendezvous while their group trains."""
     if start is None:
         return None
     year = datetime.now().year
     logs = job.logs()
     events = [phases.agent_events(lines, year) for lines in logs]
+    if reacted_after is not None:
+        early = [
+            e.t
+            for found in events
+            for e in found
+            if e.what == "stopping" and reacted_after < e.t < start
+        ]
+        start = min([start, *early])
     ups = [u for lines in logs for u in phases.startups(lines) if start < u.t <= after.t]
     return phases.breakdown(start, events, max(ups, key=lambda u: u.t, default=None), after.t)
 
@@ -318,13 +337,16 @@ def table(
             rows.append(row)
             pause = ["  training paused (last step -> next step)"]
             split = ["  detect/rendezvous/worker/pg/restore/step"]
+            redone = ["  steps redone (median)"]
             for lch in launchers:
                 cell = summary.get(lch, {}).get(scenario, {})
                 value = cell.get("pause_median")
                 pause.append(f"{value:.1f} s" if value is not None else "-")
                 med = cell.get("phases_median")
                 split.append("/".join(f"{med[n]:.1f}" for n in phases.PHASES) if med else "-")
-            rows += [pause, split]
+                steps = cell.get("steps_redone") or []
+                redone.append(f"{statistics.median(steps):g}" if steps else "-")
+            rows += [pause, split, redone]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = [
         "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |" for r in rows
