@@ -23,7 +23,7 @@ from torch.distributed.elastic.rendezvous import (
 from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
 from elasticjob_runtime import contract
-from elasticjob_runtime.etcd_client import EtcdClient, parse_endpoint
+from elasticjob_runtime.etcd_client import EtcdClient, EtcdError, parse_endpoint
 from elasticjob_runtime.membership import Limits, Round
 from elasticjob_runtime.rendezvous import (
     EtcdV3RendezvousBackend,
@@ -346,6 +346,43 @@ def test_membership_is_still_watched_after_etcd_restarts(tmp_path: Path) -> None
         server.restart()
         time.sleep(1.0)
         assert a.num_nodes_waiting() == 0  # nothing changed; a notices its watch is gone
+
+        b._leave()
+        took = wait_until(lambda: a.num_nodes_waiting() > 0, 15)
+        assert took < 10
+    finally:
+        for handler, client in made:
+            handler._leave()
+            client.close()
+        server.stop()
+
+
+def test_a_watch_refused_right_after_a_restart_is_tried_again(tmp_path: Path) -> None:
+    """gRPC can refuse a new watch stream just after etcd is back while reads already
+    work (seen in CI): the handler must keep trying, not believe it is watching."""
+    server = start_etcd("3.5", tmp_path / "etcd")
+    made: list[tuple[EtcdV3RendezvousHandler, EtcdClient]] = []
+    try:
+        for _ in range(2):
+            client = EtcdClient(parse_endpoint(server.endpoint), timeout=10)
+            handler = EtcdV3RendezvousHandler(client, "refused", Limits(1, 3, 15), "127.0.0.1")
+            made.append((handler, client))
+        (a, a_client), (b, _) = made
+        join_all(a, b)
+
+        watch_prefix = a_client.watch_prefix
+        refusals: list[str] = []
+
+        def refuse_once(*args, **kwargs):  # type: ignore[no-untyped-def]
+            if not refusals:
+                refusals.append("refused")
+                raise EtcdError("watch refused (UNAVAILABLE), as gRPC does after a restart")
+            return watch_prefix(*args, **kwargs)
+
+        a_client.watch_prefix = refuse_once  # type: ignore[method-assign]
+        server.restart()
+        wait_until(lambda: a.num_nodes_waiting() == 0 and bool(refusals), 15)
+        assert a.num_nodes_waiting() == 0  # the check after the refusal, with nothing changed
 
         b._leave()
         took = wait_until(lambda: a.num_nodes_waiting() > 0, 15)

@@ -266,10 +266,18 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
         """(Re)start the watch on the run's prefix from just after ``revision``."""
         if self._cancel_watch is not None:
             self._cancel_watch()
+        self._cancel_watch = None
         self._watch_broken.clear()
-        self._cancel_watch = self._client.watch_prefix(
-            self._prefix, revision + 1, self._changed.set, self._watch_broken.set
-        )
+        try:
+            self._cancel_watch = self._client.watch_prefix(
+                self._prefix, revision + 1, self._changed.set, self._watch_broken.set
+            )
+        except EtcdError:
+            # Right after etcd comes back, gRPC may refuse the new stream even though a
+            # read just worked: stay "broken" so the next check tries again, rather than
+            # believing a watch exists and never hearing of a change.
+            self._watch_broken.set()
+            raise
 
     def _write(self, new: Round, kv: KeyValue | None) -> bool:
         result = self._backend.set_state(new.encode(), None if kv is None else kv.mod_revision)
@@ -302,7 +310,10 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
             try:
                 self._round = joined.number
                 self._participants = joined.participants
-                self._watch(revision)
+                try:
+                    self._watch(revision)
+                except EtcdError as exc:  # the first membership check watches again
+                    log.warning("etcd-v3: %s: cannot watch yet (%s); retrying", self.node, exc)
                 # A round every participant confirmed still runs when a newer one has
                 # opened meanwhile; the first membership check must see that at once.
                 self._changed.set()
