@@ -19,7 +19,8 @@ from elasticjob_runtime.checkpoint import (
     fetch_from_peer,
 )
 from elasticjob_runtime.health import HealthServer
-from elasticjob_runtime.progress import MemoryFallback, memory_fallback_reporter_from_env
+from elasticjob_runtime.progress import memory_fallback_reporter_from_env
+from elasticjob_runtime.records import MemoryFallback
 from elasticjob_runtime.sampler import ElasticSampler
 
 

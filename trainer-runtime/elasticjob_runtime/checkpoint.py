@@ -68,14 +68,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from elasticjob_runtime import contract
-
-if TYPE_CHECKING:  # progress imports the etcd client: only when a report is due
-    from elasticjob_runtime.progress import MemoryFallback
+from elasticjob_runtime.records import MemoryFallback
 
 log = logging.getLogger(__name__)
 
@@ -557,7 +555,7 @@ class CheckpointManager:
             if no_space
             else "",
         )
-        report = progress.MemoryFallback(
+        report = MemoryFallback(
             pod=os.environ.get(contract.POD_NAME) or socket.gethostname(),
             step=step,
             checkpoint_bytes=size,

@@ -28,60 +28,28 @@ In a training script::
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from elasticjob_runtime import contract
 from elasticjob_runtime.etcd_client import EtcdClient, EtcdError, parse_endpoint, parse_endpoints
+from elasticjob_runtime.records import (
+    MemoryFallback,
+    Progress,
+    decode_memory_fallback,
+    decode_progress,
+    encode_memory_fallback,
+    encode_progress,
+)
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Progress:
-    """One progress record as stored in etcd."""
-
-    step: int
-    samples_per_second: float
-    world_size: int
-    restart_count: int
-    updated: float  # unix time of the publish
-    epoch: int | None = None
-    checkpoint_step: int | None = None
-    checkpoint_url: str | None = None
-
-
-def encode_progress(progress: Progress) -> bytes:
-    return json.dumps(asdict(progress), sort_keys=True).encode()
-
-
-def decode_progress(raw: bytes) -> Progress:
-    """Parse a stored record; unknown fields (from a newer runtime) are ignored."""
-    doc: dict[str, Any] = json.loads(raw)
-
-    def opt_int(name: str) -> int | None:
-        value = doc.get(name)
-        return None if value is None else int(value)
-
-    url = doc.get("checkpoint_url")
-    return Progress(
-        step=int(doc["step"]),
-        samples_per_second=float(doc["samples_per_second"]),
-        world_size=int(doc["world_size"]),
-        restart_count=int(doc["restart_count"]),
-        updated=float(doc["updated"]),
-        epoch=opt_int("epoch"),
-        checkpoint_step=opt_int("checkpoint_step"),
-        checkpoint_url=None if url is None else str(url),
-    )
 
 
 class SampleRate:
@@ -285,43 +253,6 @@ def fetch_checkpoint_from_peer(
 # The report outlives its writer (the operator must see it even if the pod dies at once)
 # but not the run's etcd for ever: an hour is many operator resyncs.
 MEMORY_FALLBACK_TTL = 3600
-
-
-@dataclass(frozen=True)
-class MemoryFallback:
-    """One pod's node-memory checkpoint copy failed; restarts there read the disk copy."""
-
-    pod: str
-    step: int
-    checkpoint_bytes: int
-    shm_bytes: int | None  # size of the filesystem holding the copy (/dev/shm)
-    free_bytes: int | None  # free on it after the failed write was removed
-    no_space: bool  # ENOSPC: it did not fit (else another error, in ``error``)
-    error: str
-    updated: float
-
-
-def encode_memory_fallback(report: MemoryFallback) -> bytes:
-    return json.dumps(asdict(report), sort_keys=True).encode()
-
-
-def decode_memory_fallback(raw: bytes) -> MemoryFallback:
-    doc: dict[str, Any] = json.loads(raw)
-
-    def opt_int(name: str) -> int | None:
-        value = doc.get(name)
-        return None if value is None else int(value)
-
-    return MemoryFallback(
-        pod=str(doc["pod"]),
-        step=int(doc["step"]),
-        checkpoint_bytes=int(doc["checkpoint_bytes"]),
-        shm_bytes=opt_int("shm_bytes"),
-        free_bytes=opt_int("free_bytes"),
-        no_space=bool(doc.get("no_space", False)),
-        error=str(doc.get("error", "")),
-        updated=float(doc.get("updated", 0.0)),
-    )
 
 
 def report_memory_fallback(

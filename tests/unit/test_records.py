@@ -1,0 +1,51 @@
+"""The progress record and the node-memory report: one format, written and read by the
+same code (the runtime publishes, the operator reads)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from elasticjob_runtime.records import (
+    MemoryFallback,
+    Progress,
+    decode_memory_fallback,
+    decode_progress,
+    encode_memory_fallback,
+    encode_progress,
+)
+
+
+def test_progress_round_trips_and_ignores_fields_it_does_not_know() -> None:
+    record = Progress(
+        step=7, samples_per_second=12.5, world_size=3, restart_count=1, updated=1.5, epoch=2
+    )
+    assert decode_progress(encode_progress(record)) == record
+    newer = dict(json.loads(encode_progress(record)), from_a_newer_runtime=True)
+    assert decode_progress(json.dumps(newer).encode()) == record
+
+
+def test_memory_fallback_round_trips() -> None:
+    report = MemoryFallback("w-0", 20, 3 << 20, 1 << 20, 0, True, "no space", 9.0)
+    assert decode_memory_fallback(encode_memory_fallback(report)) == report
+
+
+@pytest.mark.parametrize(
+    ("raw", "names"),
+    [
+        (b"not json", "not JSON"),
+        (b"[1]", "JSON object"),
+        (b'{"samples_per_second": 1, "world_size": 1, "restart_count": 0, "updated": 1}', "step"),
+        (b'{"step": "7", "samples_per_second": 1, "world_size": 1, "restart_count": 0}', "step"),
+        (b'{"step": true, "samples_per_second": 1, "world_size": 1, "restart_count": 0}', "step"),
+    ],
+)
+def test_a_record_that_is_not_one_is_refused_naming_what_is_wrong(raw: bytes, names: str) -> None:
+    with pytest.raises(ValueError, match=names):
+        decode_progress(raw)
+
+
+def test_a_report_without_a_pod_is_refused() -> None:
+    with pytest.raises(ValueError, match="pod"):
+        decode_memory_fallback(b'{"step": 1, "checkpoint_bytes": 5}')

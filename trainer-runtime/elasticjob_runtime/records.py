@@ -1,0 +1,128 @@
+"""The records the runtime publishes in the run's etcd and the operator reads back.
+
+One format for each, defined once: the training progress that global rank 0 publishes
+(:class:`Progress`, mirrored into the job's ``status.progress``) and a pod's report that
+its node-memory checkpoint copy failed (:class:`MemoryFallback`, said once in the job's
+events). JSON with snake_case keys; a field a newer runtime adds is ignored by an older
+reader. Pure (json only: no etcd client, no torch), so the operator decodes with the very
+code the runtime encodes with.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Progress:
+    """One progress record as stored in etcd."""
+
+    step: int
+    samples_per_second: float
+    world_size: int
+    restart_count: int
+    updated: float  # unix time of the publish
+    epoch: int | None = None
+    checkpoint_step: int | None = None
+    checkpoint_url: str | None = None
+
+
+@dataclass(frozen=True)
+class MemoryFallback:
+    """One pod's node-memory checkpoint copy failed; restarts there read the disk copy."""
+
+    pod: str
+    step: int
+    checkpoint_bytes: int
+    shm_bytes: int | None  # size of the filesystem holding the copy (/dev/shm)
+    free_bytes: int | None  # free on it after the failed write was removed
+    no_space: bool  # ENOSPC: it did not fit (else another error, in ``error``)
+    error: str
+    updated: float
+
+
+def encode_progress(progress: Progress) -> bytes:
+    return json.dumps(asdict(progress), sort_keys=True).encode()
+
+
+def decode_progress(raw: bytes) -> Progress:
+    """Parse a stored record; ValueError naming the field if it is not one."""
+    doc = _document(raw, "progress record")
+    url = doc.get("checkpoint_url")
+    return Progress(
+        step=_int(doc, "step"),
+        samples_per_second=_float(doc, "samples_per_second"),
+        world_size=_int(doc, "world_size"),
+        restart_count=_int(doc, "restart_count"),
+        updated=_float(doc, "updated"),
+        epoch=_opt_int(doc, "epoch"),
+        checkpoint_step=_opt_int(doc, "checkpoint_step"),
+        checkpoint_url=None if url is None else str(url),
+    )
+
+
+def encode_memory_fallback(report: MemoryFallback) -> bytes:
+    return json.dumps(asdict(report), sort_keys=True).encode()
+
+
+def decode_memory_fallback(raw: bytes) -> MemoryFallback:
+    """Parse a stored report; ValueError naming the field if it is not one."""
+    doc = _document(raw, "node-memory fallback report")
+    pod = doc.get("pod")
+    if not isinstance(pod, str) or not pod:
+        raise ValueError("node-memory fallback report: 'pod' must be a non-empty string")
+    return MemoryFallback(
+        pod=pod,
+        step=_int(doc, "step"),
+        checkpoint_bytes=_int(doc, "checkpoint_bytes"),
+        shm_bytes=_opt_int(doc, "shm_bytes"),
+        free_bytes=_opt_int(doc, "free_bytes"),
+        no_space=doc.get("no_space") is not False,
+        error=str(doc.get("error") or ""),
+        updated=_float(doc, "updated", 0.0),
+    )
+
+
+# -- field readers: a number is an int or float, never a bool or a numeric string ------
+
+
+def _document(raw: bytes, what: str) -> dict[str, Any]:
+    try:
+        doc = json.loads(raw)
+    except ValueError as exc:
+        raise ValueError(f"{what}: not JSON ({exc})") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"{what}: a JSON object was expected, got {type(doc).__name__}")
+    return doc
+
+
+def _number(doc: dict[str, Any], name: str) -> float | None:
+    value = doc.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{name!r} must be a number, got {value!r}")
+    return float(value)
+
+
+def _int(doc: dict[str, Any], name: str) -> int:
+    value = _number(doc, name)
+    if value is None:
+        raise ValueError(f"{name!r} is missing")
+    return int(value)
+
+
+def _opt_int(doc: dict[str, Any], name: str) -> int | None:
+    value = _number(doc, name)
+    return None if value is None else int(value)
+
+
+def _float(doc: dict[str, Any], name: str, default: float | None = None) -> float:
+    value = _number(doc, name)
+    if value is not None:
+        return value
+    if default is None:
+        raise ValueError(f"{name!r} is missing")
+    return default
