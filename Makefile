@@ -17,6 +17,7 @@ lint: setup
 	ruff check .
 	ruff format --check .
 	mypy
+	lint-imports
 
 format: setup
 	ruff check --fix .
