@@ -269,7 +269,7 @@ class Job:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PET_", "TORCHELASTIC_"))}
         env.update(
             PYTHONUNBUFFERED="1",
-            # as DESIGN.md: torch 2.13's shared agent store crashes c10d scale-up
+            # docs/design.md: torch 2.13's shared agent store crashes c10d scale-up
             TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
             ELASTICJOB_PROGRESS="0",
             # torch's agent then logs when it stops and starts its workers (bench.phases)

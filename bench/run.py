@@ -14,7 +14,7 @@ worker process started after it (an old worker finishing a step already in fligh
 not count); scale-up time is from starting the new agent's process (interpreter start
 and imports included) to the first step at world size 3. Launchers run with their
 defaults apart from ``--max-restarts=3`` and ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``
-(without it torch 2.13's c10d scale-up crashes, see DESIGN.md).
+(without it torch 2.13's c10d scale-up crashes, see docs/design.md).
 
 Every scenario has hard timeouts and ends by killing every process it started by its
 recorded process group. Results: a table on stdout, ``bench/results/latest.json`` and a
