@@ -5,7 +5,8 @@ session of its own (so its pid is its process group) with stdout and stderr pump
 into a CRI-format log file per start. Reaping records the exit; stopping SIGKILLs the
 container's process group and then its cgroup (cgroups.py: also what it started in
 sessions of its own). Deletion is kubelet's: SIGTERM to the main process, the grace
-period, then SIGKILL.
+period, then SIGKILL. A stopped (frozen) process keeps its SIGTERM pending, so a frozen
+container is deleted at the end of its grace period, as on a real node.
 """
 
 from __future__ import annotations
@@ -229,6 +230,14 @@ def _chosen(rt: PodRuntime, container: str) -> str:
     return container or next(iter(rt.procs), "")
 
 
+def _running(rt: PodRuntime, container: str) -> subprocess.Popen[bytes]:
+    name = _chosen(rt, container)
+    proc = rt.procs.get(name)
+    if proc is None:
+        raise ContainerError(f"container {name!r} of pod {rt.name} is not running")
+    return proc
+
+
 def kill(rt: PodRuntime, container: str) -> list[int]:
     """SIGKILL the process group of the container (every container for ""): the
     pids killed."""
@@ -255,6 +264,20 @@ def kill_worker(rt: PodRuntime, container: str) -> tuple[int, str]:
     with contextlib.suppress(ProcessLookupError):
         os.kill(child[0], signal.SIGKILL)
     return child
+
+
+def freeze(rt: PodRuntime, container: str) -> int:
+    """SIGSTOP the container's main process: it hangs (a deadlock, a stuck collective)
+    until SIGCONT or SIGKILL. Returns its pid."""
+    pid = _running(rt, container).pid
+    os.kill(pid, signal.SIGSTOP)
+    return pid
+
+
+def thaw(rt: PodRuntime, container: str) -> int:
+    pid = _running(rt, container).pid
+    os.kill(pid, signal.SIGCONT)
+    return pid
 
 
 def log_source(rt: PodRuntime, container: str, previous: bool) -> kubelet_server.LogSource | str:

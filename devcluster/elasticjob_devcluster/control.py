@@ -31,9 +31,11 @@ class Op(StrEnum):
     KILL = "kill"  # SIGKILL containers' process groups
     KILL_WORKER = "kill-worker"  # SIGKILL one training process inside a container
     NETWORK = "network"  # the pod's link down or up
+    FREEZE = "freeze"  # SIGSTOP a container's main process
+    THAW = "thaw"  # SIGCONT it
 
 
-POD_OPS = frozenset({Op.KILL, Op.KILL_WORKER, Op.NETWORK})
+POD_OPS = frozenset({Op.KILL, Op.KILL_WORKER, Op.NETWORK, Op.FREEZE, Op.THAW})
 
 
 class ProtocolError(ValueError):

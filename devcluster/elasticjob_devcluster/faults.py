@@ -5,6 +5,8 @@ the operations and the request/reply). Pod faults find the agent running the pod
 
     kill_container(dir, "default", "worker-0")      # SIGKILL; restartPolicy decides
     kill_worker_process(dir, "default", "worker-0")  # SIGKILL one training process in it
+    freeze_container(dir, "default", "worker-0")     # SIGSTOP its main process (a hang)
+    thaw_container(dir, "default", "worker-0")       # SIGCONT
     cut_network(dir, "default", "worker-0")          # veth down both ends (and API access)
     restore_network(dir, "default", "worker-0")
     set_node_ready(dir, "node-2", False)             # stop heartbeats; processes keep running
@@ -70,6 +72,20 @@ def kill_worker_process(
     container's main process (for `elasticjob-run`/torchrun, a worker), not the container.
     The launcher is left to notice. Returns the pid killed."""
     return pod_call(state_dir, Request(Op.KILL_WORKER, namespace, pod, container or "")).pids[0]
+
+
+def freeze_container(
+    state_dir: Path, namespace: str, pod: str, container: str | None = None
+) -> int:
+    """SIGSTOP a container's main process (the first container if None): it hangs,
+    neither exiting nor answering, until thawed, killed or its liveness probe fails.
+    Its children keep running. Returns the pid stopped."""
+    return pod_call(state_dir, Request(Op.FREEZE, namespace, pod, container or "")).pids[0]
+
+
+def thaw_container(state_dir: Path, namespace: str, pod: str, container: str | None = None) -> int:
+    """SIGCONT what freeze_container stopped. Returns the pid continued."""
+    return pod_call(state_dir, Request(Op.THAW, namespace, pod, container or "")).pids[0]
 
 
 def cut_network(state_dir: Path, namespace: str, pod: str) -> None:

@@ -406,6 +406,10 @@ class Agent:
             if req.op == Op.KILL_WORKER:
                 pid, cmdline = containers.kill_worker(rt, req.container)
                 return Reply(ok=True, node=node, pids=[pid], cmdline=cmdline)
+            if req.op == Op.FREEZE:
+                return Reply(ok=True, node=node, pids=[containers.freeze(rt, req.container)])
+            if req.op == Op.THAW:
+                return Reply(ok=True, node=node, pids=[containers.thaw(rt, req.container)])
         except containers.ContainerError as e:
             return Reply(ok=False, node=node, error=str(e))
         if req.op == Op.NETWORK:

@@ -5,7 +5,8 @@ its period makes due (from the pod's netns; exec inside the container's namespac
 Readiness flips the container's Ready (then wakes the reconcile loop to report it);
 liveness failing its threshold SIGKILLs the container's process group, and its
 restartPolicy decides what follows (kubelet would SIGTERM first and wait the grace
-period).
+period). A container whose process is stopped (the freeze fault) still answers a TCP
+connect from the kernel, but not an HTTP request or an exec probe that checks it.
 """
 
 from __future__ import annotations
@@ -131,7 +132,7 @@ class Prober:
             log.info("pod %s/%s container %s failed liveness", rt.namespace, rt.name, name)
             rt.probes.pop(key, None)
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(run.pid, signal.SIGKILL)
+                os.killpg(run.pid, signal.SIGKILL)  # a stopped process dies of it too
 
     def probe_once(self, rt: PodRuntime, run: ContainerRun, probe: Obj) -> bool:
         timeout = float(probe.get("timeoutSeconds") or 1)

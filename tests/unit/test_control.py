@@ -38,8 +38,8 @@ def test_an_unknown_op_names_the_known_ones() -> None:
 
 
 def test_a_pod_op_without_a_pod_is_refused() -> None:
-    with pytest.raises(ProtocolError, match="'kill' needs the pod's name"):
-        Request.decode(b'{"op": "kill"}')
+    with pytest.raises(ProtocolError, match="'freeze' needs the pod's name"):
+        Request.decode(b'{"op": "freeze"}')
 
 
 def test_a_reply_round_trips_and_must_say_ok() -> None:
@@ -65,8 +65,8 @@ def server(tmp_path: Path) -> Iterator[ControlServer]:
                 srv.handle_pending(answer)
 
     def answer(req: Request) -> Reply:
-        if req.op == Op.NETWORK:
-            raise RuntimeError("cannot cut")
+        if req.op == Op.THAW:
+            raise RuntimeError("cannot thaw")
         return Reply(ok=True, node="n1", error=f"{req.op.value} {req.namespace}/{req.pod}")
 
     t = threading.Thread(target=loop, daemon=True)
@@ -78,15 +78,15 @@ def server(tmp_path: Path) -> Iterator[ControlServer]:
 
 
 def test_a_request_is_carried_out_by_the_loop_and_answered(server: ControlServer) -> None:
-    reply = call(server.path, Request(Op.KILL, "ns", "p"), timeout=10)
-    assert reply == Reply(ok=True, node="n1", error="kill ns/p")
+    reply = call(server.path, Request(Op.FREEZE, "ns", "p"), timeout=10)
+    assert reply == Reply(ok=True, node="n1", error="freeze ns/p")
 
 
 def test_a_failing_handler_and_a_garbled_request_get_an_error_reply(
     server: ControlServer,
 ) -> None:
-    reply = call(server.path, Request(Op.NETWORK, "ns", "p"), timeout=10)
-    assert not reply.ok and reply.error == "RuntimeError: cannot cut"
+    reply = call(server.path, Request(Op.THAW, "ns", "p"), timeout=10)
+    assert not reply.ok and reply.error == "RuntimeError: cannot thaw"
 
     with socket.socket(socket.AF_UNIX) as s:
         s.settimeout(10)
