@@ -99,6 +99,17 @@ def wait_phase(api: client.CoreV1Api, ns: str, name: str, want: str) -> client.V
     return wait_for(f"pod {name} to be {want}", check)
 
 
+def wait_deleted(api: client.CoreV1Api, ns: str, name: str) -> None:
+    def gone() -> bool:
+        try:
+            api.read_namespaced_pod(name, ns)
+            return False
+        except client.ApiException as e:
+            return e.status == 404
+
+    wait_for(f"pod {name} to be deleted", gone)
+
+
 def logs(api: client.CoreV1Api, ns: str, name: str, **kw: Any) -> str:
     return str(api.read_namespaced_pod_log(name, ns, **kw))
 
@@ -244,15 +255,7 @@ def test_deleting_a_pod_delivers_sigterm_first(
     wait_for("the pod to be running its handler", lambda: (tmp_path / "ready").exists())
     started = time.monotonic()
     api.delete_namespaced_pod("graceful", ns)
-
-    def gone() -> bool:
-        try:
-            api.read_namespaced_pod("graceful", ns)
-            return False
-        except client.ApiException as e:
-            return e.status == 404
-
-    wait_for("the pod to be deleted", gone)
+    wait_deleted(api, ns, "graceful")
     assert (tmp_path / "marker").read_text() == "SIGTERM"
     assert time.monotonic() - started < 30, "the agent waited for the grace period, not the exit"
 
@@ -616,15 +619,7 @@ def test_fault_freeze_and_thaw_and_a_frozen_pod_is_still_deleted(
     wait_for("the process to stop again", lambda: process_state(pid) == "T")
     # its SIGTERM stays pending while it is stopped: the grace period ends in SIGKILL
     api.delete_namespaced_pod("stuck", ns)
-
-    def gone() -> bool:
-        try:
-            api.read_namespaced_pod("stuck", ns)
-            return False
-        except client.ApiException as e:
-            return e.status == 404
-
-    wait_for("the frozen pod to be deleted", gone)
+    wait_deleted(api, ns, "stuck")
     assert not process_alive(pid)
 
 
