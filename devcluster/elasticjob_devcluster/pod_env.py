@@ -126,6 +126,54 @@ def obj_ns(obj: Obj) -> str:
     return str((obj.get("metadata") or {}).get("namespace", ""))
 
 
+def pod_hostname(pod: Obj) -> str:
+    """spec.hostname or the pod name, cut to 63 characters as kubelet does."""
+    spec = pod.get("spec") or {}
+    if spec.get("hostNetwork") and spec.get("nodeName"):
+        return str(spec["nodeName"])  # the node's name, as a host-network pod sees it
+    name = str(spec.get("hostname") or pod["metadata"]["name"])
+    return name[:63].rstrip("-.") or name[:63]
+
+
+def runtime_env(
+    pod: Obj,
+    service_env: Mapping[str, str],
+    path: str,
+    home: str,
+    kube_ip: str,
+    host_ip: str,
+    apiserver_port: int,
+) -> dict[str, str]:
+    """What kubelet sets before the container's own env: the Services' variables (unless
+    enableServiceLinks is false), PATH, HOSTNAME, HOME and where the API server is: the
+    `kubernetes` Service's clusterIP, or for hostNetwork pods (no clusterIPs out there)
+    the API server itself on the node."""
+    spec = pod.get("spec") or {}
+    env = dict(service_env) if spec.get("enableServiceLinks", True) else {}
+    env |= {
+        "PATH": path,
+        "HOSTNAME": pod_hostname(pod),
+        "HOME": home,
+        "KUBERNETES_SERVICE_HOST": kube_ip,
+        "KUBERNETES_SERVICE_PORT": "443",
+        "KUBERNETES_SERVICE_PORT_HTTPS": "443",
+        "KUBERNETES_PORT": f"tcp://{kube_ip}:443",
+        "KUBERNETES_PORT_443_TCP": f"tcp://{kube_ip}:443",
+        "KUBERNETES_PORT_443_TCP_PROTO": "tcp",
+        "KUBERNETES_PORT_443_TCP_PORT": "443",
+        "KUBERNETES_PORT_443_TCP_ADDR": kube_ip,
+    }
+    if spec.get("hostNetwork"):
+        port = str(apiserver_port)
+        env |= {
+            "KUBERNETES_SERVICE_HOST": host_ip,
+            "KUBERNETES_SERVICE_PORT": port,
+            "KUBERNETES_SERVICE_PORT_HTTPS": port,
+            "KUBERNETES_PORT": f"tcp://{host_ip}:{port}",
+        }
+    return env
+
+
 def resolve_env(
     pod: Obj,
     container: Obj,

@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -102,6 +103,36 @@ def load_records(path: Path) -> list[ProcessRecord]:
         return [ProcessRecord(**r) for r in json.loads(path.read_text())]
     except FileNotFoundError:
         return []
+
+
+def group_exists(record: ProcessRecord) -> bool:
+    """The recorded process (not a reuse of its pid) or its process group still exists."""
+    if _leader_reused(record):
+        return False
+    try:
+        os.killpg(record.pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+class RecordFile:
+    """A records file that several threads add to (a node agent's containers and exec
+    probes); each addition drops the records whose whole group is gone, so short-lived
+    processes do not pile up."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+
+    def add(self, proc: subprocess.Popen[bytes], name: str) -> None:
+        ticks = start_ticks(proc.pid)
+        record = ProcessRecord(name, proc.pid, ticks if ticks is not None else -1)
+        with self._lock:
+            live = [r for r in load_records(self.path) if group_exists(r)]
+            save_records(self.path, [*live, record])
 
 
 def _signal_group(record: ProcessRecord, sig: signal.Signals) -> None:

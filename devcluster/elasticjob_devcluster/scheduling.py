@@ -4,11 +4,14 @@ Every agent runs the same pure choice over the same watched objects and binds on
 pods it picks for itself, so pods spread evenly (fewest running pods first, then by
 name) and nodes that are NotReady, cordoned, tainted or not matching nodeSelector are
 skipped. If views differ for a moment, the API server refuses the second Binding.
+A pod left unbound for a few seconds (its chosen node's agent may be stuck) is bound
+by any node it fits. binder.py sends the Bindings.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 Obj = dict[str, Any]
@@ -101,3 +104,44 @@ def unschedulable_message(pod: Obj, nodes: Iterable[Obj]) -> str:
         counts[why] = counts.get(why, 0) + 1
     reasons = ", ".join(f"{n} {why}" for why, n in sorted(counts.items()))
     return f"0/{total} nodes are available: {reasons}."
+
+
+def leader(nodes: Iterable[Obj]) -> str | None:
+    """The first Ready node by name: cluster-wide chores (provisioning volumes, saying
+    why a pod is Unschedulable) fall to its agent alone."""
+    ready = sorted(str(n["metadata"]["name"]) for n in nodes if node_ready(n))
+    return ready[0] if ready else None
+
+
+@dataclass(frozen=True)
+class Decision:
+    bind: list[Obj] = field(default_factory=list)
+    unschedulable: list[Obj] = field(default_factory=list)  # no node fits, for a while
+    first_seen: dict[str, float] = field(default_factory=dict)  # pending pod uid -> when
+
+
+def decide(
+    node: str,
+    pods: Iterable[Obj],
+    nodes: Iterable[Obj],
+    first_seen: Mapping[str, float],
+    now: float,
+    fallback_s: float,
+) -> Decision:
+    """What `node` does about the pending pods: bind those the choice gives it, and any
+    it fits once a pod has waited `fallback_s`; report those no node fits by then.
+    `first_seen` is the previous Decision's (times are monotonic seconds)."""
+    all_pods, all_nodes = list(pods), list(nodes)
+    me = next((n for n in all_nodes if n["metadata"]["name"] == node), None)
+    if me is None:
+        return Decision(first_seen=dict(first_seen))
+    out = Decision()
+    for p in (p for p in all_pods if wants_scheduling(p)):
+        first = out.first_seen[p["metadata"]["uid"]] = first_seen.get(p["metadata"]["uid"], now)
+        waited = now - first > fallback_s
+        choice = choose_node(p, all_nodes, all_pods)
+        if choice == node or (waited and fits(p, me)):
+            out.bind.append(p)
+        elif choice is None and waited:
+            out.unschedulable.append(p)
+    return out

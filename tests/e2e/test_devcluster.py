@@ -99,6 +99,17 @@ def wait_phase(api: client.CoreV1Api, ns: str, name: str, want: str) -> client.V
     return wait_for(f"pod {name} to be {want}", check)
 
 
+def wait_deleted(api: client.CoreV1Api, ns: str, name: str) -> None:
+    def gone() -> bool:
+        try:
+            api.read_namespaced_pod(name, ns)
+            return False
+        except client.ApiException as e:
+            return e.status == 404
+
+    wait_for(f"pod {name} to be deleted", gone)
+
+
 def logs(api: client.CoreV1Api, ns: str, name: str, **kw: Any) -> str:
     return str(api.read_namespaced_pod_log(name, ns, **kw))
 
@@ -244,15 +255,7 @@ def test_deleting_a_pod_delivers_sigterm_first(
     wait_for("the pod to be running its handler", lambda: (tmp_path / "ready").exists())
     started = time.monotonic()
     api.delete_namespaced_pod("graceful", ns)
-
-    def gone() -> bool:
-        try:
-            api.read_namespaced_pod("graceful", ns)
-            return False
-        except client.ApiException as e:
-            return e.status == 404
-
-    wait_for("the pod to be deleted", gone)
+    wait_deleted(api, ns, "graceful")
     assert (tmp_path / "marker").read_text() == "SIGTERM"
     assert time.monotonic() - started < 30, "the agent waited for the grace period, not the exit"
 
@@ -549,6 +552,77 @@ def test_fault_kill_restarts_the_container(
     assert logs(api, ns, "victim") != f"pid {killed[0]}\n"
 
 
+# an HTTP server that prints its pid once it listens (before that, probes fail), and
+# nothing else
+SERVE_8080_SAY_PID = """
+    import http.server, os
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200); self.end_headers()
+        def log_message(self, *args):
+            pass
+    server = http.server.HTTPServer(("0.0.0.0", 8080), H)
+    print("pid", os.getpid(), flush=True)
+    server.serve_forever()
+"""
+
+
+def serving_pid(api: client.CoreV1Api, ns: str, name: str) -> int:
+    def pid() -> int | None:
+        m = re.fullmatch(r"pid (\d+)\n", logs(api, ns, name))
+        return int(m.group(1)) if m else None
+
+    return wait_for(f"{name} to serve", pid)
+
+
+def test_fault_freeze_fails_the_liveness_probe_and_the_container_is_restarted(
+    api: client.CoreV1Api, ns: str, cluster_dir: Path
+) -> None:
+    probe = {
+        "httpGet": {"port": 8080, "path": "/"},
+        "periodSeconds": 1,
+        "timeoutSeconds": 1,
+        "failureThreshold": 3,
+    }
+    manifest = pod_manifest(
+        "hangs", SERVE_8080_SAY_PID, restart="Always", container={"livenessProbe": probe}
+    )
+    create(api, ns, manifest)
+    pid = serving_pid(api, ns, "hangs")
+    time.sleep(3)  # the probe has passed a few times: the server alone keeps it alive
+    assert api.read_namespaced_pod("hangs", ns).status.container_statuses[0].restart_count == 0
+    assert faults.freeze_container(cluster_dir, ns, "hangs") == pid
+    wait_for("the process to stop", lambda: process_state(pid) == "T")
+
+    def restarted() -> bool:
+        cs = api.read_namespaced_pod("hangs", ns).status.container_statuses[0]
+        return bool(cs.restart_count >= 1 and cs.state.running)
+
+    wait_for("the frozen container to fail liveness and be restarted", restarted)
+    last = api.read_namespaced_pod("hangs", ns).status.container_statuses[0].last_state
+    assert last.terminated.exit_code == 137  # SIGKILL, which a stopped process obeys
+    assert logs(api, ns, "hangs", previous=True) == f"pid {pid}\n"
+    assert not process_alive(pid)
+
+
+def test_fault_freeze_and_thaw_and_a_frozen_pod_is_still_deleted(
+    api: client.CoreV1Api, ns: str, cluster_dir: Path
+) -> None:
+    manifest = pod_manifest("stuck", SERVE_8080_SAY_PID, terminationGracePeriodSeconds=2)
+    create(api, ns, manifest)
+    pid = serving_pid(api, ns, "stuck")
+    assert faults.freeze_container(cluster_dir, ns, "stuck", "main") == pid
+    wait_for("the process to stop", lambda: process_state(pid) == "T")  # signals are async
+    assert faults.thaw_container(cluster_dir, ns, "stuck") == pid
+    wait_for("the thawed process to run again", lambda: process_state(pid) in ("S", "R"))
+    faults.freeze_container(cluster_dir, ns, "stuck")
+    wait_for("the process to stop again", lambda: process_state(pid) == "T")
+    # its SIGTERM stays pending while it is stopped: the grace period ends in SIGKILL
+    api.delete_namespaced_pod("stuck", ns)
+    wait_deleted(api, ns, "stuck")
+    assert not process_alive(pid)
+
+
 def test_fault_cut_network_stops_traffic_until_restored(
     api: client.CoreV1Api, ns: str, cluster_dir: Path
 ) -> None:
@@ -627,13 +701,16 @@ SPAWN_DETACHED = (
 )
 
 
-def process_alive(pid: int) -> bool:
+def process_state(pid: int) -> str:
+    """R, S, T (stopped), Z... from /proc/<pid>/stat; "" once the process is gone."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return ""
+
+
+def process_alive(pid: int) -> bool:
+    return process_state(pid) not in ("", "Z")
 
 
 def detached_pid(api: client.CoreV1Api, ns: str, name: str) -> int:

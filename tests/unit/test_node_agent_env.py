@@ -11,8 +11,10 @@ from elasticjob_devcluster.pod_env import (
     PodContext,
     expand,
     expand_command,
+    pod_hostname,
     referenced_objects,
     resolve_env,
+    runtime_env,
 )
 
 POD = {
@@ -121,3 +123,35 @@ def test_referenced_objects_cover_env_and_projected_volumes() -> None:
         }
     }
     assert referenced_objects(pod) == ({"c1", "c2", "kube-root-ca.crt"}, {"s1", "s2"})
+
+
+def test_the_hostname_is_spec_hostname_or_the_pod_name_cut_as_kubelet_cuts_it() -> None:
+    assert pod_hostname(POD) == "w-0"
+    assert pod_hostname({**POD, "spec": {"hostname": "trainer"}}) == "trainer"
+    long = {"metadata": {"name": "x" * 62 + "-yz"}, "spec": {}}
+    assert pod_hostname(long) == "x" * 62
+    host_net = {**POD, "spec": {"hostNetwork": True, "nodeName": "node-1"}}
+    assert pod_hostname(host_net) == "node-1"
+
+
+def test_kubelets_own_variables_point_at_the_kubernetes_service() -> None:
+    env = runtime_env(
+        POD, {"WEB_SERVICE_HOST": "10.96.0.7"}, "/bin", "/h", "10.96.0.1", "127.0.0.1", 6443
+    )
+    assert env["WEB_SERVICE_HOST"] == "10.96.0.7"
+    assert (env["PATH"], env["HOME"], env["HOSTNAME"]) == ("/bin", "/h", "w-0")
+    assert env["KUBERNETES_SERVICE_HOST"] == "10.96.0.1"
+    assert env["KUBERNETES_SERVICE_PORT"] == "443"
+    assert env["KUBERNETES_PORT_443_TCP"] == "tcp://10.96.0.1:443"
+
+
+def test_service_links_can_be_switched_off_and_host_network_pods_dial_the_api_server() -> None:
+    no_links = {**POD, "spec": {"enableServiceLinks": False}}
+    env = runtime_env(
+        no_links, {"WEB_SERVICE_HOST": "x"}, "/bin", "/h", "10.96.0.1", "127.0.0.1", 6443
+    )
+    assert "WEB_SERVICE_HOST" not in env
+    host_net = {**POD, "spec": {"hostNetwork": True}}
+    env = runtime_env(host_net, {}, "/bin", "/h", "10.96.0.1", "127.0.0.1", 6443)
+    assert (env["KUBERNETES_SERVICE_HOST"], env["KUBERNETES_SERVICE_PORT"]) == ("127.0.0.1", "6443")
+    assert env["KUBERNETES_PORT"] == "tcp://127.0.0.1:6443"

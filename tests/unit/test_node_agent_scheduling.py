@@ -6,6 +6,8 @@ from typing import Any
 
 from elasticjob_devcluster.scheduling import (
     choose_node,
+    decide,
+    leader,
     tolerates,
     unschedulable_message,
     wants_scheduling,
@@ -67,3 +69,45 @@ def test_unschedulable_message_counts_reasons_like_kube_scheduler() -> None:
         "0/3 nodes are available: 2 node(s) didn't match Pod's node affinity/selector, "
         "1 node(s) were not ready."
     )
+
+
+def pending(uid: str, **spec: Any) -> dict[str, Any]:
+    p = pod(**spec)
+    p["metadata"] = {"name": uid, "uid": uid}
+    return p
+
+
+def test_the_leader_is_the_first_ready_node_by_name() -> None:
+    assert leader([node("b"), node("a", ready=False), node("c")]) == "b"
+    assert leader([node("a", ready=False)]) is None
+
+
+def test_a_node_binds_the_pods_it_is_chosen_for_and_remembers_when_it_saw_them() -> None:
+    nodes = [node("a"), node("b")]
+    first = pending("p1")
+    d = decide("b", [first], nodes, {}, now=10.0, fallback_s=3.0)
+    assert d.bind == [] and d.first_seen == {"p1": 10.0}  # "a" is chosen
+    d = decide("a", [first], nodes, {}, now=10.0, fallback_s=3.0)
+    assert d.bind == [first]
+
+
+def test_a_pod_left_unbound_is_bound_by_any_node_it_fits_after_the_fallback() -> None:
+    nodes = [node("a"), node("b")]
+    p = pending("p1")
+    assert decide("b", [p], nodes, {"p1": 10.0}, now=12.0, fallback_s=3.0).bind == []
+    assert decide("b", [p], nodes, {"p1": 10.0}, now=13.5, fallback_s=3.0).bind == [p]
+
+
+def test_a_pod_no_node_fits_is_reported_after_the_fallback_and_forgotten_once_bound() -> None:
+    nodes = [node("a")]
+    p = pending("p1", nodeSelector={"disk": "ssd"})
+    assert decide("a", [p], nodes, {}, now=10.0, fallback_s=3.0).unschedulable == []
+    d = decide("a", [p], nodes, {"p1": 10.0}, now=14.0, fallback_s=3.0)
+    assert d.unschedulable == [p] and d.bind == []
+    bound = pending("p1", nodeName="a")
+    assert decide("a", [bound], nodes, d.first_seen, now=15.0, fallback_s=3.0).first_seen == {}
+
+
+def test_a_node_not_yet_registered_decides_nothing() -> None:
+    d = decide("z", [pending("p1")], [node("a")], {"p1": 1.0}, now=10.0, fallback_s=3.0)
+    assert (d.bind, d.unschedulable, d.first_seen) == ([], [], {"p1": 1.0})
