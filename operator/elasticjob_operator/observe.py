@@ -143,7 +143,7 @@ def progress_of(raw: bytes | None) -> models.Progress | None:
         return None
     try:
         return progress_status(records.decode_progress(raw))
-    except (ValueError, OverflowError, OSError) as exc:  # OSError: a time past the epoch's end
+    except (ValueError, OverflowError, OSError) as exc:  # a number past what int/datetime hold
         _malformed("progress record", exc)
         return None
 

@@ -209,6 +209,13 @@ def decide_outcome(
                 f"for more than {grace:g}s"
             )
             return Outcome(Verdict.BELOW_MIN, message, active)
+    return Outcome(Verdict.RUNNING, "", active, since, running_conditions(spec, workers))
+
+
+def running_conditions(spec: ElasticJobSpec, workers: WorkerRound) -> tuple[ConditionChange, ...]:
+    """Restarting (a replacement under way), Scaling, and Running (minReplicas running)."""
+    desired, ctx, current = spec.desired_replicas, workers.ctx, workers.current
+    in_job = [i for i in range(desired) if i not in ctx.retired]
     in_flight = (
         bool(ctx.replacing)
         or any(a.act in RESTARTS for a in workers.actions)
@@ -217,9 +224,11 @@ def decide_outcome(
             for i in in_job
         )
     )
-    running = sum(1 for p in mine if p.phase == "Running" and not p.terminating)
+    running = sum(
+        1 for p in current.values() if ctx.of_run(p) and p.phase == "Running" and not p.terminating
+    )
     is_running = running >= spec.min_replicas
-    conditions = (
+    return (
         ConditionChange(
             C.RESTARTING,
             in_flight,
@@ -239,7 +248,6 @@ def decide_outcome(
             f"{running} of {desired} workers running (minReplicas {spec.min_replicas})",
         ),
     )
-    return Outcome(Verdict.RUNNING, "", active, since, conditions)
 
 
 # -- applying them to a Decision -------------------------------------------------------
@@ -267,6 +275,7 @@ def _delete_pods(
 
 
 def _count(d: Decision, pods: Sequence[ObservedPod], going: frozenset[str]) -> None:
+    """status.replicaStatuses.Worker: this run's pods active (not going) and succeeded."""
     st = d.status
     mine = [p for p in pods if not p.foreign and p.incarnation == st.incarnation]
     w = st.replica_statuses.worker
