@@ -8,6 +8,7 @@ cluster.
 from __future__ import annotations
 
 import copy
+import posixpath
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -26,6 +27,21 @@ ROLE_WORKER: Final = "worker"
 ROLE_ETCD: Final = "etcd"
 ETCD_DATA_DIR: Final = "/var/lib/etcd"
 SHM_VOLUME: Final = "elasticjob-shm"
+
+# Liveness and readiness probes on the health server elasticjob-run starts in every pod
+# (elasticjob_runtime.health): False builds worker pods without them.
+HEALTH_PROBES = True
+LAUNCHER: Final = "elasticjob-run"
+HEALTH_PORT_NAME: Final = "health"
+# Generous: a busy 2-core node must never trip it, and the launcher imports torch before
+# it listens; a frozen agent is still killed (and its pod replaced) within about 1.5 min.
+LIVENESS: Final = {
+    "initialDelaySeconds": 60,
+    "periodSeconds": 10,
+    "timeoutSeconds": 5,
+    "failureThreshold": 3,
+}
+READINESS: Final = {"periodSeconds": 5, "timeoutSeconds": 5, "failureThreshold": 3}
 
 
 @dataclass(frozen=True)
@@ -151,7 +167,56 @@ def worker_pod(ref: JobRef, spec: models.ElasticJobSpec, index: int, incarnation
     pod_spec["hostname"] = name
     pod_spec["subdomain"] = worker_service_name(ref.name)
     add_shm_volume(pod_spec, spec.shm_size)
+    if HEALTH_PROBES:
+        add_health_probes(pod_spec)
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+
+
+def launcher_container(pod_spec: Obj) -> Obj | None:
+    """The first container whose command runs elasticjob-run; None if none does (a
+    template running torchrun or python, or giving only args to the image's ENTRYPOINT)."""
+    containers: list[Obj] = pod_spec.get("containers") or []
+    for container in containers:
+        command = container.get("command") or []
+        if command and posixpath.basename(str(command[0])) == LAUNCHER:
+            return container
+    return None
+
+
+def health_port(container: Obj) -> int | None:
+    """Where its health server listens: the container's ELASTICJOB_HEALTH_PORT, else the
+    runtime's default; None when that cannot be known here (set from elsewhere with
+    valueFrom, not a port, or 0: a free port of the server's choosing)."""
+    for var in container.get("env") or []:
+        if var.get("name") == contract.HEALTH_PORT:
+            raw = str(var.get("value", "")) if "valueFrom" not in var else ""
+            return int(raw) if raw.isdigit() and 0 < int(raw) < 65536 else None
+    return contract.DEFAULT_HEALTH_PORT
+
+
+def add_health_probes(pod_spec: Obj) -> None:
+    """Probe the runtime's health server in the container that runs elasticjob-run, in
+    place: ``livenessProbe`` on /healthz (a frozen agent does not answer; its pod fails
+    and is replaced), ``readinessProbe`` on /readyz (ready once its workers run in a
+    round), and a containerPort named ``health``. A probe the template sets is kept."""
+    container = launcher_container(pod_spec)
+    port = health_port(container) if container is not None else None
+    if container is None or port is None:
+        return
+    for key, path, timing in (
+        ("livenessProbe", "/healthz", LIVENESS),
+        ("readinessProbe", "/readyz", READINESS),
+    ):
+        if key not in container:
+            container[key] = {"httpGet": {"path": path, "port": port}, **timing}
+    ports = list(container.get("ports") or [])
+    if any(p.get("containerPort") == port for p in ports):
+        return
+    named = {p.get("name") for c in pod_spec["containers"] for p in c.get("ports") or []}
+    entry: Obj = {"containerPort": port, "protocol": "TCP"}
+    if HEALTH_PORT_NAME not in named:
+        entry = {"name": HEALTH_PORT_NAME, **entry}
+    container["ports"] = [*ports, entry]
 
 
 def _all_containers(pod_spec: Obj) -> list[Obj]:

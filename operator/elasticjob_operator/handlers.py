@@ -29,16 +29,10 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
-from elasticjob_operator import builders, metrics, models, progress
+from elasticjob_operator import builders, etcd_reader, metrics, models, observe
 from elasticjob_operator.kube import Kube, load_config
-from elasticjob_operator.reconcile import (
-    Config,
-    MemoryFallbackReport,
-    invalid_spec,
-    memory_fallback_from_json,
-    progress_from_json,
-    reconcile,
-)
+from elasticjob_operator.reconcile import Config, invalid_spec, reconcile
+from elasticjob_runtime.records import MemoryFallback
 
 log = logging.getLogger("elasticjob_operator")
 
@@ -130,18 +124,19 @@ def _reconcile_locked(kube: Kube, namespace: str, name: str, read_progress: bool
         kube.apply(ref, job, invalid_spec(status, _validation_message(exc), now))
         return
     seen: models.Progress | None = None
-    fallbacks: list[MemoryFallbackReport] = []
+    fallbacks: tuple[MemoryFallback, ...] = ()
     if read_progress and not status.finished and spec.rdzv_backend is not models.RdzvBackend.C10D:
-        endpoint = builders.rdzv_endpoint(ref, spec)
         run = models.run_id(ref.uid, status.incarnation)
-        data = progress.read_progress(endpoint, run)
-        if data is not None:
-            seen = progress_from_json(data, now)
         said = status.node_memory_fallback
-        if said is None or said.run_id != run:  # said once per run: no need to look again
-            raw = progress.read_memory_fallbacks(endpoint, run)
-            fallbacks = [r for r in map(memory_fallback_from_json, raw) if r is not None]
-    observed = replace(kube.observe(ref, seen), memory_fallbacks=tuple(fallbacks))
+        records = etcd_reader.read_run_records(
+            builders.rdzv_endpoint(ref, spec),
+            run,
+            # said once per run: no need to look again
+            memory_fallbacks=said is None or said.run_id != run,
+        )
+        seen = observe.progress_of(records.progress)
+        fallbacks = observe.memory_fallbacks_of(records.memory_fallbacks)
+    observed = replace(kube.observe(ref, seen), memory_fallbacks=fallbacks)
     decision = reconcile(ref, meta.get("generation"), spec, status, observed, now, CONFIG)
     kube.apply(ref, job, decision)
     new = decision.status

@@ -17,7 +17,8 @@ import kubernetes
 from kubernetes.client.exceptions import ApiException
 
 from elasticjob_operator import builders, models
-from elasticjob_operator.reconcile import ChildRef, Decision, Event, Observed, observe_pod
+from elasticjob_operator.decision import ChildRef, Decision, Event
+from elasticjob_operator.observe import Observed, observe_pod
 
 log = logging.getLogger(__name__)
 

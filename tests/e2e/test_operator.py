@@ -189,22 +189,22 @@ def test_job_gets_its_workers_services_etcd_and_the_env_contract(
     assert "CreatedWorkers" in described and "ProvisionedEtcd" in described
 
 
-# What the runtime's rank 0 does (elasticjob_runtime.progress): publish a JSON record
+# What the runtime's rank 0 does: publish its progress record (elasticjob_runtime.records)
 # under contract.progress_key(PET_RDZV_ID) in the job's etcd.
 PUBLISH_PROGRESS_AND_SLEEP = [
     "python",
     "-c",
-    "import json, os, time\n"
-    "from elasticjob_runtime import contract\n"
-    "from elasticjob_runtime.etcd_client import EtcdClient, parse_endpoint\n"
+    "import os, time\n"
+    "from elasticjob_runtime import contract, records\n"
+    "from elasticjob_runtime.etcd_client import EtcdClient, parse_endpoints\n"
     "if os.environ['ELASTICJOB_POD_NAME'].endswith('-0'):\n"
-    "    e = EtcdClient(parse_endpoint(os.environ['PET_RDZV_ENDPOINT']))\n"
-    "    record = {'step': 1234, 'world_size': 2, 'samples_per_second': 99.5,\n"
-    "              'restart_count': 0, 'updated': time.time()}\n"
+    "    e = EtcdClient(parse_endpoints(os.environ['PET_RDZV_ENDPOINT']))\n"
+    "    record = records.Progress(step=1234, world_size=2, samples_per_second=99.5,\n"
+    "                              restart_count=0, updated=time.time())\n"
     "    key = contract.progress_key(os.environ['PET_RDZV_ID'])\n"
     "    while True:\n"
     "        try:\n"
-    "            e.put(key, json.dumps(record).encode()); break\n"
+    "            e.put(key, records.encode_progress(record)); break\n"
     "        except Exception as exc:\n"
     "            print('etcd not ready:', exc, flush=True); time.sleep(0.5)\n"
     "    print('published', flush=True)\n"
@@ -232,10 +232,10 @@ SAVE_TOO_BIG_AND_SLEEP = [
     "-c",
     "import os, tempfile, time, torch\n"
     "from elasticjob_runtime.checkpoint import CheckpointManager\n"
-    "from elasticjob_runtime.etcd_client import EtcdClient, parse_endpoint\n"
+    "from elasticjob_runtime.etcd_client import EtcdClient, parse_endpoints\n"
     "s = os.statvfs('/dev/shm')\n"
     "print(f'shm={s.f_blocks * s.f_frsize}', flush=True)\n"
-    "e = EtcdClient(parse_endpoint(os.environ['PET_RDZV_ENDPOINT']))\n"
+    "e = EtcdClient(parse_endpoints(os.environ['PET_RDZV_ENDPOINT']))\n"
     "while True:  # a real save comes after the rendezvous, so after etcd is up\n"
     "    try:\n"
     "        e.check(); break\n"

@@ -15,9 +15,8 @@ from pathlib import Path
 import pytest
 from conftest import EtcdServer
 
-from elasticjob_operator import builders, models
-from elasticjob_operator import progress as operator_progress
-from elasticjob_operator.reconcile import Observed, memory_fallback_from_json, reconcile
+from elasticjob_operator import builders, etcd_reader, models, observe
+from elasticjob_operator.reconcile import Observed, reconcile
 from elasticjob_runtime import contract
 from elasticjob_runtime.checkpoint import checkpoint_name, committed_steps
 from elasticjob_runtime.etcd_client import EtcdClient, parse_endpoint
@@ -106,8 +105,8 @@ def test_a_checkpoint_too_big_for_node_memory_is_one_warning_event(
     assert lease is not None and lease.lease != 0  # the report goes away by itself
 
     # the operator's side: what the handler reads, then the pure decision, twice
-    raw = operator_progress.read_memory_fallbacks(etcd.endpoint, run)
-    seen = tuple(r for r in map(memory_fallback_from_json, raw) if r is not None)
+    raw = etcd_reader.read_run_records(etcd.endpoint, run).memory_fallbacks
+    seen = observe.memory_fallbacks_of(raw)
     assert [r.pod for r in seen] == pods
     ref = builders.JobRef(name="train", namespace="ml", uid=run)
     spec = models.ElasticJobSpec.model_validate(

@@ -246,3 +246,117 @@ def test_the_jobs_etcd_grants_the_runtimes_one_second_leases() -> None:
     assert election >= 5 * heartbeat  # etcd refuses to start otherwise
     min_ttl_ms = (3 * (election // heartbeat) // 2) * heartbeat
     assert -(-min_ttl_ms // 1000) == 1
+
+
+# -- probes on the runtime's health server ----------------------------------------------
+
+
+def trainer(pod: dict[str, Any], index: int = 0) -> dict[str, Any]:
+    container: dict[str, Any] = pod["spec"]["containers"][index]
+    return container
+
+
+def test_the_container_running_elasticjob_run_is_probed_on_its_health_server() -> None:
+    c = trainer(builders.worker_pod(REF, make_spec(), 0, 0))
+    assert c["livenessProbe"] == {
+        "httpGet": {"path": "/healthz", "port": contract.DEFAULT_HEALTH_PORT},
+        "initialDelaySeconds": 60,
+        "periodSeconds": 10,
+        "timeoutSeconds": 5,
+        "failureThreshold": 3,
+    }
+    assert c["readinessProbe"] == {
+        "httpGet": {"path": "/readyz", "port": contract.DEFAULT_HEALTH_PORT},
+        "periodSeconds": 5,
+        "timeoutSeconds": 5,
+        "failureThreshold": 3,
+    }
+    assert c["ports"] == [{"name": "health", "containerPort": 8090, "protocol": "TCP"}]
+
+
+@pytest.mark.parametrize(
+    "container",
+    [
+        {"name": "t", "image": "i", "command": ["torchrun", "train.py"]},
+        {"name": "t", "image": "i", "command": ["python", "-m", "elasticjob_runtime.launcher"]},
+        {"name": "t", "image": "i", "args": ["train.py"]},  # the image's ENTRYPOINT: unknown
+        {"name": "t", "image": "i", "command": ["sh", "-c", "elasticjob-run train.py"]},
+    ],
+)
+def test_a_container_without_elasticjob_run_gets_no_probe(container: dict[str, Any]) -> None:
+    pod = builders.worker_pod(REF, make_spec(container=container), 0, 0)
+    for c in pod["spec"]["containers"]:
+        assert "livenessProbe" not in c and "readinessProbe" not in c and "ports" not in c
+
+
+def test_only_the_first_container_running_elasticjob_run_is_probed() -> None:
+    raw = make_spec().model_dump(mode="json", by_alias=True, exclude_none=True)
+    raw["replicaSpecs"]["Worker"]["template"]["spec"]["containers"] = [
+        {"name": "log", "image": "i", "command": ["tail", "-f"]},
+        {"name": "a", "image": "i", "command": ["/opt/venv/bin/elasticjob-run", "a.py"]},
+        {"name": "b", "image": "i", "command": ["elasticjob-run", "b.py"]},
+    ]
+    pod = builders.worker_pod(REF, models.ElasticJobSpec.model_validate(raw), 0, 0)
+    probed = [c["name"] for c in pod["spec"]["containers"] if "livenessProbe" in c]
+    assert probed == ["a"]
+
+
+def test_a_probe_the_template_sets_is_kept() -> None:
+    mine = {"exec": {"command": ["true"]}, "periodSeconds": 30}
+    container = {
+        "name": "t",
+        "image": "i",
+        "command": ["elasticjob-run", "train.py"],
+        "livenessProbe": mine,
+        "ports": [{"name": "metrics", "containerPort": 9000}],
+    }
+    c = trainer(builders.worker_pod(REF, make_spec(container=container), 0, 0))
+    assert c["livenessProbe"] == mine
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": 8090}
+    assert c["ports"] == [
+        {"name": "metrics", "containerPort": 9000},
+        {"name": "health", "containerPort": 8090, "protocol": "TCP"},
+    ]
+
+
+def test_the_containers_own_health_port_is_probed() -> None:
+    container = {
+        "name": "t",
+        "image": "i",
+        "command": ["elasticjob-run", "train.py"],
+        "env": [{"name": contract.HEALTH_PORT, "value": "9100"}],
+        "ports": [{"name": "health", "containerPort": 9100}],  # declared already: kept
+    }
+    c = trainer(builders.worker_pod(REF, make_spec(container=container), 0, 0))
+    assert c["livenessProbe"]["httpGet"]["port"] == 9100
+    assert c["readinessProbe"]["httpGet"]["port"] == 9100
+    assert c["ports"] == [{"name": "health", "containerPort": 9100}]
+
+
+@pytest.mark.parametrize(
+    "var",
+    [
+        {"name": contract.HEALTH_PORT, "value": "0"},  # a free port: unknown here
+        {"name": contract.HEALTH_PORT, "value": "$(PORT)"},
+        {"name": contract.HEALTH_PORT, "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}}},
+    ],
+)
+def test_a_health_port_unknown_to_the_operator_means_no_probe(var: dict[str, Any]) -> None:
+    container = {"name": "t", "image": "i", "command": ["elasticjob-run", "x.py"], "env": [var]}
+    c = trainer(builders.worker_pod(REF, make_spec(container=container), 0, 0))
+    assert "livenessProbe" not in c and "readinessProbe" not in c
+
+
+def test_a_port_name_taken_elsewhere_in_the_pod_is_not_reused() -> None:
+    raw = make_spec().model_dump(mode="json", by_alias=True, exclude_none=True)
+    template = raw["replicaSpecs"]["Worker"]["template"]["spec"]
+    template["containers"][1]["ports"] = [{"name": "health", "containerPort": 80}]
+    pod = builders.worker_pod(REF, models.ElasticJobSpec.model_validate(raw), 0, 0)
+    assert trainer(pod)["ports"] == [{"containerPort": 8090, "protocol": "TCP"}]
+    assert trainer(pod)["livenessProbe"]["httpGet"]["port"] == 8090
+
+
+def test_health_probes_can_be_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(builders, "HEALTH_PROBES", False)
+    c = trainer(builders.worker_pod(REF, make_spec(), 0, 0))
+    assert "livenessProbe" not in c and "readinessProbe" not in c and "ports" not in c

@@ -8,6 +8,7 @@ see: pod names, status fields, conditions, events.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -18,23 +19,30 @@ from hypothesis import strategies as st
 
 from elasticjob_operator import builders, models
 from elasticjob_operator.builders import JobRef
+from elasticjob_operator.conditions import set_condition
+from elasticjob_operator.decision import ChildRef, Decision
 from elasticjob_operator.models import ConditionType as C
-from elasticjob_operator.reconcile import (
-    ChildRef,
-    Config,
-    Decision,
-    MemoryFallbackReport,
+from elasticjob_operator.node_memory import suggested_shm_size
+from elasticjob_operator.observe import (
     Observed,
     ObservedPod,
     exit_code,
-    invalid_spec,
-    memory_fallback_from_json,
+    memory_fallbacks_of,
     observe_pod,
-    progress_from_json,
-    reconcile,
-    set_condition,
-    suggested_shm_size,
+    progress_of,
 )
+from elasticjob_operator.reconcile import (
+    Config,
+    Verdict,
+    WorkerRound,
+    decide_finish,
+    decide_outcome,
+    decide_scaling,
+    invalid_spec,
+    reconcile,
+)
+from elasticjob_operator.workers import worker_context
+from elasticjob_runtime.records import MemoryFallback, Progress, encode_progress
 
 REF = JobRef(name="train", namespace="ml", uid="uid-1")
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
@@ -603,14 +611,22 @@ def test_condition_transition_time_moves_only_when_status_flips() -> None:
     assert s.condition(C.SCALING) is None
 
 
+def progress_record(now: datetime, **values: Any) -> bytes:
+    """What rank 0 stores in etcd (the runtime's own encoder)."""
+    values.setdefault("samples_per_second", 12.5)
+    values.setdefault("world_size", 4)
+    values.setdefault("restart_count", 0)
+    return encode_progress(Progress(updated=now.timestamp(), **values))
+
+
 def test_progress_is_mirrored_and_a_repeated_value_does_not_rewrite_status() -> None:
     w = running_world()
-    p1 = progress_from_json({"step": 10, "world_size": 4, "samples_per_second": 12.5}, w.now)
+    p1 = progress_of(progress_record(w.now, step=10))
     d = w.round(progress=p1)
     assert d.status.progress is not None
     assert (d.status.progress.step, d.status.progress.world_size) == (10, 4)
     w.advance(10)
-    same = progress_from_json({"step": 10, "worldSize": 4, "samplesPerSecond": 12.5}, w.now)
+    same = progress_of(progress_record(w.now, step=10))  # republished, nothing new
     d = w.round(progress=same)
     assert d.status.progress is not None and d.status.progress.update_time == T0
     d = w.round(progress=None)
@@ -628,15 +644,35 @@ def test_progress_reads_the_runtimes_record() -> None:
         "checkpoint_step": 40,
         "checkpoint_url": "http://10.244.0.5:8090/checkpoint",
     }
-    p = progress_from_json(record, T0 + timedelta(hours=1))
+    p = progress_of(json.dumps(record).encode())
+    assert p is not None
     assert (p.step, p.world_size, p.epoch, p.checkpoint_step) == (42, 6, 2, 40)
     assert (p.samples_per_second, p.trainer_restarts) == (100.5, 1)
     assert p.update_time == T0 + timedelta(seconds=3)
 
 
-def test_progress_ignores_values_of_the_wrong_type() -> None:
-    p = progress_from_json({"step": "many", "epoch": True, "worldSize": 2, "other": 1}, T0)
-    assert (p.step, p.epoch, p.world_size) == (None, None, 2)
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"not json",
+        b"[1, 2]",
+        b'{"step": "many", "samples_per_second": 1, "world_size": 2, "restart_count": 0, '
+        b'"updated": 1}',
+        b'{"step": 1, "world_size": 2, "restart_count": 0, "updated": 1}',
+        b'{"step": Infinity, "samples_per_second": 1, "world_size": 2, "restart_count": 0, '
+        b'"updated": 1}',
+        b'{"step": 1, "samples_per_second": NaN, "world_size": 2, "restart_count": 0, '
+        b'"updated": 1}',
+        b'{"step": 1, "samples_per_second": 1, "world_size": 2, "restart_count": 0, '
+        b'"updated": 1e300}',
+    ],
+)
+def test_a_malformed_progress_record_is_no_progress_this_round(raw: bytes) -> None:
+    w = running_world()
+    w.round(progress=progress_of(progress_record(w.now, step=10)))
+    assert progress_of(raw) is None
+    d = w.round(progress=progress_of(raw))
+    assert d.status.progress is not None and d.status.progress.step == 10
 
 
 # -- node memory -----------------------------------------------------------------------
@@ -644,13 +680,15 @@ def test_progress_ignores_values_of_the_wrong_type() -> None:
 MiB = 2**20
 
 
-def too_big(pod: str, step: int = 20, size: int = 300 * MiB, **kw: Any) -> MemoryFallbackReport:
+def too_big(pod: str, step: int = 20, size: int = 300 * MiB, **kw: Any) -> MemoryFallback:
     kw.setdefault("shm_bytes", 64 * MiB)
     kw.setdefault("free_bytes", 60 * MiB)
-    return MemoryFallbackReport(pod=pod, step=step, checkpoint_bytes=size, **kw)
+    kw.setdefault("no_space", True)
+    kw.setdefault("error", "")
+    return MemoryFallback(pod=pod, step=step, checkpoint_bytes=size, updated=0.0, **kw)
 
 
-def fallback_round(w: World, *reports: MemoryFallbackReport) -> Decision:
+def fallback_round(w: World, *reports: MemoryFallback) -> Decision:
     """A round in which the operator read these reports from the run's etcd."""
     observed = replace(w.observed(), memory_fallbacks=reports)
     d = reconcile(REF, 1, w.spec, w.status, observed, w.now, w.config)
@@ -754,12 +792,20 @@ def test_memory_fallback_reads_the_runtimes_report_and_refuses_junk() -> None:
         "error": "[Errno 28] No space left on device",
         "updated": 1.5,
     }
-    assert memory_fallback_from_json(record) == MemoryFallbackReport(
-        "train-worker-2", 40, 123, 67108864, None, True, "[Errno 28] No space left on device"
+    junk = [{**record, "step": "forty"}, {**record, "pod": ""}, {"pod": "p"}]
+    raws = [json.dumps(r).encode() for r in [record, *junk]] + [b"{"]
+    assert memory_fallbacks_of(raws) == (
+        MemoryFallback(
+            "train-worker-2",
+            40,
+            123,
+            67108864,
+            None,
+            True,
+            "[Errno 28] No space left on device",
+            1.5,
+        ),
     )
-    assert memory_fallback_from_json({**record, "step": "forty"}) is None
-    assert memory_fallback_from_json({**record, "pod": ""}) is None
-    assert memory_fallback_from_json({"pod": "p"}) is None
 
 
 # -- observation helpers ---------------------------------------------------------------
@@ -932,3 +978,78 @@ def test_a_terminating_pod_on_a_lost_node_is_force_deleted_not_waited_for() -> N
     del w.pods[name]
     d = w.round()
     assert pod_names(d) == [name]
+
+
+# -- the decisions on their own --------------------------------------------------------
+
+
+def test_scaling_says_which_way_and_removes_what_is_past_the_end() -> None:
+    pods = [ObservedPod(f"train-worker-{i}", i, "Running") for i in range(4)]
+    down = decide_scaling(4, 2, pods)
+    assert down.event is not None and down.event.message == "scaling down from 4 to 2 workers"
+    assert [p.index for p in down.past_end] == [2, 3] and down.in_progress
+    up = decide_scaling(2, 5, pods)
+    assert up.event is not None and up.event.message == "scaling up from 2 to 5 workers"
+    assert up.past_end == () and up.in_progress
+    first = decide_scaling(None, 4, pods)  # the first round is not a scale
+    assert (first.event, first.past_end, first.in_progress) == (None, (), False)
+    # pods still going after a scale-down keep the condition on
+    assert decide_scaling(2, 2, pods).in_progress
+
+
+@pytest.mark.parametrize(
+    ("policy", "stop_workers", "doomed", "etcd"),
+    [
+        ("All", False, ["train-worker-2", "train-worker-1", "train-worker-0"], True),
+        ("Running", False, ["train-worker-2", "train-worker-0"], True),
+        ("None", False, [], False),
+        ("None", True, ["train-worker-2", "train-worker-0"], False),  # a deadline
+    ],
+)
+def test_finishing_cleans_up_per_clean_pod_policy(
+    policy: str, stop_workers: bool, doomed: list[str], etcd: bool
+) -> None:
+    spec = make_spec(cleanPodPolicy=policy, ttlSecondsAfterFinished=60)
+    pods = [
+        ObservedPod("train-worker-0", 0, "Running"),
+        ObservedPod("train-worker-1", 1, "Failed"),
+        ObservedPod("train-worker-2", 2, "Pending"),
+        ObservedPod("train-worker-3", 3, "Running", terminating=True),
+        ObservedPod("train-worker-4", 4, "Running", foreign=True),
+    ]
+    observed = Observed(services=frozenset({"train-etcd"}), deployments=frozenset({"train-etcd"}))
+    f = decide_finish(REF, spec, pods, observed, frozenset(), T0, T0, stop_workers)
+    assert [p.name for p in f.pods] == doomed
+    assert bool(f.children) == etcd
+    assert not f.delete_job
+    later = decide_finish(
+        REF, spec, pods, observed, frozenset(doomed), T0, T0 + timedelta(seconds=60)
+    )
+    assert later.delete_job and later.pods == ()
+    assert [e.reason for e in later.events][-1] == "TTLExpired"
+
+
+def test_the_below_min_clock_runs_only_while_below_min() -> None:
+    spec = make_spec(replicas=3, minReplicas=2)
+    mine = {0: ObservedPod("train-worker-0", 0, "Running")}
+    ctx = worker_context("train", spec, 0, 0, models.WorkerIndexes(launched=[0]), mine, frozenset())
+    workers = WorkerRound(mine, (), ctx, frozenset(), scaling=False)
+    since = T0 - timedelta(seconds=30)
+    waiting = decide_outcome(spec, workers, since, T0, grace=60)
+    assert (waiting.verdict, waiting.below_min_since, waiting.active) == (
+        Verdict.RUNNING,
+        since,
+        1,
+    )
+    over = decide_outcome(spec, workers, since, T0 + timedelta(seconds=30), grace=60)
+    assert over.verdict is Verdict.BELOW_MIN
+    assert over.message == "only 1 workers active, fewer than minReplicas=2, for more than 60s"
+    enough = {i: ObservedPod(f"train-worker-{i}", i, "Running") for i in range(2)}
+    ctx2 = worker_context("train", spec, 0, 0, models.WorkerIndexes(), enough, frozenset())
+    back = decide_outcome(spec, WorkerRound(enough, (), ctx2, frozenset(), False), since, T0, 60)
+    assert back.below_min_since is None
+    assert [(c.type, c.value) for c in back.conditions] == [
+        (C.RESTARTING, False),
+        (C.SCALING, False),
+        (C.RUNNING, True),
+    ]

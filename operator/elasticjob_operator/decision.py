@@ -1,0 +1,49 @@
+"""What one round of reconciling decides: children to create and delete, the new status,
+the events to post. Plain data: :mod:`elasticjob_operator.reconcile` fills it in,
+:mod:`elasticjob_operator.kube` applies it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from elasticjob_operator.models import ElasticJobStatus
+
+Obj = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Event:
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+def normal(reason: str, message: str) -> Event:
+    return Event("Normal", reason, message)
+
+
+def warning(reason: str, message: str) -> Event:
+    return Event("Warning", reason, message)
+
+
+@dataclass(frozen=True)
+class ChildRef:
+    kind: Literal["Pod", "Service", "Deployment"]
+    name: str
+    force: bool = False  # delete with grace 0: no kubelet is left to confirm it
+
+
+@dataclass
+class Decision:
+    create: list[Obj] = field(default_factory=list)
+    delete: list[ChildRef] = field(default_factory=list)
+    status: ElasticJobStatus = field(default_factory=ElasticJobStatus)
+    events: list[Event] = field(default_factory=list)
+    delete_job: bool = False
+
+    def normal(self, reason: str, message: str) -> None:
+        self.events.append(normal(reason, message))
+
+    def warning(self, reason: str, message: str) -> None:
+        self.events.append(warning(reason, message))

@@ -1,0 +1,174 @@
+"""What the operator observes of a job, reduced to the facts its decisions use.
+
+Pure functions over raw API objects (a worker pod becomes an :class:`ObservedPod`) and over
+the records the runtime publishes in the run's etcd (decoded by
+:mod:`elasticjob_runtime.records`, the very code that encodes them). Nothing here decides.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from elasticjob_operator import builders, models
+from elasticjob_runtime import records
+
+log = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ObservedPod:
+    """The facts about one worker pod that the decisions use."""
+
+    name: str
+    index: int
+    phase: str
+    terminating: bool = False
+    exit_code: int | None = None
+    reason: str = ""
+    incarnation: int = 0
+    foreign: bool = False  # carries our labels but another owner: never touched
+    node_lost_since: datetime | None = None  # marked not ready by the node controller
+
+
+@dataclass(frozen=True)
+class Observed:
+    """Everything one round of the decisions sees of the job's world."""
+
+    pods: tuple[ObservedPod, ...] = ()
+    services: frozenset[str] = frozenset()
+    deployments: frozenset[str] = frozenset()
+    progress: models.Progress | None = None  # None: not read this round, keep the last one
+    memory_fallbacks: tuple[records.MemoryFallback, ...] = ()  # this run's reports, if read
+
+
+# -- pods ------------------------------------------------------------------------------
+
+
+def node_lost_since(pod: Obj) -> datetime | None:
+    """When the node lifecycle controller marked this pod not ready, or None.
+
+    That controller flips only the Ready condition of the pods on a node that stopped
+    answering; the kubelet itself reports Ready False only together with ContainersReady
+    False (or, with readiness gates, reason ReadinessGatesNotReady)."""
+    status = pod.get("status") or {}
+    if status.get("phase") in ("Succeeded", "Failed"):
+        return None
+    conds = {c.get("type"): c for c in status.get("conditions") or []}
+    ready, containers = conds.get("Ready") or {}, conds.get("ContainersReady") or {}
+    if (
+        ready.get("status") != "False"
+        or containers.get("status") != "True"
+        or ready.get("reason") == "ReadinessGatesNotReady"
+    ):
+        return None
+    try:
+        return datetime.fromisoformat(str(ready["lastTransitionTime"]).replace("Z", "+00:00"))
+    except (KeyError, ValueError):
+        return None
+
+
+def exit_code(pod: Obj) -> int | None:
+    """The trainer's exit code: the first container's, else the first non-zero one."""
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    first = (pod.get("spec") or {}).get("containers") or [{}]
+    main = first[0].get("name")
+    codes: list[tuple[bool, int]] = []
+    for cs in statuses:
+        term = (cs.get("state") or {}).get("terminated") or {}
+        if "exitCode" in term:
+            codes.append((cs.get("name") == main, int(term["exitCode"])))
+    for is_main, code in codes:
+        if is_main:
+            return code
+    nonzero = [c for _, c in codes if c != 0]
+    return nonzero[0] if nonzero else (codes[0][1] if codes else None)
+
+
+def observe_pod(pod: Obj, job_uid: str) -> ObservedPod | None:
+    """Reduce a worker pod to the facts the decisions need; None if it is not a worker."""
+    meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    try:
+        index = int(labels[builders.LABEL_INDEX])
+        incarnation = int(labels.get(builders.LABEL_INCARNATION, "0"))
+    except (KeyError, ValueError):
+        return None
+    owners = meta.get("ownerReferences") or []
+    foreign = not any(o.get("uid") == job_uid for o in owners)
+    status = pod.get("status") or {}
+    return ObservedPod(
+        name=str(meta.get("name", "")),
+        index=index,
+        phase=str(status.get("phase") or "Pending"),
+        terminating=bool(meta.get("deletionTimestamp")),
+        exit_code=exit_code(pod),
+        reason=str(status.get("reason") or ""),
+        incarnation=incarnation,
+        foreign=foreign,
+        node_lost_since=node_lost_since(pod),
+    )
+
+
+# -- the run's records in etcd ---------------------------------------------------------
+
+
+def progress_status(record: records.Progress) -> models.Progress:
+    """The runtime's progress record as the job's ``status.progress``; ValueError if a
+    number cannot be written to the status (JSON has no NaN or infinity)."""
+    if not math.isfinite(record.samples_per_second):
+        raise ValueError(f"'samples_per_second' must be finite, got {record.samples_per_second}")
+    published = datetime.fromtimestamp(record.updated, tz=UTC)
+    return models.Progress(
+        step=record.step,
+        epoch=record.epoch,
+        world_size=record.world_size,
+        samples_per_second=record.samples_per_second,
+        checkpoint_step=record.checkpoint_step,
+        trainer_restarts=record.restart_count,
+        update_time=published.replace(microsecond=0),
+    )
+
+
+def progress_of(raw: bytes | None) -> models.Progress | None:
+    """The stored progress record as ``status.progress``; None if there is none or it is
+    malformed (no progress this round: the status keeps the last one)."""
+    if raw is None:
+        return None
+    try:
+        return progress_status(records.decode_progress(raw))
+    except (ValueError, OverflowError, OSError) as exc:  # a number past what int/datetime hold
+        _malformed("progress record", exc)
+        return None
+
+
+def memory_fallbacks_of(raws: Iterable[bytes]) -> tuple[records.MemoryFallback, ...]:
+    """The stored node-memory reports; a malformed one is skipped."""
+    out = []
+    for raw in raws:
+        try:
+            out.append(records.decode_memory_fallback(raw))
+        except (ValueError, OverflowError) as exc:
+            _malformed("node-memory report", exc)
+    return tuple(out)
+
+
+_said: set[str] = set()
+
+
+def _malformed(what: str, exc: Exception) -> None:
+    """Say at debug level, once per fault, that a record was not readable: the runtime
+    republishes every few seconds, and a version skew would say so every time."""
+    line = f"ignoring a malformed {what} in the run's etcd: {exc}"
+    if line in _said:
+        return
+    if len(_said) >= 100:
+        _said.clear()
+    _said.add(line)
+    log.debug(line)
