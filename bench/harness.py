@@ -22,7 +22,7 @@ from typing import TypeVar
 
 from elasticjob_devcluster.procs import descendants, start_ticks
 from elasticjob_runtime import contract
-from elasticjob_runtime.etcd_client import EtcdClient, EtcdError, parse_endpoint
+from elasticjob_runtime.etcd_client import EtcdClient, EtcdError, parse_endpoints
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "examples" / "train_regression.py"
@@ -173,7 +173,7 @@ class Etcd:
             start_new_session=True,
         )
         etcd = cls(f"127.0.0.1:{client}", proc)
-        probe = EtcdClient(parse_endpoint(etcd.endpoint), timeout=2)
+        probe = EtcdClient(parse_endpoints(etcd.endpoint), timeout=2)
 
         def answers() -> bool | None:
             try:

@@ -98,9 +98,9 @@ def _spawn(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
 
 
 def _wait_healthy(server: EtcdServer) -> None:
-    from elasticjob_runtime.etcd_client import EtcdClient, EtcdError, parse_endpoint
+    from elasticjob_runtime.etcd_client import EtcdClient, EtcdError, parse_endpoints
 
-    probe = EtcdClient(parse_endpoint(server.endpoint), timeout=2)
+    probe = EtcdClient(parse_endpoints(server.endpoint), timeout=2)
     deadline = time.monotonic() + 60
     try:
         while True:

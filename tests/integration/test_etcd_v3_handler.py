@@ -23,7 +23,7 @@ from torch.distributed.elastic.rendezvous import (
 from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
 from elasticjob_runtime import contract
-from elasticjob_runtime.etcd_client import EtcdClient, EtcdError, parse_endpoint
+from elasticjob_runtime.etcd_client import EtcdClient, EtcdError, parse_endpoints
 from elasticjob_runtime.membership import Limits, Round
 from elasticjob_runtime.rendezvous import (
     EtcdV3RendezvousBackend,
@@ -46,7 +46,7 @@ def handlers(etcd_any: EtcdServer) -> Iterator[Factory]:
     def make(
         lo: int = 1, hi: int = 3, join_timeout: float = 60.0
     ) -> tuple[EtcdV3RendezvousHandler, EtcdClient]:
-        client = EtcdClient(parse_endpoint(etcd_any.endpoint), timeout=10)
+        client = EtcdClient(parse_endpoints(etcd_any.endpoint), timeout=10)
         handler = EtcdV3RendezvousHandler(
             client, run_id, Limits(lo, hi, last_call=15), "127.0.0.1", join_timeout=join_timeout
         )
@@ -174,7 +174,7 @@ def three_arrive_together(
 ) -> tuple[list[int | None], list[BaseException]]:
     """Three nodes (min 2, max 3) start after ``delays`` and rejoin until all three meet;
     returns each one's final world size."""
-    clients = [EtcdClient(parse_endpoint(etcd.endpoint), timeout=10) for _ in delays]
+    clients = [EtcdClient(parse_endpoints(etcd.endpoint), timeout=10) for _ in delays]
     made: list[EtcdV3RendezvousHandler] = []
 
     def node(client: EtcdClient, delay: float) -> int:
@@ -337,7 +337,7 @@ def test_membership_is_still_watched_after_etcd_restarts(tmp_path: Path) -> None
     made: list[tuple[EtcdV3RendezvousHandler, EtcdClient]] = []
     try:
         for _ in range(2):
-            client = EtcdClient(parse_endpoint(server.endpoint), timeout=10)
+            client = EtcdClient(parse_endpoints(server.endpoint), timeout=10)
             handler = EtcdV3RendezvousHandler(client, "restarts", Limits(1, 3, 15), "127.0.0.1")
             made.append((handler, client))
         (a, _), (b, _) = made
@@ -364,7 +364,7 @@ def test_a_watch_refused_right_after_a_restart_is_tried_again(tmp_path: Path) ->
     made: list[tuple[EtcdV3RendezvousHandler, EtcdClient]] = []
     try:
         for _ in range(2):
-            client = EtcdClient(parse_endpoint(server.endpoint), timeout=10)
+            client = EtcdClient(parse_endpoints(server.endpoint), timeout=10)
             handler = EtcdV3RendezvousHandler(client, "refused", Limits(1, 3, 15), "127.0.0.1")
             made.append((handler, client))
         (a, a_client), (b, _) = made
@@ -399,7 +399,7 @@ def test_a_join_rides_out_an_etcd_restart(tmp_path: Path) -> None:
     made: list[tuple[EtcdV3RendezvousHandler, EtcdClient]] = []
     try:
         for _ in range(2):
-            client = EtcdClient(parse_endpoint(server.endpoint), timeout=5)
+            client = EtcdClient(parse_endpoints(server.endpoint), timeout=5)
             handler = EtcdV3RendezvousHandler(client, "rides", Limits(2, 2, 15), "127.0.0.1")
             made.append((handler, client))
         (a, _), (b, _) = made
@@ -425,7 +425,7 @@ def test_nodes_meet_again_on_an_etcd_that_lost_its_data(tmp_path: Path) -> None:
     made: list[tuple[EtcdV3RendezvousHandler, EtcdClient]] = []
     try:
         for _ in range(2):
-            client = EtcdClient(parse_endpoint(server.endpoint), timeout=5)
+            client = EtcdClient(parse_endpoints(server.endpoint), timeout=5)
             handler = EtcdV3RendezvousHandler(
                 client, "wiped", Limits(2, 2, 15), "127.0.0.1", join_timeout=60
             )

@@ -23,7 +23,7 @@ import pytest
 from conftest import EtcdServer, result_of, start, wait_for
 
 from elasticjob_devcluster.procs import descendants
-from elasticjob_runtime.etcd_client import EtcdClient, parse_endpoint
+from elasticjob_runtime.etcd_client import EtcdClient, parse_endpoints
 from elasticjob_runtime.progress import read_progress
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -183,7 +183,7 @@ def test_a_joining_node_switches_the_running_group_without_restarting_it(
         newcomer[-3000:]
     )
     # Whichever process is rank 0 now publishes the job's progress, at the new size.
-    client = EtcdClient(parse_endpoint(etcd.endpoint, 2379))
+    client = EtcdClient(parse_endpoints(etcd.endpoint, 2379))
     try:
         progress = wait_for(
             "progress at world size 2",

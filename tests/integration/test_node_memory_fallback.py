@@ -20,7 +20,7 @@ from elasticjob_operator import progress as operator_progress
 from elasticjob_operator.reconcile import Observed, memory_fallback_from_json, reconcile
 from elasticjob_runtime import contract
 from elasticjob_runtime.checkpoint import checkpoint_name, committed_steps
-from elasticjob_runtime.etcd_client import EtcdClient, parse_endpoint
+from elasticjob_runtime.etcd_client import EtcdClient, parse_endpoints
 from elasticjob_runtime.progress import read_memory_fallbacks
 
 pytestmark = pytest.mark.integration
@@ -92,7 +92,7 @@ def test_a_checkpoint_too_big_for_node_memory_is_one_warning_event(
         assert "No space left on device" in line and "on a filesystem of 1 MiB" in line
         assert "raise the ElasticJob's spec.shmSize" in line
 
-    client = EtcdClient(parse_endpoint(etcd.endpoint))
+    client = EtcdClient(parse_endpoints(etcd.endpoint))
     try:
         reports = read_memory_fallbacks(client, run)
         lease = client.get(contract.memory_fallback_key(run, pods[0]))

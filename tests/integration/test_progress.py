@@ -16,7 +16,7 @@ import pytest
 from conftest import EtcdServer, free_port
 
 from elasticjob_runtime import contract
-from elasticjob_runtime.etcd_client import EtcdClient, parse_endpoint
+from elasticjob_runtime.etcd_client import EtcdClient, parse_endpoints
 from elasticjob_runtime.progress import (
     ProgressReporter,
     SampleRate,
@@ -31,7 +31,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 def client(etcd: EtcdServer) -> Iterator[EtcdClient]:
-    c = EtcdClient(parse_endpoint(etcd.endpoint))
+    c = EtcdClient(parse_endpoints(etcd.endpoint))
     yield c
     c.close()
 
@@ -120,7 +120,7 @@ def test_lease_is_kept_alive_while_the_reporter_lives(client: EtcdClient) -> Non
 
 def publisher(endpoint: str, rid: str) -> None:
     """Subprocess body: publish progress with a short lease, then wait to be killed."""
-    c = EtcdClient(parse_endpoint(endpoint))
+    c = EtcdClient(parse_endpoints(endpoint))
     reporter = ProgressReporter(c, rid, world_size=2, ttl=2, min_interval=0)
     reporter.update(7, samples=16)
     print("published", flush=True)

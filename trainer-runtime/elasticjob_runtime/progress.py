@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from elasticjob_runtime import contract
-from elasticjob_runtime.etcd_client import EtcdClient, EtcdError, parse_endpoint, parse_endpoints
+from elasticjob_runtime.etcd_client import EtcdClient, EtcdError, parse_endpoints
 from elasticjob_runtime.records import (
     MemoryFallback,
     Progress,
@@ -216,7 +216,7 @@ def reporter_from_env(
     endpoint, run_id = os.environ.get(contract.RDZV_ENDPOINT), run_id_from_env()
     if not endpoint or not run_id:
         return None
-    client = EtcdClient(parse_endpoint(endpoint, contract.DEFAULT_ETCD_PORT))
+    client = EtcdClient(parse_endpoints(endpoint, contract.DEFAULT_ETCD_PORT))
     try:
         return ProgressReporter(
             client,
