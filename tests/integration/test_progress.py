@@ -10,7 +10,6 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
 from conftest import EtcdServer, free_port
@@ -20,7 +19,6 @@ from elasticjob_runtime.etcd_client import EtcdClient, parse_endpoints
 from elasticjob_runtime.progress import (
     ProgressReporter,
     SampleRate,
-    fetch_checkpoint_from_peer,
     progress_published,
     read_progress,
     reporter_from_env,
@@ -188,32 +186,6 @@ def test_unreachable_etcd_turns_reporting_off_with_one_line(
         assert reporter_from_env() is None
     [record] = caplog.records
     assert record.getMessage().startswith("progress reporting off: etcd at 127.0.0.1:")
-
-
-def test_joining_node_fetches_checkpoint_from_the_peer_in_the_progress_record(
-    client: EtcdClient, tmp_path: Path
-) -> None:
-    import torch
-
-    from elasticjob_runtime.checkpoint import CheckpointManager
-    from elasticjob_runtime.health import HealthServer
-
-    rid = run_id()
-    peer_dir = tmp_path / "node-a"
-    CheckpointManager(peer_dir, memory=False, writer=True).save({"w": torch.arange(5.0)}, 42)
-    with HealthServer("127.0.0.1", 0, checkpoint_dir=peer_dir) as server:
-        reporter = ProgressReporter(
-            client, rid, world_size=2, checkpoint_url=server.url, min_interval=0
-        )
-        try:
-            reporter.update(42, samples=8, checkpoint_step=42)
-            assert fetch_checkpoint_from_peer(client, rid, tmp_path / "node-b") == 42
-        finally:
-            reporter.close()
-    ckpt = CheckpointManager(tmp_path / "node-b", memory=False).load_latest()
-    assert ckpt is not None and ckpt.step == 42
-    assert torch.equal(ckpt.state["w"], torch.arange(5.0))
-    assert fetch_checkpoint_from_peer(client, rid, tmp_path / "node-c") is None  # key gone
 
 
 if __name__ == "__main__":

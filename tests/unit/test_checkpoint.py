@@ -1,4 +1,4 @@
-"""Checkpoints: atomic, verified, pruned, asynchronous, in node memory, fetched from a peer."""
+"""Checkpoints: atomic, verified, pruned, asynchronous, in node memory."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from elasticjob_runtime.checkpoint import (
     CheckpointManager,
     checkpoint_name,
     committed_steps,
-    fetch_from_peer,
 )
 from elasticjob_runtime.health import HealthServer
 from elasticjob_runtime.progress import memory_fallback_reporter_from_env
@@ -311,28 +310,6 @@ def test_directory_comes_from_the_environment(
     assert committed_steps(tmp_path / "env-ckpt") == [4]
 
 
-def test_joining_node_fetches_newest_checkpoint_from_a_peer(tmp_path: Path) -> None:
-    peer_dir, joiner_dir = tmp_path / "peer", tmp_path / "joiner"
-    peer = CheckpointManager(peer_dir, memory=False, writer=True)
-    model = make_model()
-    for step in (10, 20):
-        peer.save({"model": model}, step)
-    with HealthServer("127.0.0.1", 0, checkpoint_dir=peer_dir) as server:
-        assert fetch_from_peer(server.url, joiner_dir) == 20
-        assert fetch_from_peer(server.url, joiner_dir) is None  # already up to date
-    ckpt = CheckpointManager(joiner_dir, memory=False).load_latest()
-    assert ckpt is not None and ckpt.step == 20
-    restored = make_model(seed=9)
-    restored.load_state_dict(ckpt.state["model"])
-    assert same_params(model, restored)
-
-
-def test_peer_with_no_checkpoint_gives_nothing(tmp_path: Path) -> None:
-    with HealthServer("127.0.0.1", 0, checkpoint_dir=tmp_path / "empty") as server:
-        assert fetch_from_peer(server.url, tmp_path / "joiner") is None
-    assert not (tmp_path / "joiner").exists()
-
-
 def test_health_endpoints_report_live_then_ready(tmp_path: Path) -> None:
     def get(url: str) -> int:
         try:
@@ -347,7 +324,7 @@ def test_health_endpoints_report_live_then_ready(tmp_path: Path) -> None:
         assert get(f"{server.url}/readyz") == 503
         server.mark_ready()
         assert get(f"{server.url}/readyz") == 200
-        assert get(f"{server.url}/checkpoint/file/../../etc/passwd") == 404
+        assert get(f"{server.url}/checkpoint/latest") == 404  # no checkpoint over HTTP
         assert get(f"{server.url}/nope") == 404
 
 

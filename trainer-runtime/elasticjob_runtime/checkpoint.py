@@ -62,8 +62,6 @@ import signal
 import socket
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -332,45 +330,6 @@ def latest_committed(directory: Path) -> CommitRecord | None:
         except (OSError, ValueError, KeyError):
             continue
     return None
-
-
-def fetch_from_peer(
-    base_url: str, directory: str | os.PathLike[str], timeout: float = 60.0
-) -> int | None:
-    """Copy a peer's newest checkpoint into ``directory`` if it is newer than ours.
-
-    ``base_url`` is the peer's health server (``http://host:port``, see
-    :mod:`elasticjob_runtime.health`). The copy is verified against the peer's
-    checksum and committed like a local save. Returns the step fetched, or None when
-    the peer has nothing newer. Call it on a joining node before its workers load
-    (in the agent, or in local rank 0 followed by a barrier).
-    """
-    target = Path(directory)
-    base = base_url.rstrip("/")
-    try:
-        with urllib.request.urlopen(f"{base}/checkpoint/latest", timeout=timeout) as resp:
-            if resp.status == 204:
-                return None
-            record = CommitRecord.from_bytes(resp.read())
-        mine = latest_committed(target)
-        if mine is not None and mine.step >= record.step:
-            return None
-        url = f"{base}/checkpoint/file/{record.file}"
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
-            data = resp.read()
-    except (OSError, ValueError, KeyError) as exc:  # URLError/HTTPError are OSErrors
-        raise CheckpointError(
-            f"cannot fetch the newest checkpoint from {base} ({exc}); check that the peer's "
-            "health server is up and serves its checkpoint directory, then retry"
-        ) from exc
-    if len(data) != record.size or hashlib.sha256(data).hexdigest() != record.sha256:
-        raise CheckpointError(
-            f"checkpoint step {record.step} from {base} arrived damaged "
-            f"({len(data)} of {record.size} bytes or checksum mismatch); retry the fetch"
-        )
-    commit(target, record.step, data)
-    log.info("fetched checkpoint step %d (%d bytes) from %s", record.step, len(data), base)
-    return record.step
 
 
 def default_memory_dir(run_id: str | None = None) -> Path | None:

@@ -1,29 +1,19 @@
-"""Liveness/readiness endpoints for pod probes, and checkpoint hand-over to joining nodes.
+"""Liveness/readiness endpoints for pod probes.
 
 ``GET /healthz``  200 while the process is alive (and the optional ``live`` check passes)
 ``GET /readyz``   200 once training has started (``mark_ready`` or the ``ready`` check), else 503
-``GET /checkpoint/latest``        the newest committed checkpoint's marker (JSON), 204 if none
-``GET /checkpoint/file/<name>``   that checkpoint's bytes
 
-The checkpoint routes let a node whose checkpoint directory is node-local fetch the
-newest checkpoint from a peer (:func:`elasticjob_runtime.checkpoint.fetch_from_peer`)
-without a shared volume. ``http.server`` in a daemon thread is enough for probes
-and a one-off file copy; nothing here needs a framework.
+``http.server`` in a daemon thread is enough for probes; nothing here needs a framework.
 """
 
 from __future__ import annotations
 
 import os
-import re
-import shutil
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 from elasticjob_runtime import contract
-
-_FILE_RE = re.compile(r"^/checkpoint/file/(step-\d+\.pt)$")
 
 
 def health_address_from_env() -> tuple[str, int]:
@@ -44,13 +34,12 @@ def health_address_from_env() -> tuple[str, int]:
 
 def serve_from_env(
     *,
-    checkpoint_dir: str | os.PathLike[str] | None = None,
     live: Callable[[], bool] | None = None,
     ready: Callable[[], bool] | None = None,
 ) -> HealthServer:
     """Start the server where :func:`health_address_from_env` says (for the agent or rank 0)."""
     host, port = health_address_from_env()
-    return HealthServer(host, port, checkpoint_dir=checkpoint_dir, live=live, ready=ready).start()
+    return HealthServer(host, port, live=live, ready=ready).start()
 
 
 class HealthServer:
@@ -61,11 +50,9 @@ class HealthServer:
         host: str = "127.0.0.1",
         port: int = contract.DEFAULT_HEALTH_PORT,
         *,
-        checkpoint_dir: str | os.PathLike[str] | None = None,
         live: Callable[[], bool] | None = None,
         ready: Callable[[], bool] | None = None,
     ) -> None:
-        self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
         self._live = live
         self._ready_check = ready
         self._ready = threading.Event()
@@ -139,31 +126,7 @@ def _handler_for(owner: HealthServer) -> type[BaseHTTPRequestHandler]:
             elif path == "/readyz":
                 ok = owner.is_ready()
                 self._reply(200 if ok else 503, b"ready\n" if ok else b"not ready\n")
-            elif path == "/checkpoint/latest" and owner.checkpoint_dir is not None:
-                from elasticjob_runtime.checkpoint import latest_committed  # imports torch
-
-                record = latest_committed(owner.checkpoint_dir)
-                if record is None:
-                    self._reply(204, b"")
-                else:
-                    self._reply(200, record.to_bytes(), "application/json")
-            elif (m := _FILE_RE.match(path)) and owner.checkpoint_dir is not None:
-                self._send_file(owner.checkpoint_dir / m.group(1))
             else:
                 self._reply(404, b"not found\n")
-
-        def _send_file(self, file: Path) -> None:
-            try:
-                f = file.open("rb")
-            except FileNotFoundError:
-                self._reply(404, b"no such checkpoint\n")
-                return
-            with f:
-                size = os.fstat(f.fileno()).st_size
-                self.send_response(200)
-                self.send_header("Content-Type", "application/octet-stream")
-                self.send_header("Content-Length", str(size))
-                self.end_headers()
-                shutil.copyfileobj(f, self.wfile)
 
     return Handler

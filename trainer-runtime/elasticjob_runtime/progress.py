@@ -1,11 +1,10 @@
 """Training progress in etcd, for the operator to show in the job's status.
 
 Global rank 0 publishes one JSON record under ``contract.progress_key(run_id)``:
-step, samples/s, world size, restart count, and optionally the epoch, the newest
-checkpoint step and the URL of a health server that serves it (so a joining node
-with a node-local checkpoint directory knows where to fetch from). The key is put
-with a lease that a background thread keeps alive, so it goes away ``ttl`` seconds
-after the publishing process dies, and at once on ``close()``.
+step, samples/s, world size, restart count, and optionally the epoch and the newest
+checkpoint step. The key is put with a lease that a background thread keeps alive,
+so it goes away ``ttl`` seconds after the publishing process dies, and at once on
+``close()``.
 
 Publishing is throttled (``min_interval``) so a fast loop does not flood etcd.
 Torch-free: the operator imports :func:`decode_progress` / :func:`read_progress`.
@@ -35,7 +34,6 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from elasticjob_runtime import contract
@@ -85,7 +83,6 @@ class ProgressReporter:
         *,
         world_size: int,
         restart_count: int = 0,
-        checkpoint_url: str | None = None,
         ttl: int = 15,
         min_interval: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
@@ -106,7 +103,6 @@ class ProgressReporter:
             world_size=world_size,
             restart_count=restart_count,
             updated=time.time(),
-            checkpoint_url=checkpoint_url,
         )
         self._lease = client.grant(ttl)
         self._stop = threading.Event()
@@ -202,9 +198,7 @@ def run_id_from_env() -> str | None:
     return os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get(contract.RDZV_ID)
 
 
-def reporter_from_env(
-    *, checkpoint_url: str | None = None, ttl: int = 15, min_interval: float = 1.0
-) -> ProgressReporter | None:
+def reporter_from_env(*, ttl: int = 15, min_interval: float = 1.0) -> ProgressReporter | None:
     """A reporter on global rank 0 of a job with an etcd endpoint, else None.
 
     Reads ``PET_RDZV_ENDPOINT``, the run id (``TORCHELASTIC_RUN_ID`` / ``PET_RDZV_ID``),
@@ -223,7 +217,6 @@ def reporter_from_env(
             run_id,
             world_size=int(os.environ.get("WORLD_SIZE", "1")),
             restart_count=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
-            checkpoint_url=checkpoint_url,
             ttl=ttl,
             min_interval=min_interval,
         )
@@ -231,21 +224,6 @@ def reporter_from_env(
         log.warning("progress reporting off: %s", exc)
         client.close()
         return None
-
-
-def fetch_checkpoint_from_peer(
-    client: EtcdClient, run_id: str, directory: str | os.PathLike[str], timeout: float = 60.0
-) -> int | None:
-    """On a joining node: copy the newest checkpoint from the peer named in the progress record.
-
-    Returns the step fetched, or None when no peer advertises one or ours is as new.
-    """
-    progress = read_progress(client, run_id)
-    if progress is None or not progress.checkpoint_url:
-        return None
-    from elasticjob_runtime.checkpoint import fetch_from_peer  # imports torch
-
-    return fetch_from_peer(progress.checkpoint_url, Path(directory), timeout=timeout)
 
 
 # -- node-memory checkpoint copies that failed ------------------------------------------
