@@ -154,7 +154,8 @@ def peer_worker(workdir: str, rank: int) -> None:
 def test_rank_with_empty_node_local_directory_receives_newest_checkpoint(tmp_path: Path) -> None:
     import torch
 
-    from elasticjob_runtime.checkpoint import CheckpointManager, committed_steps
+    from elasticjob_runtime.checkpoint import CheckpointManager
+    from elasticjob_runtime.checkpoint_files import committed_steps
 
     saved = make_model(7)
     assert isinstance(saved, torch.nn.Module)

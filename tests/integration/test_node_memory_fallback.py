@@ -19,7 +19,7 @@ from elasticjob_operator import builders, models
 from elasticjob_operator import progress as operator_progress
 from elasticjob_operator.reconcile import Observed, memory_fallback_from_json, reconcile
 from elasticjob_runtime import contract
-from elasticjob_runtime.checkpoint import checkpoint_name, committed_steps
+from elasticjob_runtime.checkpoint_files import checkpoint_name, committed_steps
 from elasticjob_runtime.etcd_client import EtcdClient, parse_endpoints
 from elasticjob_runtime.progress import read_memory_fallbacks
 
