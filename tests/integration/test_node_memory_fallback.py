@@ -60,6 +60,7 @@ def needs_root() -> None:
 def run_worker(tmp_path: Path, etcd: EtcdServer, run: str, pod: str) -> subprocess.Popen[str]:
     env = {
         **os.environ,
+        contract.RDZV_BACKEND: "etcd-v3",  # as the operator injects it: the endpoint is an etcd
         contract.RDZV_ENDPOINT: etcd.endpoint,
         contract.RDZV_ID: run,
         contract.POD_NAME: pod,

@@ -1,7 +1,7 @@
 """``elasticjob-run``: torchrun with the operator's defaults and one-line errors.
 
 It is torchrun itself (same parser, same ``PET_*`` variables, flags win over the
-environment, torch's ``LocalElasticAgent`` runs the workers), with three changes:
+environment, torch's ``LocalElasticAgent`` runs the workers), with these changes:
 
 * the rendezvous backend defaults to ``etcd-v3`` (``PET_RDZV_BACKEND`` still wins);
 * the pod IP the operator injects is the default ``--local-addr``;
@@ -12,7 +12,9 @@ environment, torch's ``LocalElasticAgent`` runs the workers), with three changes
 * workers start from warm spares, interpreters that have already imported torch and
   the script's imports (:mod:`elasticjob_runtime.spare`); ``--no-warm-spares`` (or
   ``ELASTICJOB_WARM_SPARES=0``) starts every worker cold as torchrun does, and
-  ``--warm-import mod,...`` names more modules for the spares to import.
+  ``--warm-import mod,...`` names more modules for the spares to import;
+* the workers learn the etcd it rendezvouses on (``ELASTICJOB_PROGRESS_ENDPOINT``),
+  where they publish progress (:mod:`elasticjob_runtime.progress`).
 """
 
 from __future__ import annotations
@@ -80,6 +82,14 @@ def config_problem(args: argparse.Namespace, backends: Sequence[str]) -> str | N
                 f"{contract.RDZV_ID} (unique per job run)"
             )
     return None
+
+
+def progress_endpoint(args: argparse.Namespace) -> str | None:
+    """The etcd the workers publish progress to: the one this agent rendezvouses on, if
+    its rendezvous is an etcd. Flags win over the environment, so only we know it."""
+    if args.standalone or args.rdzv_backend not in contract.ETCD_RDZV_BACKENDS:
+        return None
+    return str(args.rdzv_endpoint)
 
 
 def env_switch(name: str, default: bool) -> bool:
@@ -197,6 +207,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not args.standalone and args.rdzv_backend == "etcd-v3":
         in_pod = bool(os.environ.get(contract.POD_NAME))
         _check_etcd(args.rdzv_endpoint, ETCD_WAIT_IN_POD_SECONDS if in_pod else 0.0)
+    if (etcd := progress_endpoint(args)) is not None:
+        os.environ.setdefault(contract.PROGRESS_ENDPOINT, etcd)
     # torch 2.13's agent-shared TCPStore crashed c10d scale-up (DESIGN.md); ours never shares.
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
 
