@@ -277,6 +277,8 @@ class Job:
             ELASTICJOB_CHECKPOINT_DIR=str(self.workdir / "ckpt"),
             # one node-memory checkpoint copy per agent, as one per pod
             ELASTICJOB_POD_NAME=f"{self.run_id}-{name}",
+            # a pod's agent serves probes on 8090; agents sharing this host take any free port
+            ELASTICJOB_HEALTH_PORT="0",
         )
         proc = subprocess.Popen(
             cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env, start_new_session=True

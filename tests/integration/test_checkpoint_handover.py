@@ -99,6 +99,7 @@ def test_restarted_worker_group_reloads_from_node_memory_without_disk(
     env = {
         **os.environ,
         "ELASTICJOB_POD_NAME": "pod-a",
+        "ELASTICJOB_HEALTH_PORT": "0",  # its probes on any free port, not the pod's 8090
         "GLOO_SOCKET_IFNAME": "lo",
         "PYTHONUNBUFFERED": "1",
     }
