@@ -28,6 +28,7 @@ from elasticjob_runtime.membership import Limits, Round
 from elasticjob_runtime.rendezvous import (
     EtcdV3RendezvousBackend,
     EtcdV3RendezvousHandler,
+    members_prefix,
     state_key,
 )
 
@@ -50,6 +51,7 @@ def handlers(etcd_any: EtcdServer) -> Iterator[Factory]:
         handler = EtcdV3RendezvousHandler(
             client, run_id, Limits(lo, hi, last_call=15), "127.0.0.1", join_timeout=join_timeout
         )
+        handler.register()  # live at once, as handler_from_params makes torchrun's
         made.append((handler, client))
         return handler, client
 
@@ -327,9 +329,42 @@ def test_torch_registry_builds_the_handler_from_torchrun_parameters(etcd: EtcdSe
     handler = get_rendezvous_handler(params)
     assert isinstance(handler, EtcdV3RendezvousHandler)
     assert handler.get_backend() == "etcd-v3" and not handler.use_agent_store
+    # live before it joins: a first round waits for a node whose agent still warms up
+    assert handler.node in live_nodes(etcd, params.run_id)
     info = handler.next_rendezvous()
     assert (info.rank, info.world_size) == (0, 1)
     assert handler.shutdown()
+
+
+def live_nodes(etcd: EtcdServer, run_id: str) -> list[str]:
+    client = EtcdClient(parse_endpoints(etcd.endpoint), timeout=10)
+    try:
+        keys = client.snapshot(members_prefix(run_id)).items
+    finally:
+        client.close()
+    return sorted(key.removeprefix(members_prefix(run_id)) for key in keys)
+
+
+def keepers(handler: EtcdV3RendezvousHandler) -> int:
+    return sum(t.name == f"etcd-v3-lease-{handler.node}" for t in threading.enumerate())
+
+
+def test_building_a_handler_touches_nothing_until_it_registers(etcd: EtcdServer) -> None:
+    run_id = f"inert-{uuid.uuid4().hex[:6]}"
+    client = EtcdClient(parse_endpoints(etcd.endpoint), timeout=10)
+    handler = EtcdV3RendezvousHandler(client, run_id, Limits(1, 1, 15), "127.0.0.1")
+    try:
+        assert client.snapshot(contract.run_prefix(run_id)).items == {}  # no key, no lease
+        assert keepers(handler) == 0 and handler.lease_ttl == 0
+        handler.register()
+        handler.register()  # once only
+        assert live_nodes(etcd, run_id) == [handler.node]
+        assert keepers(handler) == 1 and handler.lease_ttl == 1
+    finally:
+        handler._leave()
+        client.close()
+    wait_until(lambda: keepers(handler) == 0, 10)  # the keeper ends with the handler's leave
+    assert live_nodes(etcd, run_id) == []
 
 
 def test_membership_is_still_watched_after_etcd_restarts(tmp_path: Path) -> None:
@@ -339,6 +374,7 @@ def test_membership_is_still_watched_after_etcd_restarts(tmp_path: Path) -> None
         for _ in range(2):
             client = EtcdClient(parse_endpoints(server.endpoint), timeout=10)
             handler = EtcdV3RendezvousHandler(client, "restarts", Limits(1, 3, 15), "127.0.0.1")
+            handler.register()
             made.append((handler, client))
         (a, _), (b, _) = made
         join_all(a, b)
@@ -366,6 +402,7 @@ def test_a_watch_refused_right_after_a_restart_is_tried_again(tmp_path: Path) ->
         for _ in range(2):
             client = EtcdClient(parse_endpoints(server.endpoint), timeout=10)
             handler = EtcdV3RendezvousHandler(client, "refused", Limits(1, 3, 15), "127.0.0.1")
+            handler.register()
             made.append((handler, client))
         (a, a_client), (b, _) = made
         join_all(a, b)
@@ -401,6 +438,7 @@ def test_a_join_rides_out_an_etcd_restart(tmp_path: Path) -> None:
         for _ in range(2):
             client = EtcdClient(parse_endpoints(server.endpoint), timeout=5)
             handler = EtcdV3RendezvousHandler(client, "rides", Limits(2, 2, 15), "127.0.0.1")
+            handler.register()
             made.append((handler, client))
         (a, _), (b, _) = made
         waiting, joined = join_in_background(a)
@@ -429,6 +467,7 @@ def test_nodes_meet_again_on_an_etcd_that_lost_its_data(tmp_path: Path) -> None:
             handler = EtcdV3RendezvousHandler(
                 client, "wiped", Limits(2, 2, 15), "127.0.0.1", join_timeout=60
             )
+            handler.register()
             made.append((handler, client))
         (a, _), (b, _) = made
         join_all(a, b)

@@ -129,6 +129,7 @@ def peer(etcd_any: EtcdServer) -> Iterator[Callable[[str, int], EtcdV3Rendezvous
         handler = EtcdV3RendezvousHandler(
             client, run_id, Limits(nodes, nodes, 15), "127.0.0.1", join_timeout=90
         )
+        handler.register()
         made.append((handler, client))
         return handler
 
@@ -170,6 +171,7 @@ def test_no_lease_is_lost_while_every_core_is_busy(
     run_id = f"busy-{uuid.uuid4().hex[:8]}"
     client = EtcdClient(parse_endpoints(etcd.endpoint), timeout=10)
     a = EtcdV3RendezvousHandler(client, run_id, Limits(3, 3, 15), "127.0.0.1", join_timeout=90)
+    a.register()
     try:
         holders = [
             start_holder(etcd.endpoint, run_id, "3:3", seconds=LOAD_SECONDS + 90, busy=True)
@@ -217,6 +219,7 @@ def test_an_etcd_that_grants_longer_leases_is_named_once_with_the_ttl_it_granted
     try:
         a = EtcdV3RendezvousHandler(client, "slow-leases", Limits(1, 1, 15), "127.0.0.1")
         try:
+            a.register()
             assert a.lease_ttl == 2
             a.next_rendezvous()
             time.sleep(1.0)  # several keep-alives: the line is not repeated
