@@ -204,10 +204,6 @@ def read_progress(client: EtcdClient, run_id: str) -> Progress | None:
     return decode_progress(kv.value) if kv is not None else None
 
 
-def run_id_from_env() -> str | None:
-    return os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get(contract.RDZV_ID)
-
-
 @dataclass(frozen=True)
 class ProgressTarget:
     """The run's etcd, where progress and node-memory reports go."""
