@@ -1,24 +1,24 @@
 """The agent's probes under a real elasticjob-run: live while it answers, ready in a round.
 
 Two agents of a two-node job on a real etcd, each with its own ELASTICJOB_HEALTH_PORT (as
-the kubelet probes each pod's). Every agent runs in its own session and is killed by its
-recorded tree at the end; the test also checks that nothing it started outlives the job.
+the kubelet probes each pod's). Every agent runs in its own session and is killed with its
+tree at the end (conftest's ``agents``); the test also checks that nothing it started
+outlives the job.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import EtcdServer, free_port, launcher_argv, wait_for
+from conftest import EtcdServer, free_port, start, still_running, wait_for
 
 from elasticjob_devcluster.procs import descendants
 
@@ -50,58 +50,43 @@ def answers(port: int, path: str, code: int) -> bool | None:
         return None
 
 
-@pytest.fixture
-def family() -> Iterator[list[subprocess.Popen[bytes]]]:
-    """The agents a test starts; at the end each is resumed and killed with its tree."""
-    started: list[subprocess.Popen[bytes]] = []
-    yield started
-    for proc in started:
-        if proc.poll() is None:
-            tree = [proc.pid, *descendants(proc.pid)]
-            for pid in tree:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            proc.wait(timeout=30)
-
-
 def test_probes_follow_the_agent_live_while_it_answers_ready_while_it_trains(
-    etcd: EtcdServer, tmp_path: Path, family: list[subprocess.Popen[bytes]]
+    etcd: EtcdServer, tmp_path: Path, agents: list[subprocess.Popen[bytes]]
 ) -> None:
     run_id = f"health-{uuid.uuid4().hex[:8]}"
     ports = [free_port(), free_port()]
     logs = [tmp_path / f"agent{i}.log" for i in range(2)]
 
-    def start(i: int) -> subprocess.Popen[bytes]:
-        cmd = launcher_argv(etcd.endpoint, run_id, [str(TRAIN)], nnodes="2", max_restarts=3)
+    def launch(i: int) -> subprocess.Popen[bytes]:
         env = {
-            **{k: v for k, v in os.environ.items() if not k.startswith("PET_")},
             "ELASTICJOB_HEALTH_PORT": str(ports[i]),
             "RDZV_TEST_OUT": str(tmp_path),
             "RDZV_TEST_STEPS": "100000",
             "RDZV_TEST_PAUSE": "0.1",
-            "PYTHONUNBUFFERED": "1",
         }
-        proc = subprocess.Popen(
-            cmd,
-            stdout=logs[i].open("wb"),
-            stderr=subprocess.STDOUT,
+        return start(
+            agents,
+            etcd,
+            logs[i],
+            [str(TRAIN)],
+            nproc=1,
+            max_restarts=3,
             env=env,
-            start_new_session=True,
+            nnodes="2",
+            run_id=run_id,
         )
-        family.append(proc)
-        return proc
 
     def within(what: str, check: Callable[[], object | None], bound: float, i: int = 0) -> None:
         wait_for(what, check, bound, logs[i])
 
-    first = start(0)
+    first = launch(0)
     # Live as soon as it serves (before its spares are warm); not ready: a two-node job
     # with one node waits in the rendezvous.
     within("agent 0 to answer /healthz", lambda: answers(ports[0], "/healthz", 200), 60)
     for _ in range(5):
         assert probe(ports[0], "/readyz") == 503
 
-    second = start(1)
+    second = launch(1)
     steps = tmp_path / "steps.jsonl"
     within("training to run", lambda: True if steps.exists() else None, 180)
     for i in (0, 1):
@@ -128,20 +113,7 @@ def test_probes_follow_the_agent_live_while_it_answers_ready_while_it_trains(
         assert proc.returncode == 0, logs[i].read_text(errors="replace")[-3000:]
     # everything the agents started (workers, warm spares) is gone with them
     within(
-        "the workers and spares to exit",
-        lambda: True if not any(_alive(pid) for pid in workers) else None,
-        60,
+        "the workers and spares to exit", lambda: True if not still_running(workers) else None, 60
     )
     with pytest.raises(urllib.error.URLError):
         probe(ports[0], "/healthz")  # the server went with its agent
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with contextlib.suppress(OSError):
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.rsplit(")", 1)[1].split()[0] != "Z"
-    return False
