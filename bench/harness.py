@@ -22,7 +22,7 @@ from typing import TypeVar
 
 from elasticjob_devcluster.procs import descendants, start_ticks
 from elasticjob_runtime import contract
-from elasticjob_runtime.etcd_client import EtcdClient, EtcdError, parse_endpoint
+from elasticjob_runtime.etcd_client import EtcdClient, EtcdError, parse_endpoints
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "examples" / "train_regression.py"
@@ -173,7 +173,7 @@ class Etcd:
             start_new_session=True,
         )
         etcd = cls(f"127.0.0.1:{client}", proc)
-        probe = EtcdClient(parse_endpoint(etcd.endpoint), timeout=2)
+        probe = EtcdClient(parse_endpoints(etcd.endpoint), timeout=2)
 
         def answers() -> bool | None:
             try:
@@ -277,6 +277,8 @@ class Job:
             ELASTICJOB_CHECKPOINT_DIR=str(self.workdir / "ckpt"),
             # one node-memory checkpoint copy per agent, as one per pod
             ELASTICJOB_POD_NAME=f"{self.run_id}-{name}",
+            # a pod's agent serves probes on 8090; agents sharing this host take any free port
+            ELASTICJOB_HEALTH_PORT="0",
         )
         proc = subprocess.Popen(
             cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env, start_new_session=True

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -98,9 +98,9 @@ def _spawn(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
 
 
 def _wait_healthy(server: EtcdServer) -> None:
-    from elasticjob_runtime.etcd_client import EtcdClient, EtcdError, parse_endpoint
+    from elasticjob_runtime.etcd_client import EtcdClient, EtcdError, parse_endpoints
 
-    probe = EtcdClient(parse_endpoint(server.endpoint), timeout=2)
+    probe = EtcdClient(parse_endpoints(server.endpoint), timeout=2)
     deadline = time.monotonic() + 60
     try:
         while True:
@@ -223,6 +223,19 @@ def start(
     )
     agents.append(proc)
     return proc
+
+
+def still_running(pids: Iterable[int]) -> list[int]:
+    """Those of ``pids`` that exist and have not exited (a zombie has)."""
+    running = []
+    for pid in pids:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        if stat.rsplit(")", 1)[1].split()[0] != "Z":
+            running.append(pid)
+    return running
 
 
 def wait_for(what: str, check: Callable[[], T | None], timeout: float, log: Path) -> T:

@@ -99,6 +99,7 @@ def test_restarted_worker_group_reloads_from_node_memory_without_disk(
     env = {
         **os.environ,
         "ELASTICJOB_POD_NAME": "pod-a",
+        "ELASTICJOB_HEALTH_PORT": "0",  # its probes on any free port, not the pod's 8090
         "GLOO_SOCKET_IFNAME": "lo",
         "PYTHONUNBUFFERED": "1",
     }
@@ -154,7 +155,8 @@ def peer_worker(workdir: str, rank: int) -> None:
 def test_rank_with_empty_node_local_directory_receives_newest_checkpoint(tmp_path: Path) -> None:
     import torch
 
-    from elasticjob_runtime.checkpoint import CheckpointManager, committed_steps
+    from elasticjob_runtime.checkpoint import CheckpointManager
+    from elasticjob_runtime.checkpoint_files import committed_steps
 
     saved = make_model(7)
     assert isinstance(saved, torch.nn.Module)

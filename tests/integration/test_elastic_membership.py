@@ -374,6 +374,7 @@ def test_in_a_pod_the_launcher_waits_for_a_job_etcd_that_starts_later(tmp_path: 
     env = {
         **clean,
         "ELASTICJOB_POD_NAME": "late-worker-0",
+        "ELASTICJOB_HEALTH_PORT": "0",  # its probes on any free port, not the pod's 8090
         "RDZV_TEST_OUT": str(tmp_path),
         "RDZV_TEST_STEPS": "2",
         "RDZV_TEST_PAUSE": "0",

@@ -11,7 +11,7 @@ import torch.distributed as dist
 from conftest import EtcdServer
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 
-from elasticjob_runtime.etcd_client import EtcdClient, parse_endpoint
+from elasticjob_runtime.etcd_client import EtcdClient, parse_endpoints
 from elasticjob_runtime.etcd_store import EtcdV3Store
 from elasticjob_runtime.rendezvous import EtcdV3RendezvousBackend, state_key
 
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.integration
 
 
 def client_for(server: EtcdServer) -> EtcdClient:
-    return EtcdClient(parse_endpoint(server.endpoint), timeout=10)
+    return EtcdClient(parse_endpoints(server.endpoint), timeout=10)
 
 
 def test_backend_compare_and_set_rejects_stale_tokens(

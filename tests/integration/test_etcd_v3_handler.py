@@ -23,11 +23,12 @@ from torch.distributed.elastic.rendezvous import (
 from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
 from elasticjob_runtime import contract
-from elasticjob_runtime.etcd_client import EtcdClient, EtcdError, parse_endpoint
+from elasticjob_runtime.etcd_client import EtcdClient, EtcdError, parse_endpoints
 from elasticjob_runtime.membership import Limits, Round
 from elasticjob_runtime.rendezvous import (
     EtcdV3RendezvousBackend,
     EtcdV3RendezvousHandler,
+    members_prefix,
     state_key,
 )
 
@@ -46,10 +47,11 @@ def handlers(etcd_any: EtcdServer) -> Iterator[Factory]:
     def make(
         lo: int = 1, hi: int = 3, join_timeout: float = 60.0
     ) -> tuple[EtcdV3RendezvousHandler, EtcdClient]:
-        client = EtcdClient(parse_endpoint(etcd_any.endpoint), timeout=10)
+        client = EtcdClient(parse_endpoints(etcd_any.endpoint), timeout=10)
         handler = EtcdV3RendezvousHandler(
             client, run_id, Limits(lo, hi, last_call=15), "127.0.0.1", join_timeout=join_timeout
         )
+        handler.register()  # live at once, as handler_from_params makes torchrun's
         made.append((handler, client))
         return handler, client
 
@@ -174,7 +176,7 @@ def three_arrive_together(
 ) -> tuple[list[int | None], list[BaseException]]:
     """Three nodes (min 2, max 3) start after ``delays`` and rejoin until all three meet;
     returns each one's final world size."""
-    clients = [EtcdClient(parse_endpoint(etcd.endpoint), timeout=10) for _ in delays]
+    clients = [EtcdClient(parse_endpoints(etcd.endpoint), timeout=10) for _ in delays]
     made: list[EtcdV3RendezvousHandler] = []
 
     def node(client: EtcdClient, delay: float) -> int:
@@ -327,9 +329,42 @@ def test_torch_registry_builds_the_handler_from_torchrun_parameters(etcd: EtcdSe
     handler = get_rendezvous_handler(params)
     assert isinstance(handler, EtcdV3RendezvousHandler)
     assert handler.get_backend() == "etcd-v3" and not handler.use_agent_store
+    # live before it joins: a first round waits for a node whose agent still warms up
+    assert handler.node in live_nodes(etcd, params.run_id)
     info = handler.next_rendezvous()
     assert (info.rank, info.world_size) == (0, 1)
     assert handler.shutdown()
+
+
+def live_nodes(etcd: EtcdServer, run_id: str) -> list[str]:
+    client = EtcdClient(parse_endpoints(etcd.endpoint), timeout=10)
+    try:
+        keys = client.snapshot(members_prefix(run_id)).items
+    finally:
+        client.close()
+    return sorted(key.removeprefix(members_prefix(run_id)) for key in keys)
+
+
+def keepers(handler: EtcdV3RendezvousHandler) -> int:
+    return sum(t.name == f"etcd-v3-lease-{handler.node}" for t in threading.enumerate())
+
+
+def test_building_a_handler_touches_nothing_until_it_registers(etcd: EtcdServer) -> None:
+    run_id = f"inert-{uuid.uuid4().hex[:6]}"
+    client = EtcdClient(parse_endpoints(etcd.endpoint), timeout=10)
+    handler = EtcdV3RendezvousHandler(client, run_id, Limits(1, 1, 15), "127.0.0.1")
+    try:
+        assert client.snapshot(contract.run_prefix(run_id)).items == {}  # no key, no lease
+        assert keepers(handler) == 0 and handler.lease_ttl == 0
+        handler.register()
+        handler.register()  # once only
+        assert live_nodes(etcd, run_id) == [handler.node]
+        assert keepers(handler) == 1 and handler.lease_ttl == 1
+    finally:
+        handler._leave()
+        client.close()
+    wait_until(lambda: keepers(handler) == 0, 10)  # the keeper ends with the handler's leave
+    assert live_nodes(etcd, run_id) == []
 
 
 def test_membership_is_still_watched_after_etcd_restarts(tmp_path: Path) -> None:
@@ -337,8 +372,9 @@ def test_membership_is_still_watched_after_etcd_restarts(tmp_path: Path) -> None
     made: list[tuple[EtcdV3RendezvousHandler, EtcdClient]] = []
     try:
         for _ in range(2):
-            client = EtcdClient(parse_endpoint(server.endpoint), timeout=10)
+            client = EtcdClient(parse_endpoints(server.endpoint), timeout=10)
             handler = EtcdV3RendezvousHandler(client, "restarts", Limits(1, 3, 15), "127.0.0.1")
+            handler.register()
             made.append((handler, client))
         (a, _), (b, _) = made
         join_all(a, b)
@@ -364,8 +400,9 @@ def test_a_watch_refused_right_after_a_restart_is_tried_again(tmp_path: Path) ->
     made: list[tuple[EtcdV3RendezvousHandler, EtcdClient]] = []
     try:
         for _ in range(2):
-            client = EtcdClient(parse_endpoint(server.endpoint), timeout=10)
+            client = EtcdClient(parse_endpoints(server.endpoint), timeout=10)
             handler = EtcdV3RendezvousHandler(client, "refused", Limits(1, 3, 15), "127.0.0.1")
+            handler.register()
             made.append((handler, client))
         (a, a_client), (b, _) = made
         join_all(a, b)
@@ -399,8 +436,9 @@ def test_a_join_rides_out_an_etcd_restart(tmp_path: Path) -> None:
     made: list[tuple[EtcdV3RendezvousHandler, EtcdClient]] = []
     try:
         for _ in range(2):
-            client = EtcdClient(parse_endpoint(server.endpoint), timeout=5)
+            client = EtcdClient(parse_endpoints(server.endpoint), timeout=5)
             handler = EtcdV3RendezvousHandler(client, "rides", Limits(2, 2, 15), "127.0.0.1")
+            handler.register()
             made.append((handler, client))
         (a, _), (b, _) = made
         waiting, joined = join_in_background(a)
@@ -425,10 +463,11 @@ def test_nodes_meet_again_on_an_etcd_that_lost_its_data(tmp_path: Path) -> None:
     made: list[tuple[EtcdV3RendezvousHandler, EtcdClient]] = []
     try:
         for _ in range(2):
-            client = EtcdClient(parse_endpoint(server.endpoint), timeout=5)
+            client = EtcdClient(parse_endpoints(server.endpoint), timeout=5)
             handler = EtcdV3RendezvousHandler(
                 client, "wiped", Limits(2, 2, 15), "127.0.0.1", join_timeout=60
             )
+            handler.register()
             made.append((handler, client))
         (a, _), (b, _) = made
         join_all(a, b)

@@ -20,10 +20,10 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import EtcdServer, result_of, start, wait_for
+from conftest import EtcdServer, result_of, start, still_running, wait_for
 
 from elasticjob_devcluster.procs import descendants
-from elasticjob_runtime.etcd_client import EtcdClient, parse_endpoint
+from elasticjob_runtime.etcd_client import EtcdClient, parse_endpoints
 from elasticjob_runtime.progress import read_progress
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -183,7 +183,7 @@ def test_a_joining_node_switches_the_running_group_without_restarting_it(
         newcomer[-3000:]
     )
     # Whichever process is rank 0 now publishes the job's progress, at the new size.
-    client = EtcdClient(parse_endpoint(etcd.endpoint, 2379))
+    client = EtcdClient(parse_endpoints(etcd.endpoint, 2379))
     try:
         progress = wait_for(
             "progress at world size 2",
@@ -202,8 +202,7 @@ def test_a_joining_node_switches_the_running_group_without_restarting_it(
     family = descendants(first.pid)
     os.killpg(first.pid, signal.SIGTERM)
     wait_for("the first agent to exit", lambda: first.poll(), 90, first_log)
-    alive = [pid for pid in family if Path(f"/proc/{pid}").exists()]
-    assert not alive or all(_zombie(pid) for pid in alive), alive
+    assert not still_running(family), still_running(family)
 
 
 def test_a_frozen_peer_does_not_hold_the_survivor_in_a_gloo_collective(
@@ -254,10 +253,3 @@ def test_a_frozen_peer_does_not_hold_the_survivor_in_a_gloo_collective(
             for sig in (signal.SIGKILL, signal.SIGCONT):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, sig)
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from conftest import EtcdServer, start_etcd
 
-from elasticjob_runtime.etcd_client import EtcdClient, parse_endpoint
+from elasticjob_runtime.etcd_client import EtcdClient, parse_endpoints
 from elasticjob_runtime.membership import Limits
 from elasticjob_runtime.rendezvous import EtcdV3RendezvousHandler, members_prefix
 
@@ -125,10 +125,11 @@ def peer(etcd_any: EtcdServer) -> Iterator[Callable[[str, int], EtcdV3Rendezvous
     made: list[tuple[EtcdV3RendezvousHandler, EtcdClient]] = []
 
     def make(run_id: str, nodes: int) -> EtcdV3RendezvousHandler:
-        client = EtcdClient(parse_endpoint(etcd_any.endpoint), timeout=10)
+        client = EtcdClient(parse_endpoints(etcd_any.endpoint), timeout=10)
         handler = EtcdV3RendezvousHandler(
             client, run_id, Limits(nodes, nodes, 15), "127.0.0.1", join_timeout=90
         )
+        handler.register()
         made.append((handler, client))
         return handler
 
@@ -168,8 +169,9 @@ def test_no_lease_is_lost_while_every_core_is_busy(
     # Two agents whose main threads spin in Python (the keeper thread must still get the
     # GIL) and one burner per core on top: 1 s leases must all hold for the whole time.
     run_id = f"busy-{uuid.uuid4().hex[:8]}"
-    client = EtcdClient(parse_endpoint(etcd.endpoint), timeout=10)
+    client = EtcdClient(parse_endpoints(etcd.endpoint), timeout=10)
     a = EtcdV3RendezvousHandler(client, run_id, Limits(3, 3, 15), "127.0.0.1", join_timeout=90)
+    a.register()
     try:
         holders = [
             start_holder(etcd.endpoint, run_id, "3:3", seconds=LOAD_SECONDS + 90, busy=True)
@@ -213,10 +215,11 @@ def test_an_etcd_that_grants_longer_leases_is_named_once_with_the_ttl_it_granted
     # user's etcd given through spec.rdzvEndpoint may: detection is then slower, and says so.
     caplog.set_level("INFO", logger="elasticjob_runtime.rendezvous")
     server = start_etcd("3.5", tmp_path / "etcd", fast_leases=False)
-    client = EtcdClient(parse_endpoint(server.endpoint), timeout=10)
+    client = EtcdClient(parse_endpoints(server.endpoint), timeout=10)
     try:
         a = EtcdV3RendezvousHandler(client, "slow-leases", Limits(1, 1, 15), "127.0.0.1")
         try:
+            a.register()
             assert a.lease_ttl == 2
             a.next_rendezvous()
             time.sleep(1.0)  # several keep-alives: the line is not repeated

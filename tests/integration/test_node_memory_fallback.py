@@ -18,8 +18,8 @@ from conftest import EtcdServer
 from elasticjob_operator import builders, etcd_reader, models, observe
 from elasticjob_operator.reconcile import Observed, reconcile
 from elasticjob_runtime import contract
-from elasticjob_runtime.checkpoint import checkpoint_name, committed_steps
-from elasticjob_runtime.etcd_client import EtcdClient, parse_endpoint
+from elasticjob_runtime.checkpoint_files import checkpoint_name, committed_steps
+from elasticjob_runtime.etcd_client import EtcdClient, parse_endpoints
 from elasticjob_runtime.progress import read_memory_fallbacks
 
 pytestmark = pytest.mark.integration
@@ -59,6 +59,7 @@ def needs_root() -> None:
 def run_worker(tmp_path: Path, etcd: EtcdServer, run: str, pod: str) -> subprocess.Popen[str]:
     env = {
         **os.environ,
+        contract.RDZV_BACKEND: "etcd-v3",  # as the operator injects it: the endpoint is an etcd
         contract.RDZV_ENDPOINT: etcd.endpoint,
         contract.RDZV_ID: run,
         contract.POD_NAME: pod,
@@ -91,7 +92,7 @@ def test_a_checkpoint_too_big_for_node_memory_is_one_warning_event(
         assert "No space left on device" in line and "on a filesystem of 1 MiB" in line
         assert "raise the ElasticJob's spec.shmSize" in line
 
-    client = EtcdClient(parse_endpoint(etcd.endpoint))
+    client = EtcdClient(parse_endpoints(etcd.endpoint))
     try:
         reports = read_memory_fallbacks(client, run)
         lease = client.get(contract.memory_fallback_key(run, pods[0]))

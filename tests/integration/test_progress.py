@@ -16,22 +16,21 @@ import pytest
 from conftest import EtcdServer, free_port
 
 from elasticjob_runtime import contract
-from elasticjob_runtime.etcd_client import EtcdClient, parse_endpoint
+from elasticjob_runtime.etcd_client import EtcdClient, parse_endpoints
 from elasticjob_runtime.progress import (
     ProgressReporter,
     SampleRate,
-    fetch_checkpoint_from_peer,
-    progress_published,
     read_progress,
     reporter_from_env,
 )
+from elasticjob_runtime.records import Progress
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
 def client(etcd: EtcdServer) -> Iterator[EtcdClient]:
-    c = EtcdClient(parse_endpoint(etcd.endpoint))
+    c = EtcdClient(parse_endpoints(etcd.endpoint))
     yield c
     c.close()
 
@@ -60,15 +59,31 @@ def test_sample_rate_is_samples_over_the_window() -> None:
     assert rate.add(500, now=41.0) == pytest.approx(50.0)  # only the last 10 s count: 500/10
 
 
-def test_operator_reads_step_rate_world_size_and_restarts(client: EtcdClient) -> None:
+def published(client: EtcdClient, rid: str, step: int, bound: float = 20) -> Progress:
+    """The record once it shows ``step`` (the reporter publishes from its own thread)."""
+    found: list[Progress] = []
+
+    def check() -> bool:
+        seen = read_progress(client, rid)
+        found[:] = [seen] if seen is not None else []
+        return seen is not None and seen.step == step
+
+    eventually(check, bound)
+    return found[0]
+
+
+def test_operator_reads_step_rate_world_size_and_restarts(
+    client: EtcdClient, etcd: EtcdServer
+) -> None:
     rid = run_id()
-    reporter = ProgressReporter(client, rid, world_size=3, restart_count=2, min_interval=0)
+    reporter = ProgressReporter(
+        parse_endpoints(etcd.endpoint), rid, world_size=3, restart_count=2, min_interval=0
+    )
     try:
         for step in range(1, 6):
             reporter.update(step, samples=96, epoch=1, checkpoint_step=step - 1)
             time.sleep(0.05)
-        seen = read_progress(client, rid)
-        assert seen is not None
+        seen = published(client, rid, 5)
         assert (seen.step, seen.world_size, seen.restart_count, seen.epoch) == (5, 3, 2, 1)
         assert seen.checkpoint_step == 4
         assert 96 / 0.5 < seen.samples_per_second < 96 / 0.03
@@ -79,39 +94,39 @@ def test_operator_reads_step_rate_world_size_and_restarts(client: EtcdClient) ->
         reporter.close()
 
 
-def test_publishing_is_throttled(client: EtcdClient) -> None:
+def test_publishing_is_throttled(client: EtcdClient, etcd: EtcdServer) -> None:
     rid = run_id()
-    reporter = ProgressReporter(client, rid, world_size=1, min_interval=3600)
+    reporter = ProgressReporter(parse_endpoints(etcd.endpoint), rid, world_size=1, min_interval=3)
     try:
-        assert reporter.update(1, samples=8) is True
-        assert reporter.update(2, samples=8) is False
+        reporter.update(1, samples=8)
+        published(client, rid, 1)
+        reporter.update(2, samples=8)
+        reporter.update(3, samples=8)
+        time.sleep(1)  # well inside min_interval: nothing new is put
         seen = read_progress(client, rid)
         assert seen is not None and seen.step == 1
-        assert reporter.publish() is True
-        seen = read_progress(client, rid)
-        assert seen is not None and seen.step == 2
+        published(client, rid, 3)  # the newest, once min_interval has passed
     finally:
         reporter.close()
 
 
-def test_record_goes_away_on_close_and_readiness_follows_it(client: EtcdClient) -> None:
+def test_record_goes_away_on_close(client: EtcdClient, etcd: EtcdServer) -> None:
     rid = run_id()
-    ready = progress_published(client, rid)
-    assert not ready()
-    reporter = ProgressReporter(client, rid, world_size=1, min_interval=0)
+    reporter = ProgressReporter(parse_endpoints(etcd.endpoint), rid, world_size=1, min_interval=0)
     reporter.update(1, samples=8)
-    assert read_progress(client, rid) is not None
-    assert ready()
+    published(client, rid, 1)
     reporter.close()
-    assert read_progress(client, rid) is None
-    assert not ready()
+    assert read_progress(client, rid) is None  # close() waited for the revoke
 
 
-def test_lease_is_kept_alive_while_the_reporter_lives(client: EtcdClient) -> None:
+def test_lease_is_kept_alive_while_the_reporter_lives(client: EtcdClient, etcd: EtcdServer) -> None:
     rid = run_id()
-    reporter = ProgressReporter(client, rid, world_size=1, ttl=2, min_interval=0)
+    reporter = ProgressReporter(
+        parse_endpoints(etcd.endpoint), rid, world_size=1, ttl=2, min_interval=0
+    )
     try:
         reporter.update(1, samples=8)
+        published(client, rid, 1)
         time.sleep(5)  # more than twice the ttl with no update
         assert read_progress(client, rid) is not None
     finally:
@@ -120,10 +135,9 @@ def test_lease_is_kept_alive_while_the_reporter_lives(client: EtcdClient) -> Non
 
 def publisher(endpoint: str, rid: str) -> None:
     """Subprocess body: publish progress with a short lease, then wait to be killed."""
-    c = EtcdClient(parse_endpoint(endpoint))
-    reporter = ProgressReporter(c, rid, world_size=2, ttl=2, min_interval=0)
+    reporter = ProgressReporter(parse_endpoints(endpoint), rid, world_size=2, ttl=2, min_interval=0)
     reporter.update(7, samples=16)
-    print("published", flush=True)
+    print("updated", flush=True)
     time.sleep(3600)
 
 
@@ -139,9 +153,8 @@ def test_record_expires_when_the_publishing_process_dies(
     )
     try:
         assert proc.stdout is not None
-        assert proc.stdout.readline().strip() == "published"
-        seen = read_progress(client, rid)
-        assert seen is not None and seen.step == 7
+        assert proc.stdout.readline().strip() == "updated"
+        published(client, rid, 7)
         os.killpg(proc.pid, signal.SIGKILL)  # no close(): the lease must do it
         proc.wait(timeout=30)
         gone_after = eventually(lambda: read_progress(client, rid) is None, bound=20)
@@ -156,7 +169,9 @@ def test_reporter_from_env_only_on_rank_zero_and_when_enabled(
     etcd: EtcdServer, monkeypatch: pytest.MonkeyPatch, client: EtcdClient
 ) -> None:
     rid = run_id()
+    monkeypatch.setenv(contract.RDZV_BACKEND, "etcd-v3")
     monkeypatch.setenv(contract.RDZV_ENDPOINT, etcd.endpoint)
+    monkeypatch.delenv(contract.PROGRESS_ENDPOINT, raising=False)
     monkeypatch.setenv(contract.RDZV_ID, rid)
     monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
     monkeypatch.setenv("WORLD_SIZE", "4")
@@ -171,49 +186,62 @@ def test_reporter_from_env_only_on_rank_zero_and_when_enabled(
     assert reporter is not None
     try:
         reporter.update(3, samples=64)
-        seen = read_progress(client, rid)
-        assert seen is not None and (seen.step, seen.world_size, seen.restart_count) == (3, 4, 1)
+        seen = published(client, rid, 3)
+        assert (seen.world_size, seen.restart_count) == (4, 1)
     finally:
         reporter.close()
 
 
-def test_unreachable_etcd_turns_reporting_off_with_one_line(
+def test_unreachable_etcd_is_one_line_from_the_background_and_costs_the_loop_nothing(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setenv(contract.RDZV_ENDPOINT, f"127.0.0.1:{free_port()}")
+    monkeypatch.setenv(contract.PROGRESS_ENDPOINT, f"127.0.0.1:{free_port()}")
     monkeypatch.setenv(contract.RDZV_ID, run_id())
     monkeypatch.setenv("RANK", "0")
     monkeypatch.delenv(contract.PROGRESS, raising=False)
     with caplog.at_level(logging.WARNING, logger="elasticjob_runtime.progress"):
-        assert reporter_from_env() is None
+        started = time.monotonic()
+        reporter = reporter_from_env(min_interval=0)
+        assert reporter is not None
+        for step in range(1, 51):
+            reporter.update(step, samples=8)
+        assert time.monotonic() - started < 2.0  # nothing waited for etcd
+        eventually(lambda: bool(caplog.records), bound=20)
+        time.sleep(2.5)  # the publisher retries every second: still one line
+        reporter.close(wait=10)
     [record] = caplog.records
-    assert record.getMessage().startswith("progress reporting off: etcd at 127.0.0.1:")
+    assert record.getMessage().startswith(
+        "progress not published (retrying in the background): etcd at 127.0.0.1:"
+    )
 
 
-def test_joining_node_fetches_checkpoint_from_the_peer_in_the_progress_record(
-    client: EtcdClient, tmp_path: Path
+def test_progress_returns_after_an_etcd_restart(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    import torch
+    from conftest import start_etcd
 
-    from elasticjob_runtime.checkpoint import CheckpointManager
-    from elasticjob_runtime.health import HealthServer
-
+    server = start_etcd("3.5", tmp_path / "etcd")
+    client = EtcdClient(parse_endpoints(server.endpoint), timeout=5)
     rid = run_id()
-    peer_dir = tmp_path / "node-a"
-    CheckpointManager(peer_dir, memory=False, writer=True).save({"w": torch.arange(5.0)}, 42)
-    with HealthServer("127.0.0.1", 0, checkpoint_dir=peer_dir) as server:
-        reporter = ProgressReporter(
-            client, rid, world_size=2, checkpoint_url=server.url, min_interval=0
-        )
-        try:
-            reporter.update(42, samples=8, checkpoint_step=42)
-            assert fetch_checkpoint_from_peer(client, rid, tmp_path / "node-b") == 42
-        finally:
-            reporter.close()
-    ckpt = CheckpointManager(tmp_path / "node-b", memory=False).load_latest()
-    assert ckpt is not None and ckpt.step == 42
-    assert torch.equal(ckpt.state["w"], torch.arange(5.0))
-    assert fetch_checkpoint_from_peer(client, rid, tmp_path / "node-c") is None  # key gone
+    reporter = ProgressReporter(
+        parse_endpoints(server.endpoint), rid, world_size=1, ttl=3, min_interval=0
+    )
+    try:
+        reporter.update(1, samples=8)
+        published(client, rid, 1)
+        with caplog.at_level(logging.INFO, logger="elasticjob_runtime.progress"):
+            server.stop()
+            reporter.update(2, samples=8)  # while etcd is away: returns at once
+            time.sleep(4)  # longer than the lease ttl
+            server.restart()
+            reporter.update(3, samples=8)
+            published(client, rid, 3, bound=30)
+        messages = [r.getMessage() for r in caplog.records]
+        assert "progress publishing works again" in messages
+    finally:
+        reporter.close()
+        client.close()
+        server.stop()
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import EtcdServer, result_of, start, wait_for
+from conftest import EtcdServer, result_of, start, still_running, wait_for
 
 from elasticjob_devcluster.procs import descendants
 
@@ -110,15 +110,8 @@ def test_warm_workers_leave_nothing_running_and_obey_sigterm(
     text = log.read_text()
     assert "SIGTERM: saving at the next step boundary" in text  # the workers got it
     assert re.search(r"SIGTERM: saved step \d+", text), text[-3000:]
-    alive = [pid for pid in family if Path(f"/proc/{pid}").exists() and _not_zombie(pid)]
+    alive = still_running(family)
     assert not alive, f"left running after the agent exited: {alive}"
-
-
-def _not_zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 FAILING = """

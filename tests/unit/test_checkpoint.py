@@ -1,24 +1,16 @@
-"""Checkpoints: atomic, verified, pruned, asynchronous, in node memory, fetched from a peer."""
+"""Checkpoints: atomic, verified, pruned, asynchronous, in node memory."""
 
 from __future__ import annotations
 
 import logging
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
 
-from elasticjob_runtime.checkpoint import (
-    CheckpointError,
-    CheckpointManager,
-    checkpoint_name,
-    committed_steps,
-    fetch_from_peer,
-)
-from elasticjob_runtime.health import HealthServer
+from elasticjob_runtime.checkpoint import CheckpointError, CheckpointManager
+from elasticjob_runtime.checkpoint_files import checkpoint_name, committed_steps
 from elasticjob_runtime.progress import memory_fallback_reporter_from_env
 from elasticjob_runtime.records import MemoryFallback
 from elasticjob_runtime.sampler import ElasticSampler
@@ -309,85 +301,3 @@ def test_directory_comes_from_the_environment(
     assert mgr.memory_dir is None
     mgr.save({"x": torch.zeros(1)}, 4)
     assert committed_steps(tmp_path / "env-ckpt") == [4]
-
-
-def test_joining_node_fetches_newest_checkpoint_from_a_peer(tmp_path: Path) -> None:
-    peer_dir, joiner_dir = tmp_path / "peer", tmp_path / "joiner"
-    peer = CheckpointManager(peer_dir, memory=False, writer=True)
-    model = make_model()
-    for step in (10, 20):
-        peer.save({"model": model}, step)
-    with HealthServer("127.0.0.1", 0, checkpoint_dir=peer_dir) as server:
-        assert fetch_from_peer(server.url, joiner_dir) == 20
-        assert fetch_from_peer(server.url, joiner_dir) is None  # already up to date
-    ckpt = CheckpointManager(joiner_dir, memory=False).load_latest()
-    assert ckpt is not None and ckpt.step == 20
-    restored = make_model(seed=9)
-    restored.load_state_dict(ckpt.state["model"])
-    assert same_params(model, restored)
-
-
-def test_peer_with_no_checkpoint_gives_nothing(tmp_path: Path) -> None:
-    with HealthServer("127.0.0.1", 0, checkpoint_dir=tmp_path / "empty") as server:
-        assert fetch_from_peer(server.url, tmp_path / "joiner") is None
-    assert not (tmp_path / "joiner").exists()
-
-
-def test_health_endpoints_report_live_then_ready(tmp_path: Path) -> None:
-    def get(url: str) -> int:
-        try:
-            with urllib.request.urlopen(url, timeout=10) as resp:
-                return int(resp.status)
-        except urllib.error.HTTPError as err:
-            return err.code
-
-    with HealthServer("127.0.0.1", 0) as server:
-        assert server.host == "127.0.0.1"
-        assert get(f"{server.url}/healthz") == 200
-        assert get(f"{server.url}/readyz") == 503
-        server.mark_ready()
-        assert get(f"{server.url}/readyz") == 200
-        assert get(f"{server.url}/checkpoint/file/../../etc/passwd") == 404
-        assert get(f"{server.url}/nope") == 404
-
-
-def test_health_address_defaults_to_loopback_and_contract_port(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    from elasticjob_runtime.health import health_address_from_env
-
-    monkeypatch.delenv("ELASTICJOB_POD_IP", raising=False)
-    monkeypatch.delenv("ELASTICJOB_HEALTH_PORT", raising=False)
-    assert health_address_from_env() == ("127.0.0.1", 8090)
-    monkeypatch.setenv("ELASTICJOB_POD_IP", "10.1.2.3")
-    monkeypatch.setenv("ELASTICJOB_HEALTH_PORT", "x")
-    with pytest.raises(ValueError, match="ELASTICJOB_HEALTH_PORT='x' is not a port number"):
-        health_address_from_env()
-    monkeypatch.setenv("ELASTICJOB_HEALTH_PORT", "9000")
-    assert health_address_from_env() == ("10.1.2.3", 9000)
-
-
-def test_serve_from_env_listens_on_loopback_and_uses_the_ready_check(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    from elasticjob_runtime.health import serve_from_env
-
-    monkeypatch.delenv("ELASTICJOB_POD_IP", raising=False)
-    monkeypatch.setenv("ELASTICJOB_HEALTH_PORT", "0")
-    started = {"yes": False}
-    server = serve_from_env(ready=lambda: started["yes"], live=lambda: True)
-    try:
-        assert server.host == "127.0.0.1"
-
-        def status(path: str) -> int:
-            try:
-                with urllib.request.urlopen(server.url + path, timeout=10) as resp:
-                    return int(resp.status)
-            except urllib.error.HTTPError as err:
-                return err.code
-
-        assert (status("/healthz"), status("/readyz")) == (200, 503)
-        started["yes"] = True
-        assert status("/readyz") == 200
-    finally:
-        server.stop()

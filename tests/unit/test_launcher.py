@@ -7,7 +7,13 @@ import re
 import pytest
 
 from elasticjob_runtime.agent import local_fault
-from elasticjob_runtime.launcher import config_problem, known_backends, parse_nnodes, parser
+from elasticjob_runtime.launcher import (
+    config_problem,
+    known_backends,
+    parse_nnodes,
+    parser,
+    progress_endpoint,
+)
 
 
 def args_for(*argv: str) -> object:
@@ -58,6 +64,18 @@ def test_missing_endpoint_or_run_id_is_named(monkeypatch: pytest.MonkeyPatch) ->
     assert no_endpoint is not None and "PET_RDZV_ENDPOINT" in no_endpoint
     no_id = config_problem(args_for("--rdzv-endpoint=e:2379"), known_backends())  # type: ignore[arg-type]
     assert no_id is not None and "PET_RDZV_ID" in no_id
+
+
+def test_workers_publish_progress_to_the_etcd_the_flags_name_never_a_c10d_store(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("PET_RDZV_BACKEND", "c10d")
+    monkeypatch.setenv("PET_RDZV_ENDPOINT", "worker-0:29400")
+    assert progress_endpoint(args_for()) is None  # type: ignore[arg-type]
+    flags = args_for("--rdzv-backend=etcd-v3", "--rdzv-endpoint=etcd-a:2379,etcd-b:2379")
+    assert progress_endpoint(flags) == "etcd-a:2379,etcd-b:2379"  # type: ignore[arg-type]
+    assert progress_endpoint(args_for("--rdzv-backend=etcd", "--rdzv-endpoint=e")) == "e"  # type: ignore[arg-type]
+    assert progress_endpoint(args_for("--standalone")) is None  # type: ignore[arg-type]
 
 
 def test_the_etcd_v3_entry_point_is_installed() -> None:

@@ -18,6 +18,10 @@ Before it stops workers whose round lost a peer, the agent creates the file name
 ``ELASTICJOB_GROUP_BROKEN_FILE``: their step in flight sits in a collective that can
 never finish, so the checkpoint's SIGTERM path saves the last completed step at once
 instead of waiting its grace for a step boundary (that grace was 5 s of a frozen node).
+
+The agent also says whether its workers run in a round (``in_round``, set from their
+start until it stops them or rendezvouses again): the pod's readiness probe
+(:mod:`elasticjob_runtime.health`).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -65,9 +70,16 @@ class MembershipAwareAgent(LocalElasticAgent):
     restarts for peers that left."""
 
     def __init__(
-        self, *args: Any, warm_spares: bool = False, warm_imports: tuple[str, ...] = (), **kw: Any
+        self,
+        *args: Any,
+        warm_spares: bool = False,
+        warm_imports: tuple[str, ...] = (),
+        in_round: threading.Event | None = None,
+        **kw: Any,
     ) -> None:
         super().__init__(*args, **kw)
+        # Set while this node's workers run in a round (the readiness probe reads it).
+        self.in_round = in_round if in_round is not None else threading.Event()
         # Workers (and the spares, which must see the same environment) learn here that
         # their round lost a peer: checkpoint.group_broken() then skips the SIGTERM grace.
         self._notes = Path(tempfile.mkdtemp(prefix="elasticjob-agent-"))
@@ -92,6 +104,7 @@ class MembershipAwareAgent(LocalElasticAgent):
                 self._spares.fill()  # they warm up while the first rendezvous runs
 
     def _rendezvous(self, worker_group: WorkerGroup) -> None:
+        self.in_round.clear()
         if self._spares is not None and not self._joined_once:
             # Join only once the spares are warm: a running group that this agent's
             # round interrupts then pauses for the switch, not for our imports.
@@ -152,6 +165,7 @@ class MembershipAwareAgent(LocalElasticAgent):
             if lost:
                 log.info("the round lost %s: workers save their last step without waiting", lost)
                 self._group_broken.touch()
+        self.in_round.clear()
         self._channel.forget_workers()
         super()._stop_workers(worker_group)
 
@@ -170,10 +184,14 @@ class MembershipAwareAgent(LocalElasticAgent):
             return original(**kwargs)
 
         with starting_workers_with(start) as original:
-            return super()._start_workers(worker_group)  # type: ignore[no-any-return]
+            started: dict[int, Any] = super()._start_workers(worker_group)
+        self.in_round.set()
+        return started
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         result: RunResult = super()._monitor_workers(worker_group)
+        if result.state != WorkerState.HEALTHY:
+            self.in_round.clear()  # they finished or failed: the round is over here
         handler = worker_group.spec.rdzv_handler
         if result.state == WorkerState.HEALTHY:
             if self._channel.regroup_requested(self._generation) and (

@@ -1,12 +1,10 @@
 """Checkpoints for elastic training scripts: atomic, verified, kept in node memory too.
 
-On disk a checkpoint is ``step-<step>.pt`` (``torch.save`` bytes) plus
-``step-<step>.pt.commit``, a small JSON marker with the size and SHA-256 of the
-data file. Both are written as temp file, fsync, rename, fsync of the directory,
-and the marker only after the data file is durable, so a checkpoint without its
-marker is a save that did not finish. ``load_latest`` walks the checkpoints from
-the newest and skips (logging one line naming the file and the reason) any that
-has no marker, is truncated, fails its checksum or cannot be unpickled.
+A checkpoint is ``torch.save`` bytes written through :mod:`elasticjob_runtime.checkpoint_files`
+(a data file plus a commit marker with its size and SHA-256, both durable before the
+marker exists). ``load_latest`` walks the checkpoints from the newest and skips (logging
+one line naming the file and the reason) any that has no marker, is truncated, fails its
+checksum or cannot be unpickled.
 
 Node memory: the newest checkpoint is also written to a directory on ``/dev/shm``
 keyed by run id and pod. tmpfs is RAM, it outlives the worker process (the agent
@@ -50,22 +48,16 @@ import contextlib
 import copy
 import ctypes
 import errno
-import hashlib
 import io
-import json
 import logging
 import os
 import pickle
-import re
-import shutil
 import signal
 import socket
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -73,53 +65,26 @@ from typing import Any
 import torch
 
 from elasticjob_runtime import contract
+from elasticjob_runtime.checkpoint_files import (
+    checkpoint_name,
+    commit,
+    default_memory_dir,
+    filesystem_space,
+    prune,
+    read_verified,
+    steps_on_disk,
+)
 from elasticjob_runtime.records import MemoryFallback
 
 log = logging.getLogger(__name__)
 
-_DATA_RE = re.compile(r"^step-(\d+)\.pt$")
-MARKER_SUFFIX = ".commit"
 SIGTERM_EXIT_CODE = 128 + int(signal.SIGTERM)
-DEFAULT_MEMORY_ROOT = "/dev/shm"
 
 StateSource = Mapping[str, Any] | Callable[[], Mapping[str, Any]]
 
 
 class CheckpointError(RuntimeError):
     """A save or restore that cannot go on; the message says what to fix."""
-
-
-def checkpoint_name(step: int) -> str:
-    """File name of the checkpoint for ``step`` (zero-padded so names sort by step)."""
-    if step < 0:
-        raise ValueError(f"step must be >= 0, got {step}")
-    return f"step-{step:010d}.pt"
-
-
-@dataclass(frozen=True)
-class CommitRecord:
-    """The commit marker's content: what a complete data file looks like."""
-
-    step: int
-    file: str
-    size: int
-    sha256: str
-
-    def to_bytes(self) -> bytes:
-        return json.dumps(asdict(self), sort_keys=True).encode()
-
-    @classmethod
-    def from_bytes(cls, raw: bytes) -> CommitRecord:
-        doc = json.loads(raw)
-        record = cls(
-            step=int(doc["step"]),
-            file=str(doc["file"]),
-            size=int(doc["size"]),
-            sha256=doc["sha256"],
-        )
-        if record.file != checkpoint_name(record.step):
-            raise ValueError(f"marker names {record.file!r} for step {record.step}")
-        return record
 
 
 @dataclass(frozen=True)
@@ -223,186 +188,6 @@ def broadcast_bytes(data: bytes, src: int, device: torch.device) -> bytes:
         return data
     host = buf.cpu().contiguous()
     return ctypes.string_at(host.data_ptr(), host.numel())
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_atomic(directory: Path, name: str, data: bytes) -> Path:
-    """Write ``directory/name`` so that it is either absent or complete, and durable."""
-    target = directory / name
-    tmp = directory / f".{name}.tmp.{os.getpid()}.{threading.get_ident()}"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
-    _fsync_dir(directory)
-    return target
-
-
-def commit(directory: Path, step: int, data: bytes) -> Path:
-    """Write one checkpoint: data file, then its marker. Returns the data file's path."""
-    directory.mkdir(parents=True, exist_ok=True)
-    name = checkpoint_name(step)
-    path = write_atomic(directory, name, data)
-    record = CommitRecord(step, name, len(data), hashlib.sha256(data).hexdigest())
-    write_atomic(directory, name + MARKER_SUFFIX, record.to_bytes())
-    return path
-
-
-def _steps_on_disk(directory: Path) -> dict[int, bool]:
-    """Every step with a data file or a marker, mapped to whether it has a marker."""
-    steps: dict[int, bool] = {}
-    if not directory.is_dir():
-        return steps
-    for entry in directory.iterdir():
-        name = entry.name
-        marked = name.endswith(MARKER_SUFFIX)
-        match = _DATA_RE.match(name.removesuffix(MARKER_SUFFIX) if marked else name)
-        if match:
-            step = int(match.group(1))
-            steps[step] = steps.get(step, False) or marked
-    return steps
-
-
-def committed_steps(directory: Path) -> list[int]:
-    """Steps with a commit marker, oldest first (not verified: see ``read_verified``)."""
-    return sorted(s for s, marked in _steps_on_disk(directory).items() if marked)
-
-
-def read_record(directory: Path, step: int) -> CommitRecord:
-    return CommitRecord.from_bytes(
-        (directory / (checkpoint_name(step) + MARKER_SUFFIX)).read_bytes()
-    )
-
-
-def read_verified(directory: Path, step: int) -> tuple[bytes | None, str]:
-    """The checkpoint's bytes if complete and intact, else ``(None, reason)``."""
-    path = directory / checkpoint_name(step)
-    try:
-        record = read_record(directory, step)
-    except FileNotFoundError:
-        return None, "no commit marker (the save did not finish)"
-    except (OSError, ValueError, KeyError) as exc:
-        return None, f"unreadable commit marker ({exc})"
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return None, "data file missing"
-    except OSError as exc:
-        return None, f"data file unreadable ({exc})"
-    if len(data) != record.size:
-        return None, f"truncated or resized ({len(data)} bytes, marker says {record.size})"
-    if hashlib.sha256(data).hexdigest() != record.sha256:
-        return None, "checksum mismatch (file corrupted)"
-    return data, ""
-
-
-def prune(directory: Path, keep: int) -> None:
-    """Keep the newest ``keep`` committed checkpoints; drop older ones and dead partial saves."""
-    steps = _steps_on_disk(directory)
-    committed = sorted((s for s, marked in steps.items() if marked), reverse=True)
-    doomed = committed[keep:]
-    if committed:  # a data file without marker older than a commit is an abandoned save
-        doomed += [s for s, marked in steps.items() if not marked and s < committed[0]]
-    for step in doomed:
-        for name in (checkpoint_name(step) + MARKER_SUFFIX, checkpoint_name(step)):
-            with contextlib.suppress(FileNotFoundError):
-                (directory / name).unlink()
-
-
-def latest_committed(directory: Path) -> CommitRecord | None:
-    """The newest checkpoint whose marker parses and whose file has the right size."""
-    for step in reversed(committed_steps(directory)):
-        try:
-            record = read_record(directory, step)
-            if (directory / record.file).stat().st_size == record.size:
-                return record
-        except (OSError, ValueError, KeyError):
-            continue
-    return None
-
-
-def fetch_from_peer(
-    base_url: str, directory: str | os.PathLike[str], timeout: float = 60.0
-) -> int | None:
-    """Copy a peer's newest checkpoint into ``directory`` if it is newer than ours.
-
-    ``base_url`` is the peer's health server (``http://host:port``, see
-    :mod:`elasticjob_runtime.health`). The copy is verified against the peer's
-    checksum and committed like a local save. Returns the step fetched, or None when
-    the peer has nothing newer. Call it on a joining node before its workers load
-    (in the agent, or in local rank 0 followed by a barrier).
-    """
-    target = Path(directory)
-    base = base_url.rstrip("/")
-    try:
-        with urllib.request.urlopen(f"{base}/checkpoint/latest", timeout=timeout) as resp:
-            if resp.status == 204:
-                return None
-            record = CommitRecord.from_bytes(resp.read())
-        mine = latest_committed(target)
-        if mine is not None and mine.step >= record.step:
-            return None
-        url = f"{base}/checkpoint/file/{record.file}"
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
-            data = resp.read()
-    except (OSError, ValueError, KeyError) as exc:  # URLError/HTTPError are OSErrors
-        raise CheckpointError(
-            f"cannot fetch the newest checkpoint from {base} ({exc}); check that the peer's "
-            "health server is up and serves its checkpoint directory, then retry"
-        ) from exc
-    if len(data) != record.size or hashlib.sha256(data).hexdigest() != record.sha256:
-        raise CheckpointError(
-            f"checkpoint step {record.step} from {base} arrived damaged "
-            f"({len(data)} of {record.size} bytes or checksum mismatch); retry the fetch"
-        )
-    commit(target, record.step, data)
-    log.info("fetched checkpoint step %d (%d bytes) from %s", record.step, len(data), base)
-    return record.step
-
-
-def default_memory_dir(run_id: str | None = None) -> Path | None:
-    """``/dev/shm/elasticjob/<run>/<pod>``, or None where there is no /dev/shm."""
-    raw = os.environ.get(contract.CHECKPOINT_MEMORY_DIR, DEFAULT_MEMORY_ROOT)
-    if raw.strip().lower() in ("", "off", "none", "0"):
-        return None
-    root = Path(raw)
-    if not root.is_dir():
-        return None
-    run = run_id or os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get(contract.RDZV_ID)
-    pod = os.environ.get(contract.POD_NAME) or socket.gethostname()
-    safe = [re.sub(r"[^A-Za-z0-9_.-]", "_", part) for part in (run or "default", pod)]
-    return root / "elasticjob" / safe[0] / safe[1]
-
-
-def clear_memory(run_id: str | None = None) -> None:
-    """Drop this pod's in-memory checkpoints (the launcher calls it when the job is done)."""
-    memory = default_memory_dir(run_id)
-    if memory is not None:
-        shutil.rmtree(memory, ignore_errors=True)
-
-
-def filesystem_space(path: Path) -> tuple[int | None, int | None]:
-    """(size, free bytes) of the filesystem holding ``path`` or its nearest existing parent."""
-    for candidate in (path, *path.parents):
-        try:
-            st = os.statvfs(candidate)
-        except OSError:
-            continue
-        return st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
-    return None, None
 
 
 def _mib(nbytes: int | None) -> str:
@@ -615,7 +400,7 @@ class CheckpointManager:
         self.wait()
         by_step: dict[int, list[Path]] = {}
         for source in self._sources():
-            for step in _steps_on_disk(source):
+            for step in steps_on_disk(source):
                 by_step.setdefault(step, []).append(source)
         for step in sorted(by_step, reverse=True):
             for source in by_step[step]:

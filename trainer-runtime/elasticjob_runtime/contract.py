@@ -27,6 +27,8 @@ POD_IP: Final = "ELASTICJOB_POD_IP"
 NODE_NAME: Final = "ELASTICJOB_NODE_NAME"
 HEALTH_PORT: Final = "ELASTICJOB_HEALTH_PORT"
 PROGRESS: Final = "ELASTICJOB_PROGRESS"  # "1" (default) publishes progress to etcd
+# the etcd that progress goes to; elasticjob-run sets it to the etcd it rendezvouses on
+PROGRESS_ENDPOINT: Final = "ELASTICJOB_PROGRESS_ENDPOINT"
 # elasticjob-run: "0" turns warm spare workers off; extra modules for spares to import
 WARM_SPARES: Final = "ELASTICJOB_WARM_SPARES"
 WARM_IMPORT: Final = "ELASTICJOB_WARM_IMPORT"
@@ -41,6 +43,8 @@ WORKER_ASSIGNED_AT: Final = "ELASTICJOB_WORKER_ASSIGNED_AT"
 
 DEFAULT_RDZV_BACKEND: Final = "etcd-v3"
 RDZV_BACKENDS: Final = ("etcd-v3", "c10d", "etcd")
+# the rendezvous backends whose endpoint is an etcd (torch's own etcd backends included)
+ETCD_RDZV_BACKENDS: Final = ("etcd-v3", "etcd", "etcd-v2")
 DEFAULT_ETCD_PORT: Final = 2379
 DEFAULT_HEALTH_PORT: Final = 8090
 # Flags of every etcd we start (the job's, the bench's, the tests'): etcd grants no lease

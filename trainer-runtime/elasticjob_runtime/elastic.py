@@ -490,7 +490,7 @@ class Run:
         if self.rank == 0 and self.reporter is None:
             self.reporter = reporter_from_env()
         elif self.rank != 0 and self.reporter is not None:
-            self.reporter.close()
+            self.reporter.close(wait=0)  # the new rank 0 publishes; training goes on now
             self.reporter = None
 
     def _next_assignment(self, started: float) -> Assignment:
@@ -511,14 +511,13 @@ class Run:
     # -- the end
 
     def finish(self) -> None:
-        """Save the last step, publish progress, and leave the group."""
+        """Save the last step, withdraw the progress record, and leave the group."""
         if self.ckpt.stop_requested:
             self.ckpt.mark_step(self.global_step)  # SIGTERM during the last step: save, exit 143
         if self._live:
             self.save()
         self.ckpt.close()
         if self.reporter is not None:
-            self.reporter.publish()
             self.reporter.close()
         self._closed.set()
         if self._watcher is not None:

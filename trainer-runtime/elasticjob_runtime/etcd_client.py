@@ -36,27 +36,24 @@ class Endpoint:
 
 
 def parse_endpoints(text: str, default_port: int = 2379) -> list[Endpoint]:
-    """Parse ``host[:port][,host[:port]...]``, the members of one etcd cluster."""
-    parts = [p for p in text.split(",") if p.strip()]
-    if not parts:
-        raise ValueError("the etcd endpoint is empty; pass host:port, e.g. 127.0.0.1:2379")
-    return [parse_endpoint(p, default_port) for p in parts]
+    """Parse ``host[:port][,host[:port]...]``, the members of one etcd cluster.
 
-
-def parse_endpoint(text: str, default_port: int = 2379) -> Endpoint:
-    """Parse ``host[:port]`` (an ``http://`` scheme and a trailing ``/`` are tolerated).
-
-    Given a comma-separated list, returns the first; :func:`parse_endpoints` returns all.
+    An ``http://`` scheme and a trailing ``/`` on a member are tolerated.
     """
+    members = [_parse_member(p, default_port) for p in text.split(",") if p.strip()]
+    if not members:
+        raise ValueError("the etcd endpoint is empty; pass host:port, e.g. 127.0.0.1:2379")
+    return members
+
+
+def _parse_member(text: str, default_port: int) -> Endpoint:
     raw = text.strip()
-    if "," in raw:
-        raw = next((p.strip() for p in raw.split(",") if p.strip()), "")
     for scheme in ("http://", "https://"):
         if raw.startswith(scheme):
             raw = raw[len(scheme) :]
     raw = raw.rstrip("/")
     if not raw:
-        raise ValueError("the etcd endpoint is empty; pass host:port, e.g. 127.0.0.1:2379")
+        raise ValueError(f"bad etcd endpoint {text!r}: no host; pass host:port, e.g. etcd:2379")
     host, sep, port_text = raw.rpartition(":")
     if not sep:
         return Endpoint(raw, default_port)

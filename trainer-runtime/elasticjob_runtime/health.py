@@ -1,38 +1,38 @@
-"""Liveness/readiness endpoints for pod probes, and checkpoint hand-over to joining nodes.
+"""Liveness and readiness probes for the pod of an ``elasticjob-run`` agent.
 
-``GET /healthz``  200 while the process is alive (and the optional ``live`` check passes)
-``GET /readyz``   200 once training has started (``mark_ready`` or the ``ready`` check), else 503
-``GET /checkpoint/latest``        the newest committed checkpoint's marker (JSON), 204 if none
-``GET /checkpoint/file/<name>``   that checkpoint's bytes
+``GET /healthz``  200 while the agent process answers at all. A frozen agent (SIGSTOP, a
+                  hung interpreter) does not, so the kubelet restarts it. Nothing more is
+                  checked: an agent legitimately blocks for minutes in a rendezvous.
+``GET /readyz``   200 while the agent's workers run in a round; 503 while it waits in a
+                  rendezvous or restarts them.
 
-The checkpoint routes let a node whose checkpoint directory is node-local fetch the
-newest checkpoint from a peer (:func:`elasticjob_runtime.checkpoint.fetch_from_peer`)
-without a shared volume. ``http.server`` in a daemon thread is enough for probes
-and a one-off file copy; nothing here needs a framework.
+``elasticjob-run`` serves them in a pod (``ELASTICJOB_POD_NAME`` set) or wherever
+``ELASTICJOB_HEALTH_PORT`` is set, on ``ELASTICJOB_POD_IP`` (else 127.0.0.1). ``http.server``
+in a daemon thread is enough for probes; nothing here needs a framework.
 """
 
 from __future__ import annotations
 
-import os
-import re
-import shutil
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 from elasticjob_runtime import contract
 
-_FILE_RE = re.compile(r"^/checkpoint/file/(step-\d+\.pt)$")
+
+def health_wanted(env: Mapping[str, str]) -> bool:
+    """Serve probes in a pod, or where a port is asked for (several agents on one host
+    each need their own)."""
+    return bool(env.get(contract.POD_NAME)) or contract.HEALTH_PORT in env
 
 
-def health_address_from_env() -> tuple[str, int]:
-    """Where to listen in a pod: the pod IP (probes come from the kubelet) and the port.
+def health_address(env: Mapping[str, str]) -> tuple[str, int]:
+    """Where to listen: the pod IP (probes come from the kubelet) and the port.
 
     Without ``ELASTICJOB_POD_IP`` it is 127.0.0.1, never all interfaces.
     """
-    host = os.environ.get(contract.POD_IP) or "127.0.0.1"
-    raw = os.environ.get(contract.HEALTH_PORT, str(contract.DEFAULT_HEALTH_PORT))
+    host = env.get(contract.POD_IP) or "127.0.0.1"
+    raw = env.get(contract.HEALTH_PORT, str(contract.DEFAULT_HEALTH_PORT))
     try:
         port = int(raw)
     except ValueError:
@@ -40,17 +40,6 @@ def health_address_from_env() -> tuple[str, int]:
     if not 0 <= port <= 65535:
         raise ValueError(f"{contract.HEALTH_PORT}={port} is outside 0..65535")
     return host, port
-
-
-def serve_from_env(
-    *,
-    checkpoint_dir: str | os.PathLike[str] | None = None,
-    live: Callable[[], bool] | None = None,
-    ready: Callable[[], bool] | None = None,
-) -> HealthServer:
-    """Start the server where :func:`health_address_from_env` says (for the agent or rank 0)."""
-    host, port = health_address_from_env()
-    return HealthServer(host, port, checkpoint_dir=checkpoint_dir, live=live, ready=ready).start()
 
 
 class HealthServer:
@@ -61,14 +50,9 @@ class HealthServer:
         host: str = "127.0.0.1",
         port: int = contract.DEFAULT_HEALTH_PORT,
         *,
-        checkpoint_dir: str | os.PathLike[str] | None = None,
-        live: Callable[[], bool] | None = None,
-        ready: Callable[[], bool] | None = None,
+        ready: Callable[[], bool],
     ) -> None:
-        self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
-        self._live = live
-        self._ready_check = ready
-        self._ready = threading.Event()
+        self.ready = ready
         self._server = ThreadingHTTPServer((host, port), _handler_for(self))
         self._server.daemon_threads = True
         self._thread: threading.Thread | None = None
@@ -98,18 +82,6 @@ class HealthServer:
         if self._thread is not None:
             self._thread.join(timeout=5)
 
-    def mark_ready(self) -> None:
-        """Training has started: ``/readyz`` answers 200 from now on."""
-        self._ready.set()
-
-    def is_live(self) -> bool:
-        return self._live() if self._live is not None else True
-
-    def is_ready(self) -> bool:
-        if self._ready.is_set():
-            return True
-        return self._ready_check() if self._ready_check is not None else False
-
     def __enter__(self) -> HealthServer:
         return self.start()
 
@@ -122,11 +94,11 @@ def _handler_for(owner: HealthServer) -> type[BaseHTTPRequestHandler]:
         server_version = "elasticjob-health"
 
         def log_message(self, format: str, *args: object) -> None:
-            pass  # probes every few seconds would flood the worker's log
+            pass  # probes every few seconds would flood the agent's log
 
-        def _reply(self, code: int, body: bytes, ctype: str = "text/plain") -> None:
+        def _reply(self, code: int, body: bytes) -> None:
             self.send_response(code)
-            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Type", "text/plain")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
@@ -134,36 +106,11 @@ def _handler_for(owner: HealthServer) -> type[BaseHTTPRequestHandler]:
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
             if path == "/healthz":
-                ok = owner.is_live()
-                self._reply(200 if ok else 503, b"ok\n" if ok else b"not live\n")
+                self._reply(200, b"ok\n")
             elif path == "/readyz":
-                ok = owner.is_ready()
+                ok = owner.ready()
                 self._reply(200 if ok else 503, b"ready\n" if ok else b"not ready\n")
-            elif path == "/checkpoint/latest" and owner.checkpoint_dir is not None:
-                from elasticjob_runtime.checkpoint import latest_committed  # imports torch
-
-                record = latest_committed(owner.checkpoint_dir)
-                if record is None:
-                    self._reply(204, b"")
-                else:
-                    self._reply(200, record.to_bytes(), "application/json")
-            elif (m := _FILE_RE.match(path)) and owner.checkpoint_dir is not None:
-                self._send_file(owner.checkpoint_dir / m.group(1))
             else:
                 self._reply(404, b"not found\n")
-
-        def _send_file(self, file: Path) -> None:
-            try:
-                f = file.open("rb")
-            except FileNotFoundError:
-                self._reply(404, b"no such checkpoint\n")
-                return
-            with f:
-                size = os.fstat(f.fileno()).st_size
-                self.send_response(200)
-                self.send_header("Content-Type", "application/octet-stream")
-                self.send_header("Content-Length", str(size))
-                self.end_headers()
-                shutil.copyfileobj(f, self.wfile)
 
     return Handler

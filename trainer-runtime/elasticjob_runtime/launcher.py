@@ -1,7 +1,7 @@
 """``elasticjob-run``: torchrun with the operator's defaults and one-line errors.
 
 It is torchrun itself (same parser, same ``PET_*`` variables, flags win over the
-environment, torch's ``LocalElasticAgent`` runs the workers), with three changes:
+environment, torch's ``LocalElasticAgent`` runs the workers), with these changes:
 
 * the rendezvous backend defaults to ``etcd-v3`` (``PET_RDZV_BACKEND`` still wins);
 * the pod IP the operator injects is the default ``--local-addr``;
@@ -12,7 +12,11 @@ environment, torch's ``LocalElasticAgent`` runs the workers), with three changes
 * workers start from warm spares, interpreters that have already imported torch and
   the script's imports (:mod:`elasticjob_runtime.spare`); ``--no-warm-spares`` (or
   ``ELASTICJOB_WARM_SPARES=0``) starts every worker cold as torchrun does, and
-  ``--warm-import mod,...`` names more modules for the spares to import.
+  ``--warm-import mod,...`` names more modules for the spares to import;
+* the workers learn the etcd it rendezvouses on (``ELASTICJOB_PROGRESS_ENDPOINT``),
+  where they publish progress (:mod:`elasticjob_runtime.progress`);
+* in a pod (or with ``ELASTICJOB_HEALTH_PORT``) it serves the pod's liveness and
+  readiness probes, ``/healthz`` and ``/readyz`` (:mod:`elasticjob_runtime.health`).
 """
 
 from __future__ import annotations
@@ -22,14 +26,17 @@ import functools
 import logging
 import os
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from importlib.metadata import entry_points
 from typing import NoReturn
 
-from elasticjob_runtime import contract
+from elasticjob_runtime import contract, health
 
 PROG = "elasticjob-run"
+# by name, not __name__: run as `python -m elasticjob_runtime.launcher` this is __main__
+log = logging.getLogger("elasticjob_runtime.launcher")
 # torch's own backends; entry-point backends (ours included) are discovered.
 BUILTIN_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
 
@@ -80,6 +87,14 @@ def config_problem(args: argparse.Namespace, backends: Sequence[str]) -> str | N
                 f"{contract.RDZV_ID} (unique per job run)"
             )
     return None
+
+
+def progress_endpoint(args: argparse.Namespace) -> str | None:
+    """The etcd the workers publish progress to: the one this agent rendezvouses on, if
+    its rendezvous is an etcd. Flags win over the environment, so only we know it."""
+    if args.standalone or args.rdzv_backend not in contract.ETCD_RDZV_BACKENDS:
+        return None
+    return str(args.rdzv_endpoint)
 
 
 def env_switch(name: str, default: bool) -> bool:
@@ -175,13 +190,13 @@ def parser() -> argparse.ArgumentParser:
 
 def _show_runtime_logs() -> None:
     """Membership decisions (who left, who joined, why a restart) are worth seeing by default."""
-    log = logging.getLogger("elasticjob_runtime")
-    if not log.handlers:
+    runtime = logging.getLogger("elasticjob_runtime")
+    if not runtime.handlers:
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("[%(asctime)s] %(name)s: %(message)s"))
-        log.addHandler(handler)
-        log.setLevel(os.environ.get("LOGLEVEL", "INFO").upper())
-        log.propagate = False
+        runtime.addHandler(handler)
+        runtime.setLevel(os.environ.get("LOGLEVEL", "INFO").upper())
+        runtime.propagate = False
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -194,9 +209,43 @@ def main(argv: Sequence[str] | None = None) -> None:
         warm_imports = warm_import_list(args.warm_import)
     except ValueError as exc:
         _fail(str(exc))
+    in_round = threading.Event()  # the agent sets it while its workers run in a round
+    probes = _serve_probes(in_round)
+    try:
+        _launch(args, warm_imports, in_round)
+    finally:
+        if probes is not None:
+            probes.stop()
+
+
+def _serve_probes(in_round: threading.Event) -> health.HealthServer | None:
+    """The pod's probes, answering from now on (also while we wait for etcd below)."""
+    if not health.health_wanted(os.environ):
+        return None
+    try:
+        host, port = health.health_address(os.environ)
+    except ValueError as exc:
+        _fail(str(exc))
+    try:
+        server = health.HealthServer(host, port, ready=in_round.is_set).start()
+    except OSError as exc:
+        _fail(
+            f"cannot serve health probes on {host}:{port} ({exc.strerror or exc}); set "
+            f"{contract.HEALTH_PORT} to a free port"
+        )
+    log.info("probes at %s/healthz and %s/readyz", server.url, server.url)
+    return server
+
+
+def _launch(
+    args: argparse.Namespace, warm_imports: tuple[str, ...], in_round: threading.Event
+) -> None:
+    """Check the etcd, then run torchrun's launch with our agent until the job ends."""
     if not args.standalone and args.rdzv_backend == "etcd-v3":
         in_pod = bool(os.environ.get(contract.POD_NAME))
         _check_etcd(args.rdzv_endpoint, ETCD_WAIT_IN_POD_SECONDS if in_pod else 0.0)
+    if (etcd := progress_endpoint(args)) is not None:
+        os.environ.setdefault(contract.PROGRESS_ENDPOINT, etcd)
     # torch 2.13's agent-shared TCPStore crashed c10d scale-up (DESIGN.md); ours never shares.
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
 
@@ -210,7 +259,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     # torch's launch_agent builds a LocalElasticAgent by this module-level name; ours
     # is a subclass with warm spares that does not charge restarts for peers that left.
     launcher_api.LocalElasticAgent = functools.partial(  # type: ignore[attr-defined,assignment]
-        MembershipAwareAgent, warm_spares=args.warm_spares, warm_imports=warm_imports
+        MembershipAwareAgent,
+        warm_spares=args.warm_spares,
+        warm_imports=warm_imports,
+        in_round=in_round,
     )
     try:
         run(args)  # type: ignore[no-untyped-call]

@@ -1,14 +1,15 @@
 """Training progress in etcd, for the operator to show in the job's status.
 
 Global rank 0 publishes one JSON record under ``contract.progress_key(run_id)``:
-step, samples/s, world size, restart count, and optionally the epoch, the newest
-checkpoint step and the URL of a health server that serves it (so a joining node
-with a node-local checkpoint directory knows where to fetch from). The key is put
-with a lease that a background thread keeps alive, so it goes away ``ttl`` seconds
-after the publishing process dies, and at once on ``close()``.
+step, samples/s, world size, restart count, and optionally the epoch and the newest
+checkpoint step. The key is put with a lease, so it goes away ``ttl`` seconds after the
+publishing process dies, and at once on ``close()``.
 
-Publishing is throttled (``min_interval``) so a fast loop does not flood etcd.
-Torch-free: the operator imports :func:`decode_progress` / :func:`read_progress`.
+Progress is for display and must never delay training: ``update()`` only records the
+newest value; a background thread connects, grants and keeps the lease and publishes
+(at most every ``min_interval``), so an etcd that is slow or away costs the training
+loop nothing. :func:`progress_target` decides once where progress goes, for the
+reporter and for the node-memory reports below alike: an etcd, never a c10d store.
 
 Besides, every node's memory writer (local rank 0, not only global rank 0) reports a
 node-memory checkpoint copy that failed under ``contract.memory_fallback_key(run_id,
@@ -29,17 +30,17 @@ In a training script::
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
-from dataclasses import replace
-from pathlib import Path
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from elasticjob_runtime import contract
-from elasticjob_runtime.etcd_client import EtcdClient, EtcdError, parse_endpoint, parse_endpoints
+from elasticjob_runtime.etcd_client import Endpoint, EtcdClient, EtcdError, parse_endpoints
 from elasticjob_runtime.records import (
     MemoryFallback,
     Progress,
@@ -50,6 +51,9 @@ from elasticjob_runtime.records import (
 )
 
 log = logging.getLogger(__name__)
+
+# After a failed etcd request, the publisher tries again after this many seconds.
+RETRY_S = 1.0
 
 
 class SampleRate:
@@ -76,42 +80,44 @@ class SampleRate:
 
 
 class ProgressReporter:
-    """Publishes one run's progress to etcd under a lease it keeps alive."""
+    """Publishes one run's progress to etcd from a background thread, under a lease it
+    keeps alive; the training thread only calls :meth:`update`."""
 
     def __init__(
         self,
-        client: EtcdClient,
+        etcd: Sequence[Endpoint],
         run_id: str,
         *,
         world_size: int,
         restart_count: int = 0,
-        checkpoint_url: str | None = None,
         ttl: int = 15,
         min_interval: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if ttl < 2:
             raise ValueError(f"ttl must be at least 2 seconds (got {ttl})")
-        self.client = client
         self.key = contract.progress_key(run_id)
         self.ttl = ttl
         self.min_interval = min_interval
         self._clock = clock
         self._rate = SampleRate()
-        self._last_publish: float | None = None
-        self._lock = threading.Lock()
         self._current = Progress(
             step=0,
             samples_per_second=0.0,
             world_size=world_size,
             restart_count=restart_count,
             updated=time.time(),
-            checkpoint_url=checkpoint_url,
         )
-        self._lease = client.grant(ttl)
+        self._changed = threading.Event()
         self._stop = threading.Event()
-        self._keeper = threading.Thread(target=self._keep_alive, name="progress-lease", daemon=True)
-        self._keeper.start()
+        # Creating the client connects nothing (gRPC connects on the first request, in
+        # the publisher). No request outlasts a lease refresh interval, and after an
+        # etcd restart the connection is tried again that often.
+        self._client = EtcdClient(etcd, timeout=min(5.0, ttl / 3), reconnect_within=ttl / 3)
+        self._publisher = threading.Thread(
+            target=self._publish_loop, name="progress-publisher", daemon=True
+        )
+        self._publisher.start()
 
     @property
     def current(self) -> Progress:
@@ -125,14 +131,9 @@ class ProgressReporter:
         epoch: int | None = None,
         checkpoint_step: int | None = None,
         world_size: int | None = None,
-    ) -> bool:
-        """Record a finished step of ``samples`` samples (all ranks); publish if due.
-
-        Returns True when this call wrote to etcd. An etcd error is logged, not
-        raised: progress is for display and must never stop training.
-        """
-        now = self._clock()
-        rate = self._rate.add(samples, now)
+    ) -> None:
+        """Record a finished step of ``samples`` samples (all ranks); never waits for etcd."""
+        rate = self._rate.add(samples, self._clock())
         changes: dict[str, Any] = {"step": step, "samples_per_second": rate}
         if epoch is not None:
             changes["epoch"] = epoch
@@ -141,42 +142,60 @@ class ProgressReporter:
         if world_size is not None:
             changes["world_size"] = world_size
         self._current = replace(self._current, **changes)
-        if self._last_publish is not None and now - self._last_publish < self.min_interval:
-            return False
-        self._last_publish = now
-        return self.publish()
+        self._changed.set()
 
-    def publish(self) -> bool:
-        """Write the current record now; False (and one log line) if etcd refused."""
-        with self._lock:
-            self._current = replace(self._current, updated=time.time())
-            try:
-                self.client.put(self.key, encode_progress(self._current), lease=self._lease)
-                return True
-            except EtcdError as exc:
-                log.warning("progress not published: %s", exc)
-                return False
-
-    def _keep_alive(self) -> None:
-        while not self._stop.wait(self.ttl / 3):
-            try:
-                if self.client.refresh(self._lease):
-                    continue
-                # the lease expired (etcd was away longer than ttl): start a new one
-                with self._lock:
-                    self._lease = self.client.grant(self.ttl)
-                self.publish()
-            except EtcdError as exc:
-                log.warning("progress lease keep-alive failed: %s", exc)
-
-    def close(self) -> None:
-        """Stop publishing and remove the record at once (revoking its lease)."""
+    def close(self, wait: float = 2.0) -> None:
+        """Stop publishing and remove the record (revoking its lease), waiting at most
+        ``wait`` seconds for that; an etcd that does not answer lets the key expire."""
         self._stop.set()
-        self._keeper.join(timeout=self.ttl)
+        self._changed.set()
+        self._publisher.join(timeout=wait)
+
+    def _publish_loop(self) -> None:
+        """Grant the lease, put each new record (throttled), refresh the lease; until
+        ``close``, then revoke. etcd errors are logged once until it works again."""
+        lease: int | None = None
+        published: Progress | None = None  # the record last put under ``lease``
+        put_at = refresh_at = -math.inf
+        failing = False
         try:
-            self.client.revoke(self._lease)
+            while not self._stop.is_set():
+                self._changed.clear()
+                current = self._current
+                try:
+                    now = self._clock()
+                    if lease is None:
+                        lease, published, refresh_at = self._client.grant(self.ttl), None, now
+                    elif now - refresh_at >= self.ttl / 3:
+                        if not self._client.refresh(lease):
+                            lease = None  # expired while etcd was away: a new one, put again
+                            continue
+                        refresh_at = now
+                    pending = current is not published
+                    if pending and now - put_at >= self.min_interval:
+                        record = encode_progress(replace(current, updated=time.time()))
+                        self._client.put(self.key, record, lease=lease)
+                        published, put_at, pending = current, now, False
+                except EtcdError as exc:
+                    if not failing:
+                        log.warning("progress not published (retrying in the background): %s", exc)
+                    failing = True
+                    self._stop.wait(RETRY_S)
+                    continue
+                if failing:
+                    log.info("progress publishing works again")
+                    failing = False
+                until_refresh = refresh_at + self.ttl / 3 - self._clock()
+                if pending:  # throttled: nothing to wake up for but the end
+                    self._stop.wait(min(until_refresh, put_at + self.min_interval - self._clock()))
+                else:
+                    self._changed.wait(until_refresh)
+            if lease is not None:
+                self._client.revoke(lease)
         except EtcdError as exc:
             log.warning("progress lease not revoked (the key expires by itself): %s", exc)
+        finally:
+            self._client.close()
 
 
 def read_progress(client: EtcdClient, run_id: str) -> Progress | None:
@@ -185,67 +204,82 @@ def read_progress(client: EtcdClient, run_id: str) -> Progress | None:
     return decode_progress(kv.value) if kv is not None else None
 
 
-def progress_published(client: EtcdClient, run_id: str) -> Callable[[], bool]:
-    """A readiness check for a health server outside the workers (e.g. in the agent):
-    ready while the run's rank 0 has a progress record, i.e. training has started."""
+@dataclass(frozen=True)
+class ProgressTarget:
+    """The run's etcd, where progress and node-memory reports go."""
 
-    def check() -> bool:
-        try:
-            return read_progress(client, run_id) is not None
-        except (EtcdError, ValueError, KeyError):
-            return False
-
-    return check
+    etcd: tuple[Endpoint, ...]
+    run_id: str
 
 
-def run_id_from_env() -> str | None:
-    return os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get(contract.RDZV_ID)
+@dataclass(frozen=True)
+class Nowhere:
+    """No progress is published, and why (one line; ``bad_input`` for a config mistake)."""
+
+    why: str
+    bad_input: bool = False
 
 
-def reporter_from_env(
-    *, checkpoint_url: str | None = None, ttl: int = 15, min_interval: float = 1.0
-) -> ProgressReporter | None:
-    """A reporter on global rank 0 of a job with an etcd endpoint, else None.
+def progress_target(env: Mapping[str, str]) -> ProgressTarget | Nowhere:
+    """Where this process publishes progress, decided from its environment alone.
 
-    Reads ``PET_RDZV_ENDPOINT``, the run id (``TORCHELASTIC_RUN_ID`` / ``PET_RDZV_ID``),
-    ``WORLD_SIZE``, ``TORCHELASTIC_RESTART_COUNT``; ``ELASTICJOB_PROGRESS=0`` turns it off.
-    If etcd cannot be reached it logs one line and returns None: training goes on.
+    ``ELASTICJOB_PROGRESS_ENDPOINT`` if set (``elasticjob-run`` sets it to the etcd it
+    rendezvouses on: its flags win over the environment, so only it knows), else
+    ``PET_RDZV_ENDPOINT`` when ``PET_RDZV_BACKEND`` is an etcd one; never a c10d store,
+    which would not answer etcd's protocol. ``ELASTICJOB_PROGRESS=0`` turns it off.
     """
-    if os.environ.get(contract.PROGRESS, "1") == "0" or int(os.environ.get("RANK", "0")) != 0:
-        return None
-    endpoint, run_id = os.environ.get(contract.RDZV_ENDPOINT), run_id_from_env()
-    if not endpoint or not run_id:
-        return None
-    client = EtcdClient(parse_endpoint(endpoint, contract.DEFAULT_ETCD_PORT))
+    if env.get(contract.PROGRESS, "1").strip() == "0":
+        return Nowhere(f"{contract.PROGRESS}=0")
+    run_id = env.get("TORCHELASTIC_RUN_ID") or env.get(contract.RDZV_ID)
+    if not run_id:
+        return Nowhere(f"no run id (TORCHELASTIC_RUN_ID or {contract.RDZV_ID})")
+    named, text = contract.PROGRESS_ENDPOINT, env.get(contract.PROGRESS_ENDPOINT, "").strip()
+    if not text:
+        backend = env.get(contract.RDZV_BACKEND, "").strip()
+        if backend not in contract.ETCD_RDZV_BACKENDS:
+            return Nowhere(
+                f"the rendezvous ({contract.RDZV_BACKEND}={backend or 'unset'}) is not an "
+                f"etcd; set {contract.PROGRESS_ENDPOINT} to an etcd to publish progress"
+            )
+        named, text = contract.RDZV_ENDPOINT, env.get(contract.RDZV_ENDPOINT, "").strip()
+        if not text:
+            return Nowhere(f"no etcd endpoint ({contract.RDZV_ENDPOINT} is not set)")
     try:
-        return ProgressReporter(
-            client,
-            run_id,
-            world_size=int(os.environ.get("WORLD_SIZE", "1")),
-            restart_count=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
-            checkpoint_url=checkpoint_url,
-            ttl=ttl,
-            min_interval=min_interval,
+        etcd = parse_endpoints(text, contract.DEFAULT_ETCD_PORT)
+    except ValueError as exc:
+        return Nowhere(f"{named}: {exc}", bad_input=True)
+    return ProgressTarget(tuple(etcd), run_id)
+
+
+def _target_from_env(what: str) -> ProgressTarget | None:
+    target = progress_target(os.environ)
+    if isinstance(target, Nowhere):
+        log.log(
+            logging.WARNING if target.bad_input else logging.INFO, "%s off: %s", what, target.why
         )
-    except EtcdError as exc:
-        log.warning("progress reporting off: %s", exc)
-        client.close()
         return None
+    return target
 
 
-def fetch_checkpoint_from_peer(
-    client: EtcdClient, run_id: str, directory: str | os.PathLike[str], timeout: float = 60.0
-) -> int | None:
-    """On a joining node: copy the newest checkpoint from the peer named in the progress record.
+def reporter_from_env(*, ttl: int = 15, min_interval: float = 1.0) -> ProgressReporter | None:
+    """A reporter on global rank 0 when :func:`progress_target` names an etcd, else None.
 
-    Returns the step fetched, or None when no peer advertises one or ours is as new.
+    Also reads ``WORLD_SIZE`` and ``TORCHELASTIC_RESTART_COUNT``. Returns at once: an
+    etcd that cannot be reached is logged (once) by the reporter's thread.
     """
-    progress = read_progress(client, run_id)
-    if progress is None or not progress.checkpoint_url:
+    if int(os.environ.get("RANK", "0")) != 0:
         return None
-    from elasticjob_runtime.checkpoint import fetch_from_peer  # imports torch
-
-    return fetch_from_peer(progress.checkpoint_url, Path(directory), timeout=timeout)
+    target = _target_from_env("progress reporting")
+    if target is None:
+        return None
+    return ProgressReporter(
+        target.etcd,
+        target.run_id,
+        world_size=int(os.environ.get("WORLD_SIZE", "1")),
+        restart_count=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+        ttl=ttl,
+        min_interval=min_interval,
+    )
 
 
 # -- node-memory checkpoint copies that failed ------------------------------------------
@@ -274,28 +308,18 @@ def read_memory_fallbacks(client: EtcdClient, run_id: str) -> list[MemoryFallbac
 def memory_fallback_reporter_from_env(
     timeout: float = 2.0,
 ) -> Callable[[MemoryFallback], None] | None:
-    """Where a worker reports a failed node-memory copy: the run's etcd, from the same
-    variables as :func:`reporter_from_env` (any rank), or None without an etcd endpoint
-    (c10d, or not launched by elasticjob-run/torchrun) or with ``ELASTICJOB_PROGRESS=0``.
-    Reporting never raises: it logs one line if etcd cannot be reached."""
-    endpoint, run_id = os.environ.get(contract.RDZV_ENDPOINT), run_id_from_env()
-    backend = os.environ.get(contract.RDZV_BACKEND, contract.DEFAULT_RDZV_BACKEND)
-    if os.environ.get(contract.PROGRESS, "1") == "0" or backend == "c10d":
+    """Where a worker (any rank) reports a failed node-memory copy: the run's etcd, as
+    :func:`progress_target` decides, or None. Reporting never raises: it logs one line if
+    etcd cannot be reached (after at most about ``timeout`` seconds, once per process)."""
+    target = _target_from_env("node-memory fallback reports")
+    if target is None:
         return None
-    if not endpoint or not run_id:
-        return None
-    try:
-        address = parse_endpoints(endpoint, contract.DEFAULT_ETCD_PORT)
-    except ValueError as exc:
-        log.warning("node-memory fallbacks not reported: %s", exc)
-        return None
-    run = run_id
 
     def report(fallback: MemoryFallback) -> None:
         try:
-            client = EtcdClient(address, timeout=timeout)
+            client = EtcdClient(target.etcd, timeout=timeout)
             try:
-                report_memory_fallback(client, run, fallback)
+                report_memory_fallback(client, target.run_id, fallback)
             finally:
                 client.close()
         except EtcdError as exc:

@@ -26,7 +26,6 @@ class Progress:
     updated: float  # unix time of the publish
     epoch: int | None = None
     checkpoint_step: int | None = None
-    checkpoint_url: str | None = None
 
 
 @dataclass(frozen=True)
@@ -50,7 +49,6 @@ def encode_progress(progress: Progress) -> bytes:
 def decode_progress(raw: bytes) -> Progress:
     """Parse a stored record; ValueError naming the field if it is not one."""
     doc = _document(raw, "progress record")
-    url = doc.get("checkpoint_url")
     return Progress(
         step=_int(doc, "step"),
         samples_per_second=_float(doc, "samples_per_second"),
@@ -59,7 +57,6 @@ def decode_progress(raw: bytes) -> Progress:
         updated=_float(doc, "updated"),
         epoch=_opt_int(doc, "epoch"),
         checkpoint_step=_opt_int(doc, "checkpoint_step"),
-        checkpoint_url=None if url is None else str(url),
     )
 
 

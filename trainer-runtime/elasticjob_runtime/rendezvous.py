@@ -152,15 +152,17 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
         self._state_key = state_key(run_id)
         self.node = f"{self._addr}_{os.getpid()}_{uuid.uuid4().hex[:6]}"
         self._job_ttl = job_ttl
-        self._job_lease = client.grant(job_ttl)
-        self._backend = EtcdV3RendezvousBackend(client, run_id, self._job_lease)
+        # Leases, the member key and the keeper thread come with register(), not here:
+        # building a handler touches nothing.
+        self._registered = False
+        self._register_lock = threading.Lock()
+        self._job_lease = 0
+        self._backend = EtcdV3RendezvousBackend(client, run_id)
         self._member_lease = 0
         self._granted_ttl = 0  # what etcd granted for the member lease; 0 until it has
-        self._lease_lock = threading.Lock()  # the keeper and a join may both re-register
-        self._register()
-        now = time.monotonic()
-        self._refreshed_at: float | None = now  # the last refresh, None after a failed one
-        self._job_refreshed_at = now
+        self._lease_lock = threading.Lock()  # the keeper and a join may both re-announce
+        self._refreshed_at: float | None = None  # the last refresh, None after a failed one
+        self._job_refreshed_at = 0.0
         self._warned_late_at = -math.inf
         self._round = 0
         self._participants: tuple[str, ...] = ()
@@ -169,23 +171,44 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
         self._restart_why: str | None = None
         self._cancel_watch: Callable[[], None] | None = None
         self._stop = threading.Event()
-        # The keeper has its own connection, with a short per-request timeout and quick
-        # reconnects: a refresh stuck on a slow etcd or a dead connection must not eat the
-        # TTL, and its failures must not break the main connection's watches.
-        timing = keep_alive_timing(self._granted_ttl)
-        keeper_client = EtcdClient(
-            client.endpoints, timeout=timing.timeout, reconnect_within=timing.interval
-        )
-        self._keeper = threading.Thread(
-            target=_keep_alive, args=(weakref.ref(self), self._stop, keeper_client), daemon=True
-        )
-        self._keeper.name = f"etcd-v3-lease-{self.node}"
-        self._keeper.start()
-        atexit.register(_leave_weak, weakref.ref(self))
 
     # -- leases -----------------------------------------------------------------
 
-    def _register(self) -> None:
+    def register(self) -> None:
+        """Take part in the run: the run's lease, this node's member lease and key, and a
+        thread keeping both alive. Once; later calls do nothing.
+
+        :func:`handler_from_params` calls it at once, so a node counts as live (a first
+        round waits for it) while its agent still warms up; the first
+        :meth:`next_rendezvous` calls it for a handler built directly.
+        """
+        with self._register_lock:
+            if self._registered:
+                return
+            self._job_lease = self._client.grant(self._job_ttl)
+            self._backend.lease = self._job_lease
+            self._announce()
+            now = time.monotonic()
+            self._refreshed_at = now
+            self._job_refreshed_at = now
+            # The keeper has its own connection, with a short per-request timeout and quick
+            # reconnects: a refresh stuck on a slow etcd or a dead connection must not eat
+            # the TTL, and its failures must not break the main connection's watches.
+            timing = keep_alive_timing(self._granted_ttl)
+            keeper_client = EtcdClient(
+                self._client.endpoints, timeout=timing.timeout, reconnect_within=timing.interval
+            )
+            keeper = threading.Thread(
+                target=_keep_alive,
+                args=(weakref.ref(self), self._stop, keeper_client),
+                name=f"etcd-v3-lease-{self.node}",
+                daemon=True,
+            )
+            keeper.start()
+            atexit.register(_leave_weak, weakref.ref(self))
+            self._registered = True
+
+    def _announce(self) -> None:
         """Take a fresh member lease and announce this node under it."""
         with self._lease_lock:
             lease = self._client.grant_lease(self._lease_ttl)
@@ -208,7 +231,7 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
             return  # revoked by _leave (which stops this first): do not come back
         if lost:
             log.warning("etcd-v3: node %s lost its lease; registering again", self.node)
-            self._register()
+            self._announce()
         done = time.monotonic()
         if previous is not None and not lost:
             # Failures in between are reported as such; a late refresh after a working
@@ -236,6 +259,8 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
         if self._cancel_watch is not None:
             self._cancel_watch()
             self._cancel_watch = None
+        if not self._member_lease:
+            return  # never registered: nothing to drop
         try:
             self._client.revoke(self._member_lease)
         except EtcdError as exc:
@@ -299,6 +324,10 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
         return False
 
     def next_rendezvous(self) -> RendezvousInfo:
+        try:
+            self.register()
+        except EtcdError as exc:
+            raise RendezvousConnectionError(str(exc)) from exc
         if self._cancel_watch is not None:
             self._cancel_watch()
             self._cancel_watch = None
@@ -369,7 +398,7 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
             try:
                 revision, current, kv, live = self._read()
                 if self.node not in live:
-                    self._register()
+                    self._announce()
                     continue
                 decision = decide_join(
                     current, live, self.node, self._limits, self._round, time.time()
@@ -498,6 +527,7 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
 
     def set_closed(self) -> None:
         try:
+            self.register()  # the round is written under the run's lease
             while True:
                 _, current, kv, _ = self._read()
                 if current is not None and current.closed:
@@ -596,15 +626,18 @@ def handler_from_params(params: RendezvousParameters) -> EtcdV3RendezvousHandler
     limits = Limits(
         params.min_nodes, params.max_nodes, _conf_seconds(params, "last_call_timeout", 15)
     )
+    handler = EtcdV3RendezvousHandler(
+        client,
+        params.run_id,
+        limits,
+        local_addr=params.local_addr,
+        join_timeout=_conf_seconds(params, "join_timeout", 600),
+        lease_ttl=_conf_seconds(params, "lease_ttl", DEFAULT_LEASE_TTL),
+        job_ttl=_conf_seconds(params, "job_ttl", 3600),
+    )
     try:
-        return EtcdV3RendezvousHandler(
-            client,
-            params.run_id,
-            limits,
-            local_addr=params.local_addr,
-            join_timeout=_conf_seconds(params, "join_timeout", 600),
-            lease_ttl=_conf_seconds(params, "lease_ttl", DEFAULT_LEASE_TTL),
-            job_ttl=_conf_seconds(params, "job_ttl", 3600),
-        )
+        handler.register()  # live from now on, as the agent warms up before it joins
     except EtcdError as exc:
+        client.close()
         raise RendezvousConnectionError(str(exc)) from exc
+    return handler

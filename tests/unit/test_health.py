@@ -1,0 +1,49 @@
+"""The probe endpoints: /healthz and /readyz, on the pod IP and the contract's port."""
+
+from __future__ import annotations
+
+import threading
+import urllib.error
+import urllib.request
+
+import pytest
+
+from elasticjob_runtime.health import HealthServer, health_address, health_wanted
+
+
+def status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as err:
+        return err.code
+
+
+def test_live_at_once_and_ready_while_the_check_says_so() -> None:
+    in_round = threading.Event()
+    with HealthServer("127.0.0.1", 0, ready=in_round.is_set) as server:
+        assert server.host == "127.0.0.1"
+        assert (status(f"{server.url}/healthz"), status(f"{server.url}/readyz")) == (200, 503)
+        in_round.set()
+        assert status(f"{server.url}/readyz?verbose") == 200
+        in_round.clear()
+        assert status(f"{server.url}/readyz") == 503
+        assert status(f"{server.url}/healthz") == 200
+        assert status(f"{server.url}/checkpoint/latest") == 404  # probes only, no files
+
+
+def test_served_in_a_pod_or_where_a_port_is_asked_for() -> None:
+    assert not health_wanted({})
+    assert health_wanted({"ELASTICJOB_POD_NAME": "job-worker-0"})
+    assert health_wanted({"ELASTICJOB_HEALTH_PORT": "0"})
+    assert not health_wanted({"ELASTICJOB_POD_NAME": ""})
+
+
+def test_address_defaults_to_loopback_and_the_contract_port() -> None:
+    assert health_address({}) == ("127.0.0.1", 8090)
+    env = {"ELASTICJOB_POD_IP": "10.1.2.3", "ELASTICJOB_HEALTH_PORT": "9000"}
+    assert health_address(env) == ("10.1.2.3", 9000)
+    with pytest.raises(ValueError, match="ELASTICJOB_HEALTH_PORT='x' is not a port number"):
+        health_address({"ELASTICJOB_HEALTH_PORT": "x"})
+    with pytest.raises(ValueError, match=r"ELASTICJOB_HEALTH_PORT=70000 is outside 0\.\.65535"):
+        health_address({"ELASTICJOB_HEALTH_PORT": "70000"})
