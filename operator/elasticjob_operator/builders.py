@@ -197,7 +197,7 @@ def health_port(container: Obj) -> int | None:
 def add_health_probes(pod_spec: Obj) -> None:
     """Probe the runtime's health server in the container that runs elasticjob-run, in
     place: ``livenessProbe`` on /healthz (a frozen agent does not answer; its pod fails
-    and is replaced), ``readinessProbe`` on /readyz (ready once its workers run in a
+    and is replaced), ``readinessProbe`` on /readyz (ready once its workers have run in a
     round), and a containerPort named ``health``. A probe the template sets is kept."""
     container = launcher_container(pod_spec)
     port = health_port(container) if container is not None else None

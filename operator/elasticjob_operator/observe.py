@@ -8,7 +8,6 @@ the records the runtime publishes in the run's etcd (decoded by
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -120,10 +119,7 @@ def observe_pod(pod: Obj, job_uid: str) -> ObservedPod | None:
 
 
 def progress_status(record: records.Progress) -> models.Progress:
-    """The runtime's progress record as the job's ``status.progress``; ValueError if a
-    number cannot be written to the status (JSON has no NaN or infinity)."""
-    if not math.isfinite(record.samples_per_second):
-        raise ValueError(f"'samples_per_second' must be finite, got {record.samples_per_second}")
+    """The runtime's progress record as the job's ``status.progress``."""
     published = datetime.fromtimestamp(record.updated, tz=UTC)
     return models.Progress(
         step=record.step,
@@ -143,7 +139,8 @@ def progress_of(raw: bytes | None) -> models.Progress | None:
         return None
     try:
         return progress_status(records.decode_progress(raw))
-    except (ValueError, OverflowError, OSError) as exc:  # a number past what int/datetime hold
+    # OverflowError, OSError: an ``updated`` time past what datetime holds
+    except (ValueError, OverflowError, OSError) as exc:
         _malformed("progress record", exc)
         return None
 
@@ -154,7 +151,7 @@ def memory_fallbacks_of(raws: Iterable[bytes]) -> tuple[records.MemoryFallback, 
     for raw in raws:
         try:
             out.append(records.decode_memory_fallback(raw))
-        except (ValueError, OverflowError) as exc:
+        except ValueError as exc:
             _malformed("node-memory report", exc)
     return tuple(out)
 

@@ -50,7 +50,14 @@ def answers(port: int, path: str, code: int) -> bool | None:
         return None
 
 
-def test_probes_follow_the_agent_live_while_it_answers_ready_while_it_trains(
+def lost_peer(log: Path, offset: int) -> bool | None:
+    """For ``wait_for``: True once the agent logged, after ``offset``, that a peer left."""
+    with log.open("rb") as f:
+        f.seek(offset)
+        return True if b"the round lost" in f.read() else None
+
+
+def test_probes_follow_the_agent_live_while_it_answers_ready_once_it_joined(
     etcd: EtcdServer, tmp_path: Path, agents: list[subprocess.Popen[bytes]]
 ) -> None:
     run_id = f"health-{uuid.uuid4().hex[:8]}"
@@ -93,19 +100,22 @@ def test_probes_follow_the_agent_live_while_it_answers_ready_while_it_trains(
         within(f"agent {i} to be ready", lambda i=i: answers(ports[i], "/readyz", 200), 60, i)
 
     # A frozen agent does not answer, so the kubelet's liveness probe fails and restarts it.
-    # Its peer loses it (the lease), stops its workers and waits in the rendezvous: not ready.
+    # Its peer loses it (the lease) and waits in the rendezvous for a second node, and
+    # stays ready meanwhile: it has joined the job, and a pod that went not ready at every
+    # rendezvous would hide its node's loss from the operator (agent.py says why).
     workers = descendants(first.pid) + descendants(second.pid)
+    lost = logs[1].stat().st_size
     os.kill(first.pid, signal.SIGSTOP)
     try:
         assert probe(ports[0], "/healthz", timeout=2.0) == TIMED_OUT
         assert probe(ports[0], "/readyz", timeout=2.0) == TIMED_OUT
-        within("agent 1 to leave its round", lambda: answers(ports[1], "/readyz", 503), 60, 1)
+        within("agent 1 to see its peer go", lambda: lost_peer(logs[1], lost), 60, 1)
         assert probe(ports[1], "/healthz") == 200
+        assert probe(ports[1], "/readyz") == 200
     finally:
         os.kill(first.pid, signal.SIGCONT)
     within("agent 0 to answer again", lambda: answers(ports[0], "/healthz", 200), 30)
-    for i in (0, 1):
-        within(f"agent {i} ready again", lambda i=i: answers(ports[i], "/readyz", 200), 180, i)
+    assert probe(ports[0], "/readyz") == 200
 
     (tmp_path / "stop").touch()
     for i, proc in enumerate((first, second)):

@@ -20,13 +20,13 @@ def status(url: str) -> int:
 
 
 def test_live_at_once_and_ready_while_the_check_says_so() -> None:
-    in_round = threading.Event()
-    with HealthServer("127.0.0.1", 0, ready=in_round.is_set) as server:
+    joined = threading.Event()
+    with HealthServer("127.0.0.1", 0, ready=joined.is_set) as server:
         assert server.host == "127.0.0.1"
         assert (status(f"{server.url}/healthz"), status(f"{server.url}/readyz")) == (200, 503)
-        in_round.set()
+        joined.set()
         assert status(f"{server.url}/readyz?verbose") == 200
-        in_round.clear()
+        joined.clear()
         assert status(f"{server.url}/readyz") == 503
         assert status(f"{server.url}/healthz") == 200
         assert status(f"{server.url}/checkpoint/latest") == 404  # probes only, no files

@@ -39,6 +39,8 @@ def test_memory_fallback_round_trips() -> None:
         (b'{"samples_per_second": 1, "world_size": 1, "restart_count": 0, "updated": 1}', "step"),
         (b'{"step": "7", "samples_per_second": 1, "world_size": 1, "restart_count": 0}', "step"),
         (b'{"step": true, "samples_per_second": 1, "world_size": 1, "restart_count": 0}', "step"),
+        (b'{"step": Infinity, "samples_per_second": 1, "world_size": 1}', "step"),
+        (b'{"step": 1, "samples_per_second": NaN, "world_size": 1, "restart_count": 0}', "samples"),
     ],
 )
 def test_a_record_that_is_not_one_is_refused_naming_what_is_wrong(raw: bytes, names: str) -> None:

@@ -19,9 +19,12 @@ Before it stops workers whose round lost a peer, the agent creates the file name
 never finish, so the checkpoint's SIGTERM path saves the last completed step at once
 instead of waiting its grace for a step boundary (that grace was 5 s of a frozen node).
 
-The agent also says whether its workers run in a round (``in_round``, set from their
-start until it stops them or rendezvouses again): the pod's readiness probe
-(:mod:`elasticjob_runtime.health`).
+The agent also says when its workers first ran in a round (``joined``, set then and
+never cleared): the pod's readiness probe (:mod:`elasticjob_runtime.health`). It stays
+set through later rendezvous on purpose: the node lifecycle controller marks a pod not
+ready when its node stops answering only if the pod is ready, and the operator reads that
+flip to replace the pods of a lost node, so a pod that went not ready at every
+rendezvous would hide its node's loss during those windows.
 """
 
 from __future__ import annotations
@@ -74,12 +77,12 @@ class MembershipAwareAgent(LocalElasticAgent):
         *args: Any,
         warm_spares: bool = False,
         warm_imports: tuple[str, ...] = (),
-        in_round: threading.Event | None = None,
+        joined: threading.Event | None = None,
         **kw: Any,
     ) -> None:
         super().__init__(*args, **kw)
-        # Set while this node's workers run in a round (the readiness probe reads it).
-        self.in_round = in_round if in_round is not None else threading.Event()
+        # Set once this node's workers first ran in a round (the readiness probe reads it).
+        self.joined = joined if joined is not None else threading.Event()
         # Workers (and the spares, which must see the same environment) learn here that
         # their round lost a peer: checkpoint.group_broken() then skips the SIGTERM grace.
         self._notes = Path(tempfile.mkdtemp(prefix="elasticjob-agent-"))
@@ -104,7 +107,6 @@ class MembershipAwareAgent(LocalElasticAgent):
                 self._spares.fill()  # they warm up while the first rendezvous runs
 
     def _rendezvous(self, worker_group: WorkerGroup) -> None:
-        self.in_round.clear()
         if self._spares is not None and not self._joined_once:
             # Join only once the spares are warm: a running group that this agent's
             # round interrupts then pauses for the switch, not for our imports.
@@ -165,7 +167,6 @@ class MembershipAwareAgent(LocalElasticAgent):
             if lost:
                 log.info("the round lost %s: workers save their last step without waiting", lost)
                 self._group_broken.touch()
-        self.in_round.clear()
         self._channel.forget_workers()
         super()._stop_workers(worker_group)
 
@@ -185,13 +186,11 @@ class MembershipAwareAgent(LocalElasticAgent):
 
         with starting_workers_with(start) as original:
             started: dict[int, Any] = super()._start_workers(worker_group)
-        self.in_round.set()
+        self.joined.set()
         return started
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         result: RunResult = super()._monitor_workers(worker_group)
-        if result.state != WorkerState.HEALTHY:
-            self.in_round.clear()  # they finished or failed: the round is over here
         handler = worker_group.spec.rdzv_handler
         if result.state == WorkerState.HEALTHY:
             if self._channel.regroup_requested(self._generation) and (

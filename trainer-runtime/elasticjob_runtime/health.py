@@ -3,8 +3,9 @@
 ``GET /healthz``  200 while the agent process answers at all. A frozen agent (SIGSTOP, a
                   hung interpreter) does not, so the kubelet restarts it. Nothing more is
                   checked: an agent legitimately blocks for minutes in a rendezvous.
-``GET /readyz``   200 while the agent's workers run in a round; 503 while it waits in a
-                  rendezvous or restarts them.
+``GET /readyz``   200 once the agent's workers have run in a round (the pod has joined the
+                  job), from then on; 503 before. Not ready again at every rendezvous:
+                  see :mod:`elasticjob_runtime.agent` for why.
 
 ``elasticjob-run`` serves them in a pod (``ELASTICJOB_POD_NAME`` set) or wherever
 ``ELASTICJOB_HEALTH_PORT`` is set, on ``ELASTICJOB_POD_IP`` (else 127.0.0.1). ``http.server``

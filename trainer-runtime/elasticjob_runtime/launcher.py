@@ -209,16 +209,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         warm_imports = warm_import_list(args.warm_import)
     except ValueError as exc:
         _fail(str(exc))
-    in_round = threading.Event()  # the agent sets it while its workers run in a round
-    probes = _serve_probes(in_round)
+    joined = threading.Event()  # the agent sets it once its workers first run in a round
+    probes = _serve_probes(joined)
     try:
-        _launch(args, warm_imports, in_round)
+        _launch(args, warm_imports, joined)
     finally:
         if probes is not None:
             probes.stop()
 
 
-def _serve_probes(in_round: threading.Event) -> health.HealthServer | None:
+def _serve_probes(joined: threading.Event) -> health.HealthServer | None:
     """The pod's probes, answering from now on (also while we wait for etcd below)."""
     if not health.health_wanted(os.environ):
         return None
@@ -227,7 +227,7 @@ def _serve_probes(in_round: threading.Event) -> health.HealthServer | None:
     except ValueError as exc:
         _fail(str(exc))
     try:
-        server = health.HealthServer(host, port, ready=in_round.is_set).start()
+        server = health.HealthServer(host, port, ready=joined.is_set).start()
     except OSError as exc:
         _fail(
             f"cannot serve health probes on {host}:{port} ({exc.strerror or exc}); set "
@@ -238,7 +238,7 @@ def _serve_probes(in_round: threading.Event) -> health.HealthServer | None:
 
 
 def _launch(
-    args: argparse.Namespace, warm_imports: tuple[str, ...], in_round: threading.Event
+    args: argparse.Namespace, warm_imports: tuple[str, ...], joined: threading.Event
 ) -> None:
     """Check the etcd, then run torchrun's launch with our agent until the job ends."""
     if not args.standalone and args.rdzv_backend == "etcd-v3":
@@ -262,7 +262,7 @@ def _launch(
         MembershipAwareAgent,
         warm_spares=args.warm_spares,
         warm_imports=warm_imports,
-        in_round=in_round,
+        joined=joined,
     )
     try:
         run(args)  # type: ignore[no-untyped-call]

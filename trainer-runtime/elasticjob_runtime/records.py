@@ -11,6 +11,7 @@ code the runtime encodes with.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -82,7 +83,7 @@ def decode_memory_fallback(raw: bytes) -> MemoryFallback:
     )
 
 
-# -- field readers: a number is an int or float, never a bool or a numeric string ------
+# -- field readers: a number is a finite int or float, never a bool or a numeric string
 
 
 def _document(raw: bytes, what: str) -> dict[str, Any]:
@@ -99,8 +100,8 @@ def _number(doc: dict[str, Any], name: str) -> float | None:
     value = doc.get(name)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"{name!r} must be a number, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"{name!r} must be a finite number, got {value!r}")
     return float(value)
 
 
