@@ -426,6 +426,60 @@ def test_a_deleted_worker_pod_leaves_survivors_training_and_its_replacement_join
     assert c.status(ns, name).get("restartCount") == restarts + 1
 
 
+def test_a_frozen_agent_fails_its_liveness_probe_and_its_pod_is_replaced(
+    cluster: Cluster, devcluster: DevCluster | None, ns: str, start: Any
+) -> None:
+    """The operator probes elasticjob-run's health endpoint: an agent that hangs (here
+    SIGSTOPped, as a hung interpreter or a paused process) stops answering, its peers
+    train on without it (its lease), and the kubelet's liveness probe kills it; the pod
+    fails and the operator replaces it like any failed worker."""
+    if devcluster is None:
+        pytest.skip("freezing a container's main process needs the devcluster's fault")
+    c = cluster
+    name = unique("frozen")
+    logs = start(
+        manifest(
+            name,
+            TRAIN_STEPS=5000,
+            TRAIN_SLEEP=0.1,
+            TRAIN_LOG_EVERY=2,
+            TRAIN_CHECKPOINT_INTERVAL=10,
+        )
+    )
+    wait_step(logs, 6, world=2)
+    pod = f"{name}-worker-1"
+    old = c.core.read_namespaced_pod(pod, ns)
+    trainer = old.spec.containers[0]
+    assert trainer.liveness_probe.http_get.path == "/healthz"
+    assert trainer.readiness_probe.http_get.path == "/readyz"
+    wait_for(  # ready once it has joined a round
+        f"{pod} to be ready",
+        lambda: any(
+            cond.type == "Ready" and cond.status == "True"
+            for cond in c.core.read_namespaced_pod(pod, ns).status.conditions or []
+        ),
+    )
+    restarts = c.status(ns, name).get("restartCount", 0)
+
+    def at(world: int, after: float) -> Step | None:
+        return next((s for s in logs.steps() if s.t > after and s.world == world), None)
+
+    frozen_at = time.time()
+    faults.freeze_container(devcluster.dir, ns, pod)
+    wait_for("the survivor to train alone", lambda: at(1, frozen_at), TRAIN)
+
+    def replacement() -> Any:
+        p = c.running_workers(ns, name).get(pod)
+        return p is not None and p.metadata.uid != old.metadata.uid and p
+
+    # liveness: 60 s after the start, then three failed probes 10 s apart
+    wait_for("the frozen worker to be killed and replaced", replacement, TRAIN)
+    wait_for("the replacement to join", lambda: at(2, frozen_at), TRAIN)
+    assert c.status(ns, name).get("restartCount") == restarts + 1
+    events = c.kubectl("-n", ns, "get", "events", "--field-selector", f"involvedObject.name={name}")
+    assert f"worker {pod} failed with exit code 137" in events.stdout, events.stdout
+
+
 def final_attempts(records: list[Samples]) -> dict[int, list[Samples]]:
     """Per step, the records of the attempt that counted: a step redone after a restart
     from a checkpoint replaces the earlier attempt (its ranks log within moments of each

@@ -246,7 +246,7 @@ def _launch(
         _check_etcd(args.rdzv_endpoint, ETCD_WAIT_IN_POD_SECONDS if in_pod else 0.0)
     if (etcd := progress_endpoint(args)) is not None:
         os.environ.setdefault(contract.PROGRESS_ENDPOINT, etcd)
-    # torch 2.13's agent-shared TCPStore crashed c10d scale-up (DESIGN.md); ours never shares.
+    # torch 2.13's agent-shared TCPStore crashed c10d scale-up (docs/design.md); ours never shares.
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
 
     import torch.distributed.launcher.api as launcher_api

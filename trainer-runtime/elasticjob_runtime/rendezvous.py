@@ -320,7 +320,7 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
     @property
     def use_agent_store(self) -> bool:
         # Workers start their own TCPStore on rank 0 each round; a store shared with
-        # the agent broke scale-up with torch 2.13 (see DESIGN.md).
+        # the agent broke scale-up with torch 2.13 (see docs/design.md).
         return False
 
     def next_rendezvous(self) -> RendezvousInfo:
