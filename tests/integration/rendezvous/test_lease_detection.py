@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import EtcdServer, start_etcd
+from conftest import WORKERS, EtcdServer, start_etcd
 
 from elasticjob_runtime.etcd_client import EtcdClient, parse_endpoints
 from elasticjob_runtime.membership import Limits
@@ -27,7 +27,7 @@ from elasticjob_runtime.rendezvous import EtcdV3RendezvousHandler, members_prefi
 
 pytestmark = pytest.mark.integration
 
-HOLDER = Path(__file__).with_name("hold_lease.py")
+HOLDER = WORKERS / "hold_lease.py"
 LOAD_SECONDS = 20.0
 
 

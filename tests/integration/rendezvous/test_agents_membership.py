@@ -21,14 +21,14 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from conftest import EtcdServer, free_port, launcher_argv, start_etcd
+from conftest import WORKERS, EtcdServer, free_port, launcher_argv, start_etcd
 
 from bench.harness import wait_for as poll
 from elasticjob_devcluster.procs import descendants
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-TRAIN = Path(__file__).with_name("rdzv_train.py")
+TRAIN = WORKERS / "rdzv_train.py"
 T = TypeVar("T")
 
 

@@ -12,7 +12,7 @@ import yaml
 
 from elasticjob_operator import crd, models
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 COMMITTED = [
     REPO / "crds/elasticjob.yaml",
     REPO / "charts/elasticjob-operator/crds/elasticjob.yaml",

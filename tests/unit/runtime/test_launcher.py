@@ -6,13 +6,14 @@ import re
 
 import pytest
 
-from elasticjob_runtime.agent import local_fault
 from elasticjob_runtime.launcher import (
     config_problem,
+    env_switch,
     known_backends,
     parse_nnodes,
     parser,
     progress_endpoint,
+    warm_import_list,
 )
 
 
@@ -82,7 +83,14 @@ def test_the_etcd_v3_entry_point_is_installed() -> None:
     assert "etcd-v3" in known_backends()
 
 
-def test_a_worker_killed_by_a_signal_is_a_local_fault_an_exception_may_be_a_peers() -> None:
-    assert local_fault([-9])  # SIGKILL / OOM killer
-    assert local_fault([1, -11])  # one segfaulted
-    assert not local_fault([1])  # e.g. gloo: "Connection closed by peer"
+def test_launcher_switch_and_warm_import_errors_name_the_fix(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("ELASTICJOB_WARM_SPARES", "off")
+    assert env_switch("ELASTICJOB_WARM_SPARES", True) is False
+    monkeypatch.setenv("ELASTICJOB_WARM_SPARES", "maybe")
+    with pytest.raises(ValueError, match="ELASTICJOB_WARM_SPARES='maybe': use 1 or 0"):
+        env_switch("ELASTICJOB_WARM_SPARES", True)
+    assert warm_import_list(" numpy, pkg.models ,") == ("numpy", "pkg.models")
+    with pytest.raises(ValueError, match="'pkg/models' is not a module name"):
+        warm_import_list("pkg/models")

@@ -18,13 +18,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import EtcdServer, free_port, start, still_running, wait_for
+from conftest import WORKERS, EtcdServer, free_port, start, still_running, wait_for
 
 from elasticjob_devcluster.procs import descendants
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-TRAIN = Path(__file__).with_name("rdzv_train.py")
+TRAIN = WORKERS / "rdzv_train.py"
 TIMED_OUT = -1
 
 

@@ -1,6 +1,6 @@
 """SIGTERM (eviction, spot reclaim): a real training process saves its latest step and exits.
 
-The test file doubles as the worker: ``python test_checkpoint_signals.py <dir> <mode>``.
+The test file doubles as the worker: ``python test_checkpoint_sigterm.py <dir> <mode>``.
 """
 
 from __future__ import annotations

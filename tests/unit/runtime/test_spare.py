@@ -6,9 +6,6 @@ from __future__ import annotations
 import socket
 import sys
 
-import pytest
-
-from elasticjob_runtime.launcher import env_switch, warm_import_list
 from elasticjob_runtime.spare import (
     Assignment,
     Target,
@@ -109,16 +106,3 @@ def test_an_agent_that_closes_without_reading_the_warm_byte_ends_the_spare_quiet
         assert receive_assignment(spare) is None
     finally:
         spare.close()
-
-
-def test_launcher_switch_and_warm_import_errors_name_the_fix(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setenv("ELASTICJOB_WARM_SPARES", "off")
-    assert env_switch("ELASTICJOB_WARM_SPARES", True) is False
-    monkeypatch.setenv("ELASTICJOB_WARM_SPARES", "maybe")
-    with pytest.raises(ValueError, match="ELASTICJOB_WARM_SPARES='maybe': use 1 or 0"):
-        env_switch("ELASTICJOB_WARM_SPARES", True)
-    assert warm_import_list(" numpy, pkg.models ,") == ("numpy", "pkg.models")
-    with pytest.raises(ValueError, match="'pkg/models' is not a module name"):
-        warm_import_list("pkg/models")

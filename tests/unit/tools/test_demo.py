@@ -9,7 +9,7 @@ from types import ModuleType
 
 import pytest
 
-DEMO = Path(__file__).resolve().parents[2] / "scripts" / "demo.py"
+DEMO = Path(__file__).resolve().parents[3] / "scripts" / "demo.py"
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ epoch. With ElasticSampler every index is seen exactly once; the same scenario
 with torch's ElasticDistributedSampler repeats and skips samples, which is the
 failure this sampler exists to avoid.
 
-The test file doubles as the worker: ``python test_exact_once.py <args>``.
+The test file doubles as the worker: ``python test_sampler_resize.py <args>``.
 """
 
 from __future__ import annotations

@@ -15,14 +15,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import EtcdServer, result_of, start, still_running, wait_for
+from conftest import WORKERS, EtcdServer, result_of, start, still_running, wait_for
 
 from elasticjob_devcluster.procs import descendants
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-HERE = Path(__file__).parent
-CRASH_ONCE = HERE / "crash_once.py"
+CRASH_ONCE = WORKERS / "crash_once.py"
 
 
 def train_args(tmp: Path, steps: int = 60) -> list[str]:

@@ -16,7 +16,7 @@ import yaml
 
 from elasticjob_operator.models import ElasticJob, RdzvBackend, RestartPolicy
 
-MANIFESTS = Path(__file__).resolve().parents[2] / "examples" / "manifests"
+MANIFESTS = Path(__file__).resolve().parents[3] / "examples" / "manifests"
 NAMES = sorted(p.name for p in MANIFESTS.glob("*.yaml"))
 
 

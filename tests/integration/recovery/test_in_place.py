@@ -20,7 +20,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import EtcdServer, result_of, start, still_running, wait_for
+from conftest import WORKERS, EtcdServer, result_of, start, still_running, wait_for
 
 from elasticjob_devcluster.procs import descendants
 from elasticjob_runtime.etcd_client import EtcdClient, parse_endpoints
@@ -28,8 +28,7 @@ from elasticjob_runtime.progress import read_progress
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-HERE = Path(__file__).parent
-CRASH_ONCE = HERE / "crash_once.py"
+CRASH_ONCE = WORKERS / "crash_once.py"
 SAMPLES = 1024  # small, so that the runs cross epoch boundaries and resizes
 
 

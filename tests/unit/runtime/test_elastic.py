@@ -1,0 +1,24 @@
+"""The training-loop API's rules: steps per epoch agree on every rank, and only a broken
+group counts as a failed collective."""
+
+from __future__ import annotations
+
+from elasticjob_runtime.elastic import collective_failed, steps_left
+
+
+def test_steps_left_is_the_same_on_every_rank_and_counts_the_uneven_end() -> None:
+    assert steps_left(1024, 4, 8) == 32
+    assert steps_left(1000, 4, 8) == 32  # the last global batch holds 8 samples
+    assert steps_left(0, 4, 8) == 0
+
+
+def test_only_a_broken_group_counts_as_a_failed_collective() -> None:
+    import torch.distributed as dist
+
+    gloo = RuntimeError(
+        "[../gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:1234"
+    )
+    assert collective_failed(gloo)
+    assert collective_failed(dist.DistNetworkError("store gone"))
+    assert not collective_failed(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
+    assert not collective_failed(ValueError("Connection closed by peer"))
