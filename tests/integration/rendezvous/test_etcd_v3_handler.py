@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import random
 import shutil
@@ -39,26 +40,35 @@ T = TypeVar("T")
 Factory = Callable[..., tuple[EtcdV3RendezvousHandler, EtcdClient]]
 
 
-@pytest.fixture
-def handlers(etcd_any: EtcdServer) -> Iterator[Factory]:
+@contextlib.contextmanager
+def handler_factory(endpoint: str, run_id: str, timeout: float = 10) -> Iterator[Factory]:
+    """Make handlers (each with its own client) on one etcd, registered at once as
+    handler_from_params makes torchrun's; every one leaves and closes at the end."""
     made: list[tuple[EtcdV3RendezvousHandler, EtcdClient]] = []
-    run_id = f"handler-{uuid.uuid4().hex[:8]}"
 
     def make(
         lo: int = 1, hi: int = 3, join_timeout: float = 60.0
     ) -> tuple[EtcdV3RendezvousHandler, EtcdClient]:
-        client = EtcdClient(parse_endpoints(etcd_any.endpoint), timeout=10)
+        client = EtcdClient(parse_endpoints(endpoint), timeout=timeout)
         handler = EtcdV3RendezvousHandler(
             client, run_id, Limits(lo, hi, last_call=15), "127.0.0.1", join_timeout=join_timeout
         )
-        handler.register()  # live at once, as handler_from_params makes torchrun's
+        handler.register()
         made.append((handler, client))
         return handler, client
 
-    yield make
-    for handler, client in made:
-        handler._leave()
-        client.close()
+    try:
+        yield make
+    finally:
+        for handler, client in made:
+            handler._leave()
+            client.close()
+
+
+@pytest.fixture
+def handlers(etcd_any: EtcdServer) -> Iterator[Factory]:
+    with handler_factory(etcd_any.endpoint, f"handler-{uuid.uuid4().hex[:8]}") as make:
+        yield make
 
 
 def in_threads(
@@ -369,27 +379,20 @@ def test_building_a_handler_touches_nothing_until_it_registers(etcd: EtcdServer)
 
 def test_membership_is_still_watched_after_etcd_restarts(tmp_path: Path) -> None:
     server = start_etcd("3.5", tmp_path / "etcd")
-    made: list[tuple[EtcdV3RendezvousHandler, EtcdClient]] = []
     try:
-        for _ in range(2):
-            client = EtcdClient(parse_endpoints(server.endpoint), timeout=10)
-            handler = EtcdV3RendezvousHandler(client, "restarts", Limits(1, 3, 15), "127.0.0.1")
-            handler.register()
-            made.append((handler, client))
-        (a, _), (b, _) = made
-        join_all(a, b)
+        with handler_factory(server.endpoint, "restarts", timeout=10) as make:
+            made = [make(1, 3) for _ in range(2)]
+            (a, _), (b, _) = made
+            join_all(a, b)
 
-        server.restart()
-        time.sleep(1.0)
-        assert a.num_nodes_waiting() == 0  # nothing changed; a notices its watch is gone
+            server.restart()
+            time.sleep(1.0)
+            assert a.num_nodes_waiting() == 0  # nothing changed; a notices its watch is gone
 
-        b._leave()
-        took = wait_until(lambda: a.num_nodes_waiting() > 0, 15)
-        assert took < 10
+            b._leave()
+            took = wait_until(lambda: a.num_nodes_waiting() > 0, 15)
+            assert took < 10
     finally:
-        for handler, client in made:
-            handler._leave()
-            client.close()
         server.stop()
 
 
@@ -397,62 +400,48 @@ def test_a_watch_refused_right_after_a_restart_is_tried_again(tmp_path: Path) ->
     """gRPC can refuse a new watch stream just after etcd is back while reads already
     work (seen in CI): the handler must keep trying, not believe it is watching."""
     server = start_etcd("3.5", tmp_path / "etcd")
-    made: list[tuple[EtcdV3RendezvousHandler, EtcdClient]] = []
     try:
-        for _ in range(2):
-            client = EtcdClient(parse_endpoints(server.endpoint), timeout=10)
-            handler = EtcdV3RendezvousHandler(client, "refused", Limits(1, 3, 15), "127.0.0.1")
-            handler.register()
-            made.append((handler, client))
-        (a, a_client), (b, _) = made
-        join_all(a, b)
+        with handler_factory(server.endpoint, "refused", timeout=10) as make:
+            made = [make(1, 3) for _ in range(2)]
+            (a, a_client), (b, _) = made
+            join_all(a, b)
 
-        watch_prefix = a_client.watch_prefix
-        refusals: list[str] = []
+            watch_prefix = a_client.watch_prefix
+            refusals: list[str] = []
 
-        def refuse_once(*args, **kwargs):  # type: ignore[no-untyped-def]
-            if not refusals:
-                refusals.append("refused")
-                raise EtcdError("watch refused (UNAVAILABLE), as gRPC does after a restart")
-            return watch_prefix(*args, **kwargs)
+            def refuse_once(*args, **kwargs):  # type: ignore[no-untyped-def]
+                if not refusals:
+                    refusals.append("refused")
+                    raise EtcdError("watch refused (UNAVAILABLE), as gRPC does after a restart")
+                return watch_prefix(*args, **kwargs)
 
-        a_client.watch_prefix = refuse_once  # type: ignore[method-assign]
-        server.restart()
-        wait_until(lambda: a.num_nodes_waiting() == 0 and bool(refusals), 15)
-        assert a.num_nodes_waiting() == 0  # the check after the refusal, with nothing changed
+            a_client.watch_prefix = refuse_once  # type: ignore[method-assign]
+            server.restart()
+            wait_until(lambda: a.num_nodes_waiting() == 0 and bool(refusals), 15)
+            assert a.num_nodes_waiting() == 0  # the check after the refusal, with nothing changed
 
-        b._leave()
-        took = wait_until(lambda: a.num_nodes_waiting() > 0, 15)
-        assert took < 10
+            b._leave()
+            took = wait_until(lambda: a.num_nodes_waiting() > 0, 15)
+            assert took < 10
     finally:
-        for handler, client in made:
-            handler._leave()
-            client.close()
         server.stop()
 
 
 def test_a_join_rides_out_an_etcd_restart(tmp_path: Path) -> None:
     server = start_etcd("3.5", tmp_path / "etcd")
-    made: list[tuple[EtcdV3RendezvousHandler, EtcdClient]] = []
     try:
-        for _ in range(2):
-            client = EtcdClient(parse_endpoints(server.endpoint), timeout=5)
-            handler = EtcdV3RendezvousHandler(client, "rides", Limits(2, 2, 15), "127.0.0.1")
-            handler.register()
-            made.append((handler, client))
-        (a, _), (b, _) = made
-        waiting, joined = join_in_background(a)
-        time.sleep(1.0)  # a is waiting for a second node when etcd goes down
-        server.restart()
-        (info_b,) = join_all(b)
-        waiting.join(timeout=60)
-        assert joined, "the waiting node never completed its join"
-        assert {joined[0].rank, info_b.rank} == {0, 1}
-        assert joined[0].world_size == info_b.world_size == 2
+        with handler_factory(server.endpoint, "rides", timeout=5) as make:
+            made = [make(2, 2) for _ in range(2)]
+            (a, _), (b, _) = made
+            waiting, joined = join_in_background(a)
+            time.sleep(1.0)  # a is waiting for a second node when etcd goes down
+            server.restart()
+            (info_b,) = join_all(b)
+            waiting.join(timeout=60)
+            assert joined, "the waiting node never completed its join"
+            assert {joined[0].rank, info_b.rank} == {0, 1}
+            assert joined[0].world_size == info_b.world_size == 2
     finally:
-        for handler, client in made:
-            handler._leave()
-            client.close()
         server.stop()
 
 
@@ -460,26 +449,17 @@ def test_nodes_meet_again_on_an_etcd_that_lost_its_data(tmp_path: Path) -> None:
     """A job's etcd pod replaced on an empty volume: the leases the nodes hold are gone,
     so they must take new ones instead of failing every write with "lease not found"."""
     server = start_etcd("3.5", tmp_path / "etcd")
-    made: list[tuple[EtcdV3RendezvousHandler, EtcdClient]] = []
     try:
-        for _ in range(2):
-            client = EtcdClient(parse_endpoints(server.endpoint), timeout=5)
-            handler = EtcdV3RendezvousHandler(
-                client, "wiped", Limits(2, 2, 15), "127.0.0.1", join_timeout=60
-            )
-            handler.register()
-            made.append((handler, client))
-        (a, _), (b, _) = made
-        join_all(a, b)
+        with handler_factory(server.endpoint, "wiped", timeout=5) as make:
+            made = [make(2, 2, join_timeout=60) for _ in range(2)]
+            (a, _), (b, _) = made
+            join_all(a, b)
 
-        server.stop()
-        shutil.rmtree(tmp_path / "etcd" / "data")
-        server.restart()
-        infos = join_all(a, b)
-        assert sorted(i.rank for i in infos) == [0, 1]
-        assert all(i.world_size == 2 for i in infos)
+            server.stop()
+            shutil.rmtree(tmp_path / "etcd" / "data")
+            server.restart()
+            infos = join_all(a, b)
+            assert sorted(i.rank for i in infos) == [0, 1]
+            assert all(i.world_size == 2 for i in infos)
     finally:
-        for handler, client in made:
-            handler._leave()
-            client.close()
         server.stop()
