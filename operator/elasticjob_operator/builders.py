@@ -42,6 +42,12 @@ LIVENESS: Final = {
     "failureThreshold": 3,
 }
 READINESS: Final = {"periodSeconds": 5, "timeoutSeconds": 5, "failureThreshold": 3}
+# How long a worker pod stays bound to a node the node controller has tainted unreachable
+# or not ready before the taint manager evicts it (Kubernetes' default is 300 s). Its
+# peers dropped it within a second (its rendezvous lease); the eviction starts the delete
+# that the operator completes (rule "Worker on a lost node") and then replaces the pod.
+NODE_LOST_TOLERATION_SECONDS: Final = 10
+NODE_LOST_TAINTS: Final = ("node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready")
 
 
 @dataclass(frozen=True)
@@ -167,9 +173,27 @@ def worker_pod(ref: JobRef, spec: models.ElasticJobSpec, index: int, incarnation
     pod_spec["hostname"] = name
     pod_spec["subdomain"] = worker_service_name(ref.name)
     add_shm_volume(pod_spec, spec.shm_size)
+    add_node_lost_tolerations(pod_spec)
     if HEALTH_PROBES:
         add_health_probes(pod_spec)
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+
+
+def add_node_lost_tolerations(pod_spec: Obj) -> None:
+    """Tolerate an unreachable or not-ready node for NODE_LOST_TOLERATION_SECONDS only
+    (in place), unless the template already says how long for that taint."""
+    tolerations: list[Obj] = pod_spec.setdefault("tolerations", [])
+    said = {t.get("key") for t in tolerations}
+    for key in NODE_LOST_TAINTS:
+        if key not in said:
+            tolerations.append(
+                {
+                    "key": key,
+                    "operator": "Exists",
+                    "effect": "NoExecute",
+                    "tolerationSeconds": NODE_LOST_TOLERATION_SECONDS,
+                }
+            )
 
 
 def launcher_container(pod_spec: Obj) -> Obj | None:

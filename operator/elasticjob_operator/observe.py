@@ -34,6 +34,8 @@ class ObservedPod:
     incarnation: int = 0
     foreign: bool = False  # carries our labels but another owner: never touched
     node_lost_since: datetime | None = None  # marked not ready by the node controller
+    # metadata.deletionTimestamp: by then the pod's kubelet should have confirmed the delete
+    deletion_deadline: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -67,9 +69,14 @@ def node_lost_since(pod: Obj) -> datetime | None:
         or ready.get("reason") == "ReadinessGatesNotReady"
     ):
         return None
+    return timestamp(ready.get("lastTransitionTime"))
+
+
+def timestamp(value: object) -> datetime | None:
+    """An RFC 3339 time of the API (``2026-11-23T05:48:23Z``); None if absent or not one."""
     try:
-        return datetime.fromisoformat(str(ready["lastTransitionTime"]).replace("Z", "+00:00"))
-    except (KeyError, ValueError):
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00")) if value else None
+    except ValueError:
         return None
 
 
@@ -107,6 +114,7 @@ def observe_pod(pod: Obj, job_uid: str) -> ObservedPod | None:
         index=index,
         phase=str(status.get("phase") or "Pending"),
         terminating=bool(meta.get("deletionTimestamp")),
+        deletion_deadline=timestamp(meta.get("deletionTimestamp")),
         exit_code=exit_code(pod),
         reason=str(status.get("reason") or ""),
         incarnation=incarnation,

@@ -65,14 +65,20 @@ def deletable(pods: Iterable[ObservedPod], going: frozenset[str]) -> list[Observ
 
 
 def lost_pods(pods: Iterable[ObservedPod], now: datetime, grace: float) -> frozenset[str]:
-    """Rule "Worker on a lost node": ours, marked not ready by the node controller for
-    ``grace`` seconds."""
+    """Rule "Worker on a lost node": ours, and marked not ready by the node controller
+    ``grace`` seconds ago, or still terminating ``grace`` seconds past its deletion
+    deadline (the kubelet that would have confirmed the delete is gone)."""
+
+    def since(p: ObservedPod) -> list[datetime]:
+        marks = [p.node_lost_since] if p.node_lost_since is not None else []
+        if p.terminating and p.deletion_deadline is not None:
+            marks.append(p.deletion_deadline)
+        return marks
+
     return frozenset(
         p.name
         for p in pods
-        if not p.foreign
-        and p.node_lost_since is not None
-        and (now - p.node_lost_since).total_seconds() >= grace
+        if not p.foreign and any((now - t).total_seconds() >= grace for t in since(p))
     )
 
 

@@ -669,6 +669,61 @@ def test_losing_a_node_replaces_its_worker_and_training_goes_on(
     assert "stopped responding" in events.stdout
 
 
+def test_a_worker_lost_with_its_node_before_it_was_ready_is_replaced_too(
+    cluster: Cluster, devcluster: DevCluster | None, ns: str, start: Any
+) -> None:
+    """The node controller marks only ready pods not ready, so a worker whose node dies
+    while its agent is still starting is found another way: it tolerates the unreachable
+    taint briefly, the taint manager evicts it, and the operator force-deletes it once no
+    kubelet has confirmed the delete past its deadline."""
+    if devcluster is None:
+        pytest.skip("losing a node needs the devcluster's node fault")
+    c = cluster
+    doomed = f"node-y{uuid.uuid4().hex[:4]}"
+    devcluster.add_node(doomed)
+    c.kubectl("cordon", doomed)
+    name = unique("early")
+    logs = start(
+        manifest(
+            name,
+            TRAIN_STEPS=3000,
+            TRAIN_SLEEP=0.1,
+            TRAIN_LOG_EVERY=2,
+            TRAIN_CHECKPOINT_INTERVAL=10,
+        )
+    )
+    wait_step(logs, 6, world=2)
+    c.kubectl("uncordon", doomed)
+    c.kubectl("-n", ns, "scale", f"elasticjob/{name}", "--replicas=3")
+    pod = f"{name}-worker-2"
+    third = wait_for(
+        "worker 2 to start on the new node",
+        lambda: (
+            (p := c.running_workers(ns, name).get(pod)) is not None
+            and p.spec.node_name == doomed
+            and p
+        ),
+    )
+    ready = [x.status for x in third.status.conditions or [] if x.type == "Ready"]
+    assert ready != ["True"], "worker 2 was ready already: this is the other lost-node test"
+    lost_at = time.time()
+    faults.lose_node(devcluster.dir, doomed)
+
+    def replaced() -> Any:
+        p = c.running_workers(ns, name).get(pod)
+        return p is not None and p.metadata.uid != third.metadata.uid and p
+
+    new = wait_for("the operator to replace the worker", replaced, TRAIN)
+    assert new.spec.node_name != doomed
+    wait_for(
+        "the group of 3 to train",
+        lambda: any(s.t > lost_at and s.world == 3 for s in logs.steps()),
+        TRAIN,
+    )
+    events = c.kubectl("-n", ns, "get", "events", "--field-selector", f"involvedObject.name={name}")
+    assert f"force-deleted {pod}" in events.stdout, events.stdout
+
+
 def test_deleting_a_training_job_removes_every_child(cluster: Cluster, ns: str, start: Any) -> None:
     c = cluster
     name = unique("gone")

@@ -196,6 +196,23 @@ def test_shm_size_zero_adds_no_volume(size: str) -> None:
     assert shm_mounts(pod) == [[], []]
 
 
+def test_workers_tolerate_a_lost_node_briefly_unless_the_template_says_otherwise() -> None:
+    pod = builders.worker_pod(REF, make_spec(), 0, 0)
+    assert pod["spec"]["tolerations"] == [
+        {"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 10}
+        for key in ("node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready")
+    ]
+    own = {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute"}
+    raw = make_spec().model_dump(by_alias=True, exclude_none=True)
+    raw["replicaSpecs"]["Worker"]["template"]["spec"]["tolerations"] = [own]
+    pod = builders.worker_pod(REF, models.ElasticJobSpec.model_validate(raw), 0, 0)
+    assert pod["spec"]["tolerations"][0] == own  # kept as the template says: no expiry
+    assert [t["key"] for t in pod["spec"]["tolerations"]] == [
+        "node.kubernetes.io/unreachable",
+        "node.kubernetes.io/not-ready",
+    ]
+
+
 def test_headless_service_selects_the_workers() -> None:
     svc = builders.worker_service(REF)
     assert svc["metadata"]["name"] == "train-worker"

@@ -847,6 +847,7 @@ def test_observe_pod_reads_index_phase_owner_and_deletion() -> None:
         reason="Evicted",
         incarnation=2,
         foreign=False,
+        deletion_deadline=datetime(2026, 1, 1, tzinfo=UTC),
     )
     other = observe_pod(raw_pod(phase="Running"), "uid-2")
     assert other is not None and other.foreign
@@ -978,6 +979,26 @@ def test_a_terminating_pod_on_a_lost_node_is_force_deleted_not_waited_for() -> N
     del w.pods[name]
     d = w.round()
     assert pod_names(d) == [name]
+
+
+def test_a_pod_still_terminating_past_its_deletion_deadline_is_force_deleted_and_replaced() -> None:
+    """A pod that was not ready when its node died (its agent still starting) is never
+    marked by the node controller; the taint manager evicts it (the operator gives worker
+    pods a short toleration of an unreachable node), and no kubelet confirms the delete."""
+    w = running_world(replicas=2)
+    w.config = Config(below_min_grace_seconds=60, node_lost_grace_seconds=10)
+    name = builders.worker_pod_name(REF.name, 1)
+    w.pods[name] = replace(w.pods[name], terminating=True, deletion_deadline=w.now)
+    d = w.round()
+    assert d.delete == []  # a live kubelet finishes the delete about now: wait for it
+    w.advance(10)
+    d = w.round()
+    assert d.delete == [ChildRef("Pod", name, force=True)]
+    assert "ForceDeletedPod" in reasons(d)
+    del w.pods[name]
+    d = w.round()
+    assert pod_names(d) == [name]
+    assert d.status.restart_count == 1
 
 
 # -- the decisions on their own --------------------------------------------------------
