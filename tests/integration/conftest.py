@@ -29,6 +29,13 @@ from typing import Any, TypeVar
 import pytest
 
 from elasticjob_runtime import contract
+from elasticjob_runtime.etcd_client import EtcdClient
+from elasticjob_runtime.records import (
+    MemoryFallback,
+    Progress,
+    decode_memory_fallback,
+    decode_progress,
+)
 
 CACHE = Path(os.environ.get("ELASTICJOB_CACHE", Path.home() / ".cache" / "elasticjob"))
 HERE = Path(__file__).parent
@@ -264,3 +271,20 @@ def result_of(text: str) -> dict[str, Any]:
     doc.pop("seconds_this_run")
     doc["config"].pop("checkpoint_dir")  # each run has its own
     return doc
+
+
+# -- what a run published in etcd, read as the tests check it (an etcd error raises: a
+# record must not look absent because the store did not answer; the operator's own
+# reader, elasticjob_operator.etcd_reader, reads the same keys and forgives errors)
+
+
+def read_progress(client: EtcdClient, run_id: str) -> Progress | None:
+    """The run's latest published progress, or None if nothing is published (or it expired)."""
+    kv = client.get(contract.progress_key(run_id))
+    return decode_progress(kv.value) if kv is not None else None
+
+
+def read_memory_fallbacks(client: EtcdClient, run_id: str) -> list[MemoryFallback]:
+    """Every pod's node-memory report in the run, by pod name."""
+    items = client.snapshot(contract.memory_fallback_prefix(run_id)).items
+    return [decode_memory_fallback(items[key].value) for key in sorted(items)]

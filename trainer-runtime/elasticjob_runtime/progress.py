@@ -44,8 +44,6 @@ from elasticjob_runtime.etcd_client import Endpoint, EtcdClient, EtcdError, pars
 from elasticjob_runtime.records import (
     MemoryFallback,
     Progress,
-    decode_memory_fallback,
-    decode_progress,
     encode_memory_fallback,
     encode_progress,
 )
@@ -198,12 +196,6 @@ class ProgressReporter:
             self._client.close()
 
 
-def read_progress(client: EtcdClient, run_id: str) -> Progress | None:
-    """The run's latest published progress, or None if nothing is published (or it expired)."""
-    kv = client.get(contract.progress_key(run_id))
-    return decode_progress(kv.value) if kv is not None else None
-
-
 @dataclass(frozen=True)
 class ProgressTarget:
     """The run's etcd, where progress and node-memory reports go."""
@@ -297,12 +289,6 @@ def report_memory_fallback(
     client.put(
         contract.memory_fallback_key(run_id, report.pod), encode_memory_fallback(report), lease
     )
-
-
-def read_memory_fallbacks(client: EtcdClient, run_id: str) -> list[MemoryFallback]:
-    """Every pod's report in the run, by pod name."""
-    items = client.snapshot(contract.memory_fallback_prefix(run_id)).items
-    return [decode_memory_fallback(items[key].value) for key in sorted(items)]
 
 
 def memory_fallback_reporter_from_env(

@@ -13,14 +13,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from conftest import EtcdServer
+from conftest import EtcdServer, read_memory_fallbacks
 
 from elasticjob_operator import builders, etcd_reader, models, observe
 from elasticjob_operator.reconcile import Observed, reconcile
 from elasticjob_runtime import contract
 from elasticjob_runtime.checkpoint_files import checkpoint_name, committed_steps
 from elasticjob_runtime.etcd_client import EtcdClient, parse_endpoints
-from elasticjob_runtime.progress import read_memory_fallbacks
 
 pytestmark = pytest.mark.integration
 

@@ -20,11 +20,18 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import WORKERS, EtcdServer, result_of, start, still_running, wait_for
+from conftest import (
+    WORKERS,
+    EtcdServer,
+    read_progress,
+    result_of,
+    start,
+    still_running,
+    wait_for,
+)
 
 from elasticjob_devcluster.procs import descendants
 from elasticjob_runtime.etcd_client import EtcdClient, parse_endpoints
-from elasticjob_runtime.progress import read_progress
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -13,14 +13,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import EtcdServer, free_port
+from conftest import EtcdServer, free_port, read_progress
 
 from elasticjob_runtime import contract
 from elasticjob_runtime.etcd_client import EtcdClient, parse_endpoints
 from elasticjob_runtime.progress import (
     ProgressReporter,
     SampleRate,
-    read_progress,
     reporter_from_env,
 )
 from elasticjob_runtime.records import Progress
