@@ -137,8 +137,7 @@ class RecordFile:
 
 def _signal_group(record: ProcessRecord, sig: signal.Signals) -> None:
     # the group outlives its leader: signal it whenever the leader is ours or gone
-    leader_reused = start_ticks(record.pid) not in (None, record.start_ticks)
-    if leader_reused:
+    if _leader_reused(record):
         return
     with contextlib.suppress(ProcessLookupError):
         os.killpg(record.pid, sig)
