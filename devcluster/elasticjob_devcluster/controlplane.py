@@ -135,9 +135,10 @@ def kubeconfig_yaml(server: str, ca: Path, user: str, client: KeyPair) -> str:
 AUDIT_POLICY = {
     "apiVersion": "audit.k8s.io/v1",
     "kind": "Policy",
-    # one event per request, when its response is complete: who did what to which
-    # resource and the response code; never bodies (Secrets would be in them)
-    "omitStages": ["RequestReceived", "ResponseStarted"],
+    # who did what to which resource and the response code, never bodies (Secrets would
+    # be in them); once a response is complete, and for a watch (open until the client
+    # goes) already when it starts
+    "omitStages": ["RequestReceived"],
     "rules": [{"level": "Metadata"}],
 }
 

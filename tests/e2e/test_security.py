@@ -275,6 +275,7 @@ def test_the_operator_uses_exactly_what_the_chart_grants(
         assert events, f"no request by {sa} in the audit log"
         granted = granted_rules(c, op)
         used, refused = used_rules(events)
+    print("the operator's requests:", sorted(used))
     assert not refused, "the API server refused the operator:\n" + "\n".join(refused)
     assert used <= granted, f"used but not granted: {sorted(used - granted)}"
     assert granted <= used, f"granted but never used: {sorted(granted - used)}"
