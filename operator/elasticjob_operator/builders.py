@@ -149,7 +149,8 @@ def worker_pod(ref: JobRef, spec: models.ElasticJobSpec, index: int, incarnation
     The pod's hostname/subdomain make it resolvable as
     `<job>-worker-<i>.<job>-worker.<ns>.svc` through the headless Service. Its
     restartPolicy is always Never: the operator replaces failed pods itself so that it
-    can count them against backoffLimit.
+    can count them against backoffLimit. The restricted Pod Security fields the template
+    leaves unset are filled in (:mod:`elasticjob_operator.pod_security`).
     """
     template = spec.worker.template.model_dump(mode="json", by_alias=True, exclude_none=True)
     tmeta: Obj = copy.deepcopy(template.get("metadata") or {})
