@@ -250,7 +250,8 @@ class Kube:
 
     def apply(self, ref: builders.JobRef, job: Obj, decision: Decision) -> None:
         """Children first, then events, then status: a status is written only for a world
-        that exists, so a crash in between is repaired by the next round's observation."""
+        that exists, so a crash in between is repaired by the next round's observation.
+        A child the API server refuses ends the round with that said instead (refusals.py)."""
         ns = ref.namespace
         if (decision.create or decision.delete) and not self._still_there(ref):
             return  # deleted while we decided: the garbage collector owns the children now
