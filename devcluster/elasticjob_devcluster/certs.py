@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,15 +82,24 @@ class ClusterPKI:
         return self.dir / "sa.pub"
 
 
+def write_private(path: Path, data: bytes) -> None:
+    """Write a file that holds a key: mode 0600 from the moment it exists (no window in
+    which others could read it), also when it existed before with another mode."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        out.write(data)
+
+
 def _write_key(key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey, path: Path) -> None:
-    path.write_bytes(
+    write_private(
+        path,
         key.private_bytes(
             serialization.Encoding.PEM,
             serialization.PrivateFormat.PKCS8,
             serialization.NoEncryption(),
-        )
+        ),
     )
-    path.chmod(0o600)
 
 
 def _name(common_name: str, organization: str | None = None) -> x509.Name:

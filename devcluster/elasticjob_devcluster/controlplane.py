@@ -5,7 +5,10 @@ The layout of a cluster directory::
 
     cluster.json        ports, binaries, nodes
     processes.json      every control-plane and agent process (pid + start time)
-    kubeconfig          admin kubeconfig (what users and tests use)
+    kubeconfig          admin kubeconfig (what users and tests use), mode 0600 as every
+                        file holding a key
+    audit-policy.yaml   the API server's audit policy (every request, Metadata level)
+    audit.log           the API server's audit log, one JSON event per line
     pki/                CA, serving and client certs, service-account keys
     logs/               one log per component
     nodes/<name>/       each node agent's state (pods, volumes, logs, its own records)
@@ -33,7 +36,13 @@ from pathlib import Path
 import yaml
 
 from elasticjob_devcluster import cgroups, procs
-from elasticjob_devcluster.certs import ClusterPKI, KeyPair, ensure_node_agent_cert, ensure_pki
+from elasticjob_devcluster.certs import (
+    ClusterPKI,
+    KeyPair,
+    ensure_node_agent_cert,
+    ensure_pki,
+    write_private,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "devcluster" / "build-binaries.sh"
@@ -123,6 +132,22 @@ def kubeconfig_yaml(server: str, ca: Path, user: str, client: KeyPair) -> str:
     return yaml.safe_dump(config, sort_keys=False)
 
 
+AUDIT_POLICY = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    # who did what to which resource and the response code, never bodies (Secrets would
+    # be in them); once a response is complete, and for a watch (open until the client
+    # goes) already when it starts
+    "omitStages": ["RequestReceived"],
+    "rules": [{"level": "Metadata"}],
+}
+
+
+def write_kubeconfig(path: Path, server: str, ca: Path, user: str, client: KeyPair) -> None:
+    """A kubeconfig embeds its user's private key: mode 0600, like the key itself."""
+    write_private(path, kubeconfig_yaml(server, ca, user, client).encode())
+
+
 def etcd_args(cfg: ClusterConfig, data_dir: Path) -> list[str]:
     peer = f"http://127.0.0.1:{cfg.etcd_peer_port}"
     client = f"http://127.0.0.1:{cfg.etcd_port}"
@@ -153,6 +178,12 @@ def apiserver_args(cfg: ClusterConfig, pki: ClusterPKI) -> list[str]:
         f"--tls-private-key-file={pki.apiserver.key}",
         f"--client-ca-file={pki.ca.cert}",
         "--authorization-mode=RBAC",
+        # what tests/e2e/test_security.py reads to prove the operator's RBAC is least
+        f"--audit-policy-file={Path(cfg.dir) / 'audit-policy.yaml'}",
+        f"--audit-log-path={Path(cfg.dir) / 'audit.log'}",
+        "--audit-log-format=json",
+        "--audit-log-maxbackup=1",
+        "--audit-log-maxsize=200",
         "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
         f"--service-account-key-file={pki.service_account_pub}",
         f"--service-account-signing-key-file={pki.service_account_key}",
@@ -319,6 +350,7 @@ class DevCluster:
             timeout,
             logs / "etcd.log",
         )
+        (self.dir / "audit-policy.yaml").write_text(yaml.safe_dump(AUDIT_POLICY, sort_keys=False))
         self._start("kube-apiserver", apiserver_args(cfg, self.pki), logs)
         ctx = _admin_ssl_context(self.pki)
         _wait(
@@ -327,18 +359,14 @@ class DevCluster:
             timeout,
             logs / "kube-apiserver.log",
         )
-        self.kubeconfig.write_text(
-            kubeconfig_yaml(cfg.server, self.pki.ca.cert, "admin", self.pki.admin)
-        )
-        self.kubeconfig.chmod(0o600)
+        write_kubeconfig(self.kubeconfig, cfg.server, self.pki.ca.cert, "admin", self.pki.admin)
         cm_kubeconfig = self.dir / "kubeconfig-controller-manager"
-        cm_kubeconfig.write_text(
-            kubeconfig_yaml(
-                cfg.server,
-                self.pki.ca.cert,
-                "system:kube-controller-manager",
-                self.pki.controller_manager,
-            )
+        write_kubeconfig(
+            cm_kubeconfig,
+            cfg.server,
+            self.pki.ca.cert,
+            "system:kube-controller-manager",
+            self.pki.controller_manager,
         )
         self._start(
             "kube-controller-manager",
@@ -353,7 +381,7 @@ class DevCluster:
         for index, node in enumerate(cfg.nodes, start=1):
             pair = ensure_node_agent_cert(self.pki, node)
             path = self.dir / f"kubeconfig-node-{node}"
-            path.write_text(kubeconfig_yaml(cfg.server, self.pki.ca.cert, node, pair))
+            write_kubeconfig(path, cfg.server, self.pki.ca.cert, node, pair)
             (self.dir / "nodes" / node).mkdir(parents=True, exist_ok=True)
             self._start(
                 f"node-agent-{node}",
@@ -381,7 +409,7 @@ class DevCluster:
         index = len(cfg.nodes)
         pair = ensure_node_agent_cert(self.pki, node)
         path = self.dir / f"kubeconfig-node-{node}"
-        path.write_text(kubeconfig_yaml(cfg.server, self.pki.ca.cert, node, pair))
+        write_kubeconfig(path, cfg.server, self.pki.ca.cert, node, pair)
         (self.dir / "nodes" / node).mkdir(parents=True, exist_ok=True)
         logs = self.dir / "logs"
         self._start(

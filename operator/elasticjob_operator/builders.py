@@ -12,7 +12,7 @@ import posixpath
 from dataclasses import dataclass
 from typing import Any, Final
 
-from elasticjob_operator import models
+from elasticjob_operator import models, pod_security
 from elasticjob_runtime import contract
 
 Obj = dict[str, Any]
@@ -149,7 +149,8 @@ def worker_pod(ref: JobRef, spec: models.ElasticJobSpec, index: int, incarnation
     The pod's hostname/subdomain make it resolvable as
     `<job>-worker-<i>.<job>-worker.<ns>.svc` through the headless Service. Its
     restartPolicy is always Never: the operator replaces failed pods itself so that it
-    can count them against backoffLimit.
+    can count them against backoffLimit. The restricted Pod Security fields the template
+    leaves unset are filled in (:mod:`elasticjob_operator.pod_security`).
     """
     template = spec.worker.template.model_dump(mode="json", by_alias=True, exclude_none=True)
     tmeta: Obj = copy.deepcopy(template.get("metadata") or {})
@@ -174,6 +175,7 @@ def worker_pod(ref: JobRef, spec: models.ElasticJobSpec, index: int, incarnation
     pod_spec["subdomain"] = worker_service_name(ref.name)
     add_shm_volume(pod_spec, spec.shm_size)
     add_node_lost_tolerations(pod_spec)
+    pod_security.restrict(pod_spec)
     if HEALTH_PROBES:
         add_health_probes(pod_spec)
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
@@ -352,6 +354,7 @@ def etcd_deployment(ref: JobRef, spec: models.ElasticJobSpec) -> Obj:
             "failureThreshold": 3,
         },
         "volumeMounts": [{"name": "data", "mountPath": ETCD_DATA_DIR}],
+        "securityContext": dict(pod_security.ETCD_CONTAINER_SECURITY),
     }
     if settings.resources:
         container["resources"] = settings.resources
@@ -366,6 +369,7 @@ def etcd_deployment(ref: JobRef, spec: models.ElasticJobSpec) -> Obj:
             "template": {
                 "metadata": {"labels": {**etcd_selector(ref.name), LABEL_MANAGED_BY: MANAGER}},
                 "spec": {
+                    "securityContext": dict(pod_security.ETCD_POD_SECURITY),
                     "containers": [container],
                     "volumes": [{"name": "data", "emptyDir": {}}],
                 },

@@ -29,7 +29,7 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
-from elasticjob_operator import builders, etcd_reader, metrics, models, observe
+from elasticjob_operator import builders, etcd_reader, metrics, models, network_policy, observe
 from elasticjob_operator.kube import Kube, load_config
 from elasticjob_operator.reconcile import Config, invalid_spec, reconcile
 from elasticjob_runtime.records import MemoryFallback
@@ -172,7 +172,7 @@ def _sweep(kube: Kube) -> None:
 
 @kopf.on.startup()
 def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
-    global _kube
+    global _kube, CONFIG
     settings.posting.level = logging.WARNING
     # One log line per decision (ours), not one per watch event or liveness probe.
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
@@ -184,8 +184,12 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=models.GROUP, key="last-handled-configuration"
     )
+    try:
+        CONFIG = replace(CONFIG, network_policy=network_policy.peer_from_env(os.environ))
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
     load_config()
-    _kube = Kube()
+    _kube = Kube(network_policies=CONFIG.network_policy is not None)
     _stop.clear()
     if METRICS_PORT:
         metrics.serve(METRICS_PORT, METRICS_ADDR)

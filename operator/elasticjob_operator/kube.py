@@ -16,7 +16,7 @@ from typing import Any, cast
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
-from elasticjob_operator import builders, models
+from elasticjob_operator import builders, models, refusals
 from elasticjob_operator.decision import ChildRef, Decision, Event
 from elasticjob_operator.observe import Observed, observe_pod
 
@@ -52,11 +52,22 @@ class Conflict(Exception):
     """A child could not be created because its name is taken; retried next round."""
 
 
+class Refused(Exception):
+    """The API server refused a child for good (403, 422, ...): it says so in ``event``."""
+
+    def __init__(self, event: Event) -> None:
+        super().__init__(event.message)
+        self.event = event
+
+
 class Kube:
-    def __init__(self) -> None:
+    def __init__(self, network_policies: bool = False) -> None:
         self.api = kubernetes.client.ApiClient()
         self.core = kubernetes.client.CoreV1Api(self.api)
         self.apps = kubernetes.client.AppsV1Api(self.api)
+        self.networking = kubernetes.client.NetworkingV1Api(self.api)
+        # list the jobs' NetworkPolicies (only then does the operator need to)
+        self.network_policies = network_policies
         self.custom = kubernetes.client.CustomObjectsApi(self.api)
         self.instance = os.environ.get("HOSTNAME") or socket.gethostname()
         # (job uid, type, reason, message) -> (Event name, count), like kubelet's recorder
@@ -120,6 +131,14 @@ class Kube:
             )
         )["items"]
 
+        policies: list[Obj] = []
+        if self.network_policies:
+            policies = self._json(
+                self.networking.list_namespaced_network_policy(
+                    ns, label_selector=selector, _preload_content=False
+                )
+            )["items"]
+
         def owned(objs: list[Obj]) -> frozenset[str]:
             return frozenset(
                 o["metadata"]["name"]
@@ -132,6 +151,7 @@ class Kube:
             pods=tuple(p for p in observed if p is not None),
             services=owned(services),
             deployments=owned(deployments),
+            network_policies=owned(policies),
             progress=progress,
         )
 
@@ -147,11 +167,17 @@ class Kube:
                 self.core.create_namespaced_service(ns, body)
             elif kind == "Deployment":
                 self.apps.create_namespaced_deployment(ns, body)
+            elif kind == "NetworkPolicy":
+                self.networking.create_namespaced_network_policy(ns, body)
             else:  # pragma: no cover - builders make only these kinds
                 raise ValueError(f"cannot create {kind}")
         except ApiException as exc:
+            name = obj["metadata"]["name"]
             if exc.status == 409:
-                raise Conflict(f"{kind} {ns}/{obj['metadata']['name']} already exists") from exc
+                raise Conflict(f"{kind} {ns}/{name} already exists") from exc
+            if exc.status in refusals.REFUSED_CODES:
+                message = refusals.api_message(exc.body, str(exc.reason))
+                raise Refused(refusals.refusal_event(kind, name, message)) from exc
             raise
 
     def _delete(self, ns: str, child: ChildRef) -> None:
@@ -224,39 +250,33 @@ class Kube:
 
     def apply(self, ref: builders.JobRef, job: Obj, decision: Decision) -> None:
         """Children first, then events, then status: a status is written only for a world
-        that exists, so a crash in between is repaired by the next round's observation."""
+        that exists, so a crash in between is repaired by the next round's observation.
+        A child the API server refuses ends the round with that said instead (refusals.py)."""
         ns = ref.namespace
         if (decision.create or decision.delete) and not self._still_there(ref):
             return  # deleted while we decided: the garbage collector owns the children now
         for child in decision.delete:
             self._delete(ns, child)
         conflict: Conflict | None = None
+        refused: Refused | None = None
         for obj in decision.create:
             try:
                 self._create(ns, obj)
             except Conflict as exc:
                 conflict = exc
+            except Refused as exc:
+                refused = refused or exc
+        if refused is not None:
+            self._report_refusal(ref, job, refused)
+            return
         for event in decision.events:
             self.post_event(ref, event)
         if conflict is not None:
             raise conflict
-        old = job.get("status") or {}
-        new = decision.status.model_dump(mode="json", by_alias=True, exclude_none=True)
-        patch = merge_patch(old, new)
-        if patch:
-            try:
-                self.custom.patch_namespaced_custom_object_status(
-                    models.GROUP,
-                    models.VERSION,
-                    ns,
-                    models.PLURAL,
-                    ref.name,
-                    {"status": patch},
-                    _content_type="application/merge-patch+json",
-                )
-            except ApiException as exc:
-                if exc.status != 404:  # deleted meanwhile: nothing to record
-                    raise
+        status = decision.status
+        if decision.create:
+            status = refusals.created_status(status, datetime.now(UTC).replace(microsecond=0))
+        self._patch_status(ref, job, status)
         if decision.delete_job:
             try:
                 self.custom.delete_namespaced_custom_object(
@@ -270,3 +290,37 @@ class Kube:
             except ApiException as exc:
                 if exc.status != 404:
                     raise
+
+    def _patch_status(
+        self, ref: builders.JobRef, job: Obj, status: models.ElasticJobStatus
+    ) -> None:
+        old = job.get("status") or {}
+        new = status.model_dump(mode="json", by_alias=True, exclude_none=True)
+        patch = merge_patch(old, new)
+        if not patch:
+            return
+        try:
+            self.custom.patch_namespaced_custom_object_status(
+                models.GROUP,
+                models.VERSION,
+                ref.namespace,
+                models.PLURAL,
+                ref.name,
+                {"status": patch},
+                _content_type="application/merge-patch+json",
+            )
+        except ApiException as exc:
+            if exc.status != 404:  # deleted meanwhile: nothing to record
+                raise
+
+    def _report_refusal(self, ref: builders.JobRef, job: Obj, refused: Refused) -> None:
+        """A refused child: a Warning event and ReplicaFailure on the job's previous status
+        (this round's status would count the refused pods as launched; see refusals.py)."""
+        log.warning("%s/%s: %s", ref.namespace, ref.name, refused.event.message)
+        self.post_event(ref, refused.event)
+        try:
+            previous = models.ElasticJobStatus.model_validate(job.get("status") or {})
+        except ValueError:
+            previous = models.ElasticJobStatus()
+        now = datetime.now(UTC).replace(microsecond=0)
+        self._patch_status(ref, job, refusals.refused_status(previous, refused.event, now))

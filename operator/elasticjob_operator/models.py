@@ -444,6 +444,8 @@ class ConditionType(StrEnum):
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
     SUSPENDED = "Suspended"
+    # the API server refused a child (e.g. Pod Security admission); no effect on phase
+    REPLICA_FAILURE = "ReplicaFailure"
 
 
 class Condition(_Model):
@@ -532,7 +534,8 @@ class ElasticJobStatus(_Model):
     )
     conditions: list[Condition] = Field(
         default_factory=list,
-        description="Created, Running, Restarting, Scaling, Succeeded, Failed, Suspended.",
+        description="Created, Running, Restarting, Scaling, Succeeded, Failed, Suspended, "
+        "ReplicaFailure (the API server refused to create a child; the message says why).",
         json_schema_extra={
             "x-kubernetes-list-type": "map",
             "x-kubernetes-list-map-keys": ["type"],

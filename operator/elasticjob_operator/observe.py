@@ -45,6 +45,7 @@ class Observed:
     pods: tuple[ObservedPod, ...] = ()
     services: frozenset[str] = frozenset()
     deployments: frozenset[str] = frozenset()
+    network_policies: frozenset[str] = frozenset()
     progress: models.Progress | None = None  # None: not read this round, keep the last one
     memory_fallbacks: tuple[records.MemoryFallback, ...] = ()  # this run's reports, if read
 

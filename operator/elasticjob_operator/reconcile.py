@@ -22,11 +22,12 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Final
 
-from elasticjob_operator import builders, models
+from elasticjob_operator import builders, models, network_policy
 from elasticjob_operator.builders import JobRef
 from elasticjob_operator.conditions import ConditionChange, phase_of, set_condition
 from elasticjob_operator.decision import ChildRef, Decision, Event, normal, warning
 from elasticjob_operator.models import CleanPodPolicy, ConditionType, ElasticJobSpec
+from elasticjob_operator.network_policy import OperatorPeer
 from elasticjob_operator.node_memory import decide_memory_fallback
 from elasticjob_operator.observe import Observed, ObservedPod
 from elasticjob_operator.workers import (
@@ -50,6 +51,8 @@ class Config:
 
     below_min_grace_seconds: float = 300.0
     node_lost_grace_seconds: float = 10.0
+    # the operator's pods, whom the etcd's policy admits; None: no NetworkPolicies
+    network_policy: OperatorPeer | None = None
 
 
 # -- the decisions (pure, each returns a value) ----------------------------------------
@@ -386,8 +389,13 @@ def _resume(d: Decision, r: Round) -> None:
 
 
 def _provision(d: Decision, r: Round) -> None:
-    """The headless worker Service and, unless the job brings its own, the etcd."""
+    """The NetworkPolicies (first: no pod of the job is ever unguarded), the headless
+    worker Service and, unless the job brings its own, the etcd."""
     ref, observed = r.ref, r.observed
+    if r.config.network_policy is not None:
+        for policy in network_policy.policies(ref, r.spec, r.config.network_policy):
+            if policy["metadata"]["name"] not in observed.network_policies:
+                d.create.append(policy)
     if builders.worker_service_name(ref.name) not in observed.services:
         d.create.append(builders.worker_service(ref))
     if r.spec.provisions_etcd:

@@ -34,6 +34,9 @@ GROUP, VERSION, PLURAL = "elastic.pytorch.org", "v1alpha1", "elasticjobs"
 WAIT = 180.0
 RUNTIME_IMAGE = os.environ.get("ELASTICJOB_E2E_RUNTIME_IMAGE", "elasticjob-runtime:dev")
 HELM_ARGS = tuple(shlex.split(os.environ.get("ELASTICJOB_E2E_HELM_ARGS", "")))
+# Pod Security admission at its strictest, for the operator's namespace and the jobs':
+# every e2e test proves the chart's and the operator's pods pass it.
+RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted"}
 
 
 def wait_for(
@@ -138,13 +141,15 @@ class Operator:
 def installed_operator(
     cluster: Cluster, prefix: str, *helm_args: str, suffix: str | None = None
 ) -> Iterator[Operator]:
-    """``helm install`` the chart (progress mirrored every 2 s), yield, then uninstall it
-    and delete its namespaces (the CRD too if this install added it)."""
+    """``helm install`` the chart (progress mirrored every 2 s) into a namespace of its own
+    watching another, both enforcing the restricted Pod Security Standard; yield, then
+    uninstall it and delete its namespaces (the CRD too if this install added it)."""
     suffix = suffix or uuid.uuid4().hex[:6]
     op = Operator(cluster, f"{prefix}op-{suffix}", f"{prefix}op-{suffix}", f"{prefix}jobs-{suffix}")
     crd = f"{PLURAL}.{GROUP}"
     had_crd = cluster.kubectl("get", "crd", crd, check=False).returncode == 0
-    cluster.core.create_namespace({"metadata": {"name": op.job_namespace}})
+    for ns in (op.namespace, op.job_namespace):
+        cluster.core.create_namespace({"metadata": {"name": ns, "labels": RESTRICTED}})
     try:
         cluster.run(
             "helm",

@@ -33,6 +33,14 @@ RELEASE = OP_NS = f"ejop-{SUFFIX}"
 JOB_NS = f"ejjobs-{SUFFIX}"
 FULLNAME = f"{RELEASE}-elasticjob-operator"  # the chart's name for its objects
 BELOW_MIN_GRACE = 15  # seconds a job may run below minReplicas (chart value)
+# What a pod of ours needs in a namespace enforcing the restricted Pod Security Standard
+# (kube_helpers.RESTRICTED); the user id because these images run as root by default.
+RESTRICTED_POD = {
+    "runAsNonRoot": True,
+    "runAsUser": 65532,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+RESTRICTED_CONTAINER = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
 
 PRINT_ENV_AND_SLEEP = [
     "python",
@@ -509,10 +517,12 @@ def test_metrics_are_scrapeable_through_the_charts_service(operator: Cluster, ns
         "metadata": {"name": "scrape"},
         "spec": {
             "restartPolicy": "Never",
+            "securityContext": RESTRICTED_POD,
             "containers": [
                 {
                     "name": "scrape",
                     "image": "python:3.11-slim",
+                    "securityContext": RESTRICTED_CONTAINER,
                     "command": [
                         "python",
                         "-c",
@@ -606,6 +616,7 @@ ETCD_SERVICE = [
             "template": {
                 "metadata": {"labels": {"app": "etcd-service"}},
                 "spec": {
+                    "securityContext": RESTRICTED_POD,  # the job namespace enforces it
                     "containers": [
                         {
                             "name": "etcd",
@@ -624,6 +635,7 @@ ETCD_SERVICE = [
                                 "--listen-peer-urls=http://127.0.0.1:2380",
                             ],
                             "volumeMounts": [{"name": "data", "mountPath": "/var/lib/etcd"}],
+                            "securityContext": RESTRICTED_CONTAINER,
                         }
                     ],
                     "volumes": [{"name": "data", "emptyDir": {}}],

@@ -27,21 +27,41 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 {{- end -}}
 
-{{/* The permissions the operator needs on ElasticJobs and their children. */}}
+{{/* The permissions the operator needs on ElasticJobs and their children: exactly the
+requests it makes (tests/e2e/test_security.py compares them with the API server's audit
+log; docs/operator.md says why each is needed). */}}
 {{- define "elasticjob-operator.rules" -}}
 - apiGroups: [elastic.pytorch.org]
   resources: [elasticjobs]
   verbs: [get, list, watch, delete]
 - apiGroups: [elastic.pytorch.org]
   resources: [elasticjobs/status]
-  verbs: [get, patch, update]
+  verbs: [patch]
 - apiGroups: [""]
-  resources: [pods, services]
-  verbs: [get, list, watch, create, delete]
+  resources: [pods]
+  verbs: [list, watch, create, delete]
+- apiGroups: [""]
+  resources: [services]
+  verbs: [list, create, delete]
 - apiGroups: [apps]
   resources: [deployments]
-  verbs: [get, list, watch, create, delete]
+  verbs: [list, create, delete]
+{{- if .Values.networkPolicy.enabled }}
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [list, create]
+{{- end }}
 - apiGroups: [""]
   resources: [events]
   verbs: [create, patch]
+{{- end -}}
+
+{{/* The selector labels as k=v,k2=v2: how the operator names its own pods to the etcd's
+NetworkPolicy. */}}
+{{- define "elasticjob-operator.selectorLabelList" -}}
+{{- $pairs := list -}}
+{{- range $key, $value := include "elasticjob-operator.selectorLabels" . | fromYaml -}}
+{{- $pairs = append $pairs (printf "%s=%s" $key $value) -}}
+{{- end -}}
+{{- join "," $pairs -}}
 {{- end -}}

@@ -88,6 +88,9 @@ def test_cluster_wide_install_uses_one_least_privilege_cluster_role() -> None:
     assert not any(r in ("secrets", "configmaps", "nodes", "*") for _, r, _ in granted)
     assert not any(v == "*" for _, _, v in granted)
     assert ("elastic.pytorch.org", "elasticjobs", "create") not in granted
+    # a status is merge-patched, never replaced (tests/e2e/test_security.py proves the rest)
+    assert ("elastic.pytorch.org", "elasticjobs/status", "update") not in granted
+    assert ("networking.k8s.io", "networkpolicies", "create") in granted
     (binding,) = by_kind(docs, "ClusterRoleBinding")
     assert binding["subjects"][0]["namespace"] == "ops"
     assert not by_kind(docs, "Role")
@@ -105,7 +108,7 @@ def test_restricted_namespaces_get_roles_only_there() -> None:
     (container,) = dep["spec"]["template"]["spec"]["containers"]
     assert "--namespace=team-a" in container["command"]
     assert "--all-namespaces" not in container["command"]
-    env = {e["name"]: e["value"] for e in container["env"]}
+    env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["ELASTICJOB_NAMESPACES"] == "team-a,team-b"
 
 
@@ -141,3 +144,28 @@ def test_metrics_port_is_exposed_when_enabled(values: list[str]) -> None:
     }
     assert ports == {"liveness": 8080, "metrics": 8000}
     assert bool(by_kind(docs, "Service")) == bool(values)
+
+
+def env_of(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    (dep,) = by_kind(docs, "Deployment")
+    (container,) = dep["spec"]["template"]["spec"]["containers"]
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+
+
+def test_network_policies_are_on_by_default_and_the_operator_knows_its_pods() -> None:
+    docs = render()
+    env = env_of(docs)
+    assert env["ELASTICJOB_NETWORK_POLICY"] == "true"
+    assert env["ELASTICJOB_OPERATOR_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    (dep,) = by_kind(docs, "Deployment")
+    pod_labels = dep["spec"]["template"]["metadata"]["labels"]
+    pairs = dict(p.split("=", 1) for p in env["ELASTICJOB_OPERATOR_LABELS"].split(","))
+    assert pairs == dep["spec"]["selector"]["matchLabels"]
+    assert pairs.items() <= pod_labels.items()  # they select the operator's own pods
+
+
+def test_the_value_turns_network_policies_off_and_their_rights_with_them() -> None:
+    docs = render("networkPolicy.enabled=false", "watchNamespaces={a}")
+    assert env_of(docs)["ELASTICJOB_NETWORK_POLICY"] == "false"
+    (role,) = by_kind(docs, "Role")
+    assert not any(r == "networkpolicies" for _, r, _ in rules(role))

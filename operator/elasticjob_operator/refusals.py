@@ -1,0 +1,59 @@
+"""What the job says when the API server refuses to create one of its children, pure.
+
+A refusal (Pod Security admission, a quota, an invalid template, missing RBAC) repeats
+every round until someone changes the template or the namespace, so it must be visible
+where users look, not only in the operator's log: a Warning event ``FailedCreate``
+(counted, not repeated, by :meth:`~elasticjob_operator.kube.Kube.post_event`) and the
+condition ``ReplicaFailure`` with the API server's message, as a ReplicaSet reports it.
+
+The round's own status is not written after a refusal: it would record the refused pods
+as launched, and the next round would count their absence as failures against
+backoffLimit. The job's previous status plus the condition is written instead; the round
+is decided again next time. The condition turns False once a round creates what it asks.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Final
+
+from elasticjob_operator.conditions import phase_of, set_condition
+from elasticjob_operator.decision import Event, warning
+from elasticjob_operator.models import ConditionType, ElasticJobStatus
+
+REASON: Final = "FailedCreate"
+# Refusals that stay until the request changes (not conflicts or server trouble).
+REFUSED_CODES: Final = frozenset({400, 403, 422})
+
+
+def api_message(body: object, fallback: str) -> str:
+    """The API server's own sentence from a Status body (JSON), else ``fallback``."""
+    try:
+        parsed = json.loads(body) if isinstance(body, str | bytes) else None
+    except ValueError:
+        parsed = None
+    message = parsed.get("message") if isinstance(parsed, dict) else None
+    return str(message) if message else fallback
+
+
+def refusal_event(kind: str, name: str, message: str) -> Event:
+    return warning(REASON, f"the API server refused {kind} {name}: {message}")
+
+
+def refused_status(previous: ElasticJobStatus, event: Event, now: datetime) -> ElasticJobStatus:
+    """The job's previous status with ReplicaFailure True saying what was refused."""
+    status = previous.model_copy(deep=True)
+    set_condition(status, ConditionType.REPLICA_FAILURE, True, REASON, event.message, now)
+    status.phase = phase_of(status)
+    return status
+
+
+def created_status(status: ElasticJobStatus, now: datetime) -> ElasticJobStatus:
+    """After a round whose children were all created: ReplicaFailure, if set, turns False."""
+    if not status.is_true(ConditionType.REPLICA_FAILURE):
+        return status
+    cleared = status.model_copy(deep=True)
+    message = "the operator created every child it asked for"
+    set_condition(cleared, ConditionType.REPLICA_FAILURE, False, "Created", message, now)
+    return cleared

@@ -1,0 +1,67 @@
+"""What a job says when the API server refuses one of its children."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+
+from elasticjob_operator import models, refusals
+from elasticjob_operator.conditions import set_condition
+from elasticjob_operator.models import ConditionType as C
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+FORBIDDEN = json.dumps(
+    {
+        "kind": "Status",
+        "code": 403,
+        "message": 'pods "train-worker-0" is forbidden: violates PodSecurity '
+        '"restricted:latest": privileged (container "t" must not set '
+        "securityContext.privileged=true)",
+    }
+)
+
+
+def running_status() -> models.ElasticJobStatus:
+    status = models.ElasticJobStatus(restart_count=2)
+    set_condition(status, C.CREATED, True, "ElasticJobCreated", "accepted", T0)
+    set_condition(status, C.RUNNING, True, "WorkersRunning", "2 of 2", T0)
+    status.worker_indexes.launched = [0, 1]
+    return status
+
+
+def test_the_api_servers_own_sentence_is_what_the_user_reads() -> None:
+    message = refusals.api_message(FORBIDDEN, "Forbidden")
+    event = refusals.refusal_event("Pod", "train-worker-0", message)
+    assert event.type == "Warning" and event.reason == "FailedCreate"
+    assert event.message.startswith("the API server refused Pod train-worker-0: pods ")
+    assert "securityContext.privileged=true" in event.message
+    assert refusals.api_message(b"not json", "Forbidden") == "Forbidden"
+    assert refusals.api_message(None, "Unprocessable Entity") == "Unprocessable Entity"
+
+
+def test_a_refusal_is_a_condition_on_the_previous_status_not_a_counted_failure() -> None:
+    previous = running_status()
+    event = refusals.refusal_event("Pod", "train-worker-2", "forbidden")
+    status = refusals.refused_status(previous, event, T0)
+    failure = status.condition(C.REPLICA_FAILURE)
+    assert failure is not None
+    assert (failure.status, failure.reason, failure.message) == (
+        "True",
+        "FailedCreate",
+        event.message,
+    )
+    # nothing else moves: the refused pod is not launched, no restart is counted
+    assert status.worker_indexes.launched == [0, 1]
+    assert status.restart_count == 2
+    assert status.phase == "Running"  # the condition does not change the phase
+    assert previous.condition(C.REPLICA_FAILURE) is None  # a copy
+
+
+def test_the_condition_clears_once_a_round_creates_what_it_asks() -> None:
+    event = refusals.refusal_event("Pod", "train-worker-0", "forbidden")
+    refused = refusals.refused_status(running_status(), event, T0)
+    cleared = refusals.created_status(refused, T0)
+    failure = cleared.condition(C.REPLICA_FAILURE)
+    assert failure is not None and failure.status == "False" and failure.reason == "Created"
+    untouched = running_status()
+    assert refusals.created_status(untouched, T0) is untouched  # never refused: no condition
