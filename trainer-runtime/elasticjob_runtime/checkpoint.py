@@ -380,7 +380,7 @@ class CheckpointManager:
                 saved = True
                 self._disk_saved(step)
                 try:
-                    prune(self.directory, self.keep)
+                    prune(self.directory, self.keep, protect=step)
                 except OSError as exc:
                     if exc.errno not in WRITE_FAULTS:
                         raise
@@ -395,7 +395,7 @@ class CheckpointManager:
                     private=True,
                     shared=self._memory_shared,
                 )
-                prune(self.memory_dir, 1)
+                prune(self.memory_dir, 1, protect=step)
                 saved = True
             except OSError as exc:
                 if not self._memory_warned:

@@ -190,11 +190,15 @@ def read_verified(directory: Path, step: int, job: str | None = None) -> tuple[b
     return data, ""
 
 
-def prune(directory: Path, keep: int) -> None:
-    """Keep the newest ``keep`` committed checkpoints; drop older ones and dead partial saves."""
+def prune(directory: Path, keep: int, protect: int | None = None) -> None:
+    """Keep the newest ``keep`` committed checkpoints; drop older ones and dead partial saves.
+
+    Call it after a commit, with that step as ``protect``: it is never removed, even
+    when the directory holds newer steps (an earlier run's, or another job's).
+    """
     steps = steps_on_disk(directory)
     committed = sorted((s for s, marked in steps.items() if marked), reverse=True)
-    doomed = committed[keep:]
+    doomed = [s for s in committed[keep:] if s != protect]
     if committed:  # a data file without marker older than a commit is an abandoned save
         doomed += [s for s, marked in steps.items() if not marked and s < committed[0]]
     for step in doomed:

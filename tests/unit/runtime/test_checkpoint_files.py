@@ -90,3 +90,13 @@ def test_a_failed_marker_write_leaves_nothing_and_keeps_the_last_commit(tmp_path
     assert not (tmp_path / checkpoint_name(2)).exists()  # its data file went too
     assert [p.name for p in tmp_path.iterdir() if ".tmp." in p.name] == []  # and the temps
     assert read_verified(tmp_path, 1) == (b"good", "")
+
+
+def test_prune_never_removes_the_step_just_committed(tmp_path: Path) -> None:
+    for step in (100, 200, 300):  # an earlier run's, in the directory a new run reuses
+        commit(tmp_path, step, b"old")
+    commit(tmp_path, 10, b"new")
+    prune(tmp_path, 3, protect=10)
+    assert committed_steps(tmp_path) == [10, 100, 200, 300]
+    prune(tmp_path, 1, protect=10)
+    assert committed_steps(tmp_path) == [10, 300]
