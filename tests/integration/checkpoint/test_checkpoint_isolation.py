@@ -1,8 +1,9 @@
 """One job never loads another's state, nor bytes that would run code.
 
-* Two jobs under plain torchrun with its default run id ``none``, each on its own etcd, share a node-memory root and a pod name: each restarted worker group reloads
-  its own node-memory checkpoint, and a checkpoint of the first job planted where the
-  second keeps its own is refused (real agents, real etcd).
+* Two jobs under plain torchrun with its default run id ``none``, each on its own etcd,
+  share a node-memory root and a pod name: each restarted worker group reloads its own
+  node-memory checkpoint, and a checkpoint of the first job planted where the second
+  keeps its own is refused (real agents, real etcd).
 * A rank that receives the newest checkpoint from a peer over the process group (real
   gloo) refuses bytes that would run code, even when the sending rank opted in.
 
