@@ -4,21 +4,22 @@ A checkpoint is ``torch.save`` bytes written through :mod:`elasticjob_runtime.ch
 (a data file plus a commit marker with its size and SHA-256, both durable before the
 marker exists). ``load_latest`` walks the checkpoints from the newest and skips (logging
 one line naming the file and the reason) any that has no marker, is truncated, fails its
-checksum or cannot be unpickled.
+checksum or cannot be loaded.
 
-Node memory: the newest checkpoint is also written to a directory on ``/dev/shm``
-keyed by run id and pod. tmpfs is RAM, it outlives the worker process (the agent
-and the pod keep it) and it needs no server, so a worker restarted by the agent
-reloads without touching the (maybe network) disk; ``load_latest`` prefers the
-memory copy when it is at least as new. A server inside the agent would work as
-well but adds a protocol and a process to keep alive for no gain. A container
-runtime's own ``/dev/shm`` is 64 MiB, too small for a real model, so the operator
-gives worker pods a memory-backed one of ``spec.shmSize`` (default 2Gi; the newest
-copy is written before the previous one goes, so it needs twice the checkpoint).
-When the memory copy does not fit (or fails otherwise) the disk copy still stands;
-the first failure is logged in one line and reported to the run's etcd
-(:func:`elasticjob_runtime.progress.report_memory_fallback`), where the operator
-finds it and says so once in the job's events, with the size that would fit.
+Node memory: the newest checkpoint is also written to a directory on ``/dev/shm`` keyed
+by the job's identity (:mod:`elasticjob_runtime.job_identity`) and pod, made 0700; a
+node-memory checkpoint that another job wrote is skipped. tmpfs is RAM, it outlives the
+worker process (the agent and the pod keep it) and it needs no server, so a worker
+restarted by the agent reloads without touching the (maybe network) disk;
+``load_latest`` prefers the memory copy when it is at least as new. A server inside the
+agent would work as well but adds a protocol and a process to keep alive for no gain. A
+container runtime's own ``/dev/shm`` is 64 MiB, too small for a real model, so the
+operator gives worker pods a memory-backed one of ``spec.shmSize`` (default 2Gi; the
+newest copy is written before the previous one goes, so it needs twice the checkpoint).
+When the memory copy does not fit (or fails otherwise) the disk copy still stands; the
+first failure is logged in one line and reported to the run's etcd
+(:func:`elasticjob_runtime.progress.report_memory_fallback`), where the operator finds
+it and says so once in the job's events, with the size that would fit.
 
 Typical use in a DDP script::
 
@@ -39,6 +40,13 @@ Typical use in a DDP script::
 Values with a ``state_dict()`` (modules, optimizers, samplers, schedulers) are
 saved through it, DDP/DataParallel wrappers are unwrapped to ``.module`` so the
 checkpoint loads into an unwrapped model too; anything else must be picklable.
+
+Loading is data only (``torch.load(weights_only=True)``, bytes from peers too): a
+checkpoint that needs more raises :class:`UnsafeCheckpointError` unless its classes are
+registered with ``torch.serialization.add_safe_globals`` or the caller passes
+``weights_only=False``. A save the directory refuses (full, read-only: :data:`WRITE_FAULTS`)
+fails alone, said once per errno and kept in :attr:`CheckpointManager.save_error`; the last
+good checkpoint stays. docs/checkpoints.md has the whole story.
 """
 
 from __future__ import annotations
