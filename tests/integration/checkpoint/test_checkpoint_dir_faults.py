@@ -7,13 +7,15 @@ the job's ``status.progress.checkpointError``.
 Each scenario runs in a worker with a mount namespace of its own, so its mounts can
 outlive nothing: it mounts a 1 MiB tmpfs as the checkpoint directory (``mount -t tmpfs
 -o size=1m``), remounts it read-only for the read-only case (root ignores permission
-bits, so a chmod would prove nothing) and unmounts it at the end.
+bits, so a chmod alone would prove nothing; the EACCES case drops CAP_DAC_OVERRIDE
+first) and unmounts it at the end.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -74,6 +76,8 @@ WORKER = textwrap.dedent(
                 subprocess.run(["mount", "-o", "remount,ro", str(ckpt_dir)], check=True)
             if step == 7 and fault == "readonly":
                 subprocess.run(["mount", "-o", "remount,rw", str(ckpt_dir)], check=True)
+            if fault == "forbidden" and step in (4, 7):
+                ckpt_dir.chmod(0o555 if step == 4 else 0o755)
             # about 100 KiB a checkpoint, but 900 KiB at steps 4 to 6: with two kept,
             # those cannot fit in 1 MiB
             pad = 900 if fault == "full" and 4 <= step <= 6 else 100
@@ -101,12 +105,14 @@ WORKER = textwrap.dedent(
 )
 
 
-def run_scenario(tmp_path: Path, fault: str, mode: str) -> dict[str, Any]:
+def run_scenario(
+    tmp_path: Path, fault: str, mode: str, prefix: tuple[str, ...] = ()
+) -> dict[str, Any]:
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs in a mount namespace of its own needs root")
     ckpt_dir = tmp_path / "ckpt"
     proc = subprocess.run(
-        [sys.executable, "-c", WORKER, str(ckpt_dir), fault, mode],
+        [*prefix, sys.executable, "-c", WORKER, str(ckpt_dir), fault, mode],
         capture_output=True,
         text=True,
         timeout=BOUND_S,
@@ -222,3 +228,16 @@ def test_a_read_only_directory_under_the_agent_reaches_the_jobs_status_and_train
     )
     assert text.count(f"not saved in {ckpt}: EROFS") == 1, text[-3000:]  # said once
     assert not ckpt.is_mount() and not any(ckpt.iterdir())  # the agent's mount went with it
+
+
+def test_a_forbidden_checkpoint_directory_keeps_the_last_good_checkpoint_and_training_goes_on(
+    tmp_path: Path,
+) -> None:
+    """Root ignores permission bits; without CAP_DAC_OVERRIDE (dropped from the bounding
+    set, so the worker's root has it no more) a directory made 0555 refuses with EACCES."""
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("setpriv (util-linux) is not installed: cannot drop CAP_DAC_OVERRIDE")
+    drop = (setpriv, "--bounding-set=-dac_override,-dac_read_search")
+    result = run_scenario(tmp_path, "forbidden", "sync", drop)
+    check(result, tmp_path / "ckpt", "EACCES")
