@@ -362,11 +362,6 @@ class CheckpointManager:
         except BaseException as exc:
             self._error = exc
 
-    @property
-    def saved_step(self) -> int | None:
-        """The newest step this process saved (or restored), None before the first."""
-        return self._saved_step
-
     def _write(self, state: Mapping[str, Any], step: int, to_disk: bool) -> None:
         """Write ``step`` to the directory (if ``to_disk``) and to node memory.
 
@@ -415,7 +410,10 @@ class CheckpointManager:
     def _disk_failed(self, step: int, exc: OSError) -> None:
         """A save the directory refused: one line per kind of fault until saves work again."""
         code = exc.errno if exc.errno is not None else -1
-        kept = committed_steps(self.directory) if self.directory.is_dir() else []
+        try:
+            kept = committed_steps(self.directory)
+        except OSError:  # a failing disk may not list either
+            kept = []
         self.save_error = write_fault_message(self.directory, step, exc, kept[-1:])
         if code not in self._faults_said:
             self._faults_said.add(code)
