@@ -136,6 +136,7 @@ def worker_env(ref: JobRef, spec: models.ElasticJobSpec, incarnation: int) -> li
     env += [
         {"name": contract.JOB_NAME, "value": ref.name},
         {"name": contract.JOB_NAMESPACE, "value": ref.namespace},
+        {"name": contract.JOB_UID, "value": ref.uid},
         _field_env(contract.POD_NAME, "metadata.name"),
         _field_env(contract.POD_IP, "status.podIP"),
         _field_env(contract.NODE_NAME, "spec.nodeName"),

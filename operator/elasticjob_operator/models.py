@@ -486,6 +486,11 @@ class Progress(_Open):
         default=None, description="Recent throughput, samples per second over all workers."
     )
     checkpoint_step: int | None = Field(default=None, description="Step of the newest checkpoint.")
+    checkpoint_error: str | None = Field(
+        default=None,
+        description="Why the newest checkpoint could not be saved (a full or read-only "
+        "directory); absent once a save works again.",
+    )
     trainer_restarts: int | None = Field(
         default=None, description="Restarts of the worker group inside the pods (torchrun's)."
     )

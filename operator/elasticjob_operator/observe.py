@@ -136,6 +136,7 @@ def progress_status(record: records.Progress) -> models.Progress:
         world_size=record.world_size,
         samples_per_second=record.samples_per_second,
         checkpoint_step=record.checkpoint_step,
+        checkpoint_error=record.checkpoint_error,
         trainer_restarts=record.restart_count,
         update_time=published.replace(microsecond=0),
     )

@@ -172,6 +172,7 @@ def test_job_gets_its_workers_services_etcd_and_the_env_contract(
     assert env[contract.POD_NAME] == "env-worker-1"  # downward API, resolved in the pod
     assert env[contract.POD_IP] == pod.status.pod_ip
     assert env[contract.JOB_NAME] == "env" and env[contract.JOB_NAMESPACE] == ns
+    assert env[contract.JOB_UID] == uid  # with the namespace and run id, its checkpoints' owner
 
     wait_for("phase Running", lambda: c.status(ns, name).get("phase") == "Running")
     table = c.kubectl("-n", ns, "get", "elasticjobs", name).stdout.splitlines()

@@ -4,21 +4,22 @@ A checkpoint is ``torch.save`` bytes written through :mod:`elasticjob_runtime.ch
 (a data file plus a commit marker with its size and SHA-256, both durable before the
 marker exists). ``load_latest`` walks the checkpoints from the newest and skips (logging
 one line naming the file and the reason) any that has no marker, is truncated, fails its
-checksum or cannot be unpickled.
+checksum or cannot be loaded.
 
-Node memory: the newest checkpoint is also written to a directory on ``/dev/shm``
-keyed by run id and pod. tmpfs is RAM, it outlives the worker process (the agent
-and the pod keep it) and it needs no server, so a worker restarted by the agent
-reloads without touching the (maybe network) disk; ``load_latest`` prefers the
-memory copy when it is at least as new. A server inside the agent would work as
-well but adds a protocol and a process to keep alive for no gain. A container
-runtime's own ``/dev/shm`` is 64 MiB, too small for a real model, so the operator
-gives worker pods a memory-backed one of ``spec.shmSize`` (default 2Gi; the newest
-copy is written before the previous one goes, so it needs twice the checkpoint).
-When the memory copy does not fit (or fails otherwise) the disk copy still stands;
-the first failure is logged in one line and reported to the run's etcd
-(:func:`elasticjob_runtime.progress.report_memory_fallback`), where the operator
-finds it and says so once in the job's events, with the size that would fit.
+Node memory: the newest checkpoint is also written to a directory on ``/dev/shm`` keyed
+by the job's identity (:mod:`elasticjob_runtime.job_identity`) and pod, made 0700; a
+node-memory checkpoint that another job wrote is skipped. tmpfs is RAM, it outlives the
+worker process (the agent and the pod keep it) and it needs no server, so a worker
+restarted by the agent reloads without touching the (maybe network) disk;
+``load_latest`` prefers the memory copy when it is at least as new. A server inside the
+agent would work as well but adds a protocol and a process to keep alive for no gain. A
+container runtime's own ``/dev/shm`` is 64 MiB, too small for a real model, so the
+operator gives worker pods a memory-backed one of ``spec.shmSize`` (default 2Gi; the
+newest copy is written before the previous one goes, so it needs twice the checkpoint).
+When the memory copy does not fit (or fails otherwise) the disk copy still stands; the
+first failure is logged in one line and reported to the run's etcd
+(:func:`elasticjob_runtime.progress.report_memory_fallback`), where the operator finds
+it and says so once in the job's events, with the size that would fit.
 
 Typical use in a DDP script::
 
@@ -39,6 +40,13 @@ Typical use in a DDP script::
 Values with a ``state_dict()`` (modules, optimizers, samplers, schedulers) are
 saved through it, DDP/DataParallel wrappers are unwrapped to ``.module`` so the
 checkpoint loads into an unwrapped model too; anything else must be picklable.
+
+Loading is data only (``torch.load(weights_only=True)``, bytes from peers too): a
+checkpoint that needs more raises :class:`UnsafeCheckpointError` unless its classes are
+registered with ``torch.serialization.add_safe_globals`` or the caller passes
+``weights_only=False``. A save the directory refuses (full, read-only: :data:`WRITE_FAULTS`)
+fails alone, said once per errno and kept in :attr:`CheckpointManager.save_error`; the last
+good checkpoint stays. docs/checkpoints.md has the whole story.
 """
 
 from __future__ import annotations
@@ -52,6 +60,7 @@ import io
 import logging
 import os
 import pickle
+import re
 import signal
 import socket
 import threading
@@ -68,17 +77,24 @@ from elasticjob_runtime import contract
 from elasticjob_runtime.checkpoint_files import (
     checkpoint_name,
     commit,
+    committed_steps,
     default_memory_dir,
     filesystem_space,
     prune,
     read_verified,
     steps_on_disk,
 )
+from elasticjob_runtime.job_identity import current_job
 from elasticjob_runtime.records import MemoryFallback
 
 log = logging.getLogger(__name__)
 
 SIGTERM_EXIT_CODE = 128 + int(signal.SIGTERM)
+# What a checkpoint filesystem can develop while training runs (full, remounted read-only,
+# permissions changed, a failing disk): a save then fails, and training goes on.
+WRITE_FAULTS = frozenset(
+    {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO}
+)
 
 StateSource = Mapping[str, Any] | Callable[[], Mapping[str, Any]]
 
@@ -134,23 +150,40 @@ def serialize(state: Mapping[str, Any]) -> bytes:
     return buf.getvalue()
 
 
-def deserialize(
-    data: bytes, weights_only: bool | None = None, map_location: str = "cpu"
-) -> dict[str, Any]:
-    """``torch.load`` the bytes; ``weights_only=None`` tries the safe loader first.
+class UnsafeCheckpointError(CheckpointError):
+    """A checkpoint that only full unpickling (which can run any code) would load."""
 
-    The fallback to full unpickling is for picklable extra state; the files come
-    from this job's own directory or a peer found through its own rendezvous store.
+
+def deserialize(
+    data: bytes, weights_only: bool = True, map_location: str = "cpu", source: str = "bytes"
+) -> dict[str, Any]:
+    """``torch.load`` the bytes, with torch's safe loader unless ``weights_only=False``.
+
+    The safe loader builds tensors, containers and primitives and calls no other code;
+    a checkpoint that needs more raises :class:`UnsafeCheckpointError` naming ``source``,
+    what it needs and how to allow it.
     """
-    if weights_only is None:
-        try:
-            return deserialize(data, True, map_location)
-        except pickle.UnpicklingError:
-            return deserialize(data, False, map_location)
-    loaded = torch.load(io.BytesIO(data), map_location=map_location, weights_only=weights_only)
+    try:
+        loaded = torch.load(io.BytesIO(data), map_location=map_location, weights_only=weights_only)
+    except pickle.UnpicklingError as exc:
+        if not weights_only:
+            raise
+        raise UnsafeCheckpointError(unsafe_message(source, str(exc))) from None
     if not isinstance(loaded, dict):
         raise CheckpointError(f"checkpoint holds a {type(loaded).__name__}, expected a dict")
     return loaded
+
+
+def unsafe_message(source: str, error: str) -> str:
+    """One line: what the safe loader refused in ``source`` and the two ways to allow it."""
+    found = re.search(r"GLOBAL (\S+) was not an allowed global", error)
+    need = f"needs {found.group(1)}" if found else f"is not plain data ({error.splitlines()[0]})"
+    return (
+        f"checkpoint {source} {need}, which the safe loader refuses (loading it could run "
+        "any code); register a class you trust with torch.serialization.add_safe_globals, "
+        "or pass weights_only=False to restore()/load_latest() if you trust every "
+        "checkpoint this job reads (its directory, node memory and peers)"
+    )
 
 
 def group_device() -> torch.device:
@@ -188,6 +221,20 @@ def broadcast_bytes(data: bytes, src: int, device: torch.device) -> bytes:
         return data
     host = buf.cpu().contiguous()
     return ctypes.string_at(host.data_ptr(), host.numel())
+
+
+def write_fault_message(directory: Path, step: int, exc: OSError, newest: list[int]) -> str:
+    """One line: which save failed where, the errno, and what stands instead."""
+    name = errno.errorcode.get(exc.errno or -1, str(exc.errno))
+    stands = (
+        f"step {newest[0]}, the newest checkpoint there, stands"
+        if newest
+        else "nothing was saved there before"
+    )
+    return (
+        f"checkpoint step {step} not saved in {directory}: {name} "
+        f"({exc.strerror or exc}); {stands} and training goes on"
+    )
 
 
 def _mib(nbytes: int | None) -> str:
@@ -230,6 +277,7 @@ class CheckpointManager:
         memory_writer: bool | None = None,
         run_id: str | None = None,
         on_memory_fallback: Callable[[MemoryFallback], None] | None = None,
+        job: str | None = None,
     ) -> None:
         where = directory if directory is not None else os.environ.get(contract.CHECKPOINT_DIR)
         if not where:
@@ -241,9 +289,14 @@ class CheckpointManager:
         self.directory = Path(where)
         self.keep = keep
         self.async_save = async_save
+        # who wrote a checkpoint: node memory holds only this job's (job_identity.py)
+        self.job = job or current_job(run_id)
         self.memory_dir: Path | None = None
+        self._memory_shared: Path | None = None  # /dev/shm/elasticjob: every job's, 1777
         if memory:
-            self.memory_dir = Path(memory_dir) if memory_dir else default_memory_dir(run_id)
+            self.memory_dir = Path(memory_dir) if memory_dir else default_memory_dir(self.job)
+            if not memory_dir and self.memory_dir is not None:
+                self._memory_shared = self.memory_dir.parent.parent
         local_rank = _env_rank("LOCAL_RANK")
         if writer is None:
             writer = local_rank == 0 if node_local else _env_rank("RANK") == 0
@@ -253,6 +306,10 @@ class CheckpointManager:
         self._pending_step = -1
         self._error: BaseException | None = None
         self._memory_warned = False
+        # The last save that could not be written to ``directory`` (one line), None once
+        # one is again; elastic.Run publishes it with the progress (status.progress).
+        self.save_error: str | None = None
+        self._faults_said: set[int] = set()  # errnos logged since the last good save
         # None: report to the run's etcd (progress.memory_fallback_reporter_from_env)
         self._on_memory_fallback = on_memory_fallback
         self._tracked: StateSource | None = None
@@ -306,19 +363,67 @@ class CheckpointManager:
             self._error = exc
 
     def _write(self, state: Mapping[str, Any], step: int, to_disk: bool) -> None:
+        """Write ``step`` to the directory (if ``to_disk``) and to node memory.
+
+        A write fault (:data:`WRITE_FAULTS`) fails this save alone: it is logged,
+        recorded in :attr:`save_error`, and what was saved before stays; other errors
+        (a file where the directory should be) raise.
+        """
         data = serialize(state)
+        to_memory = self.memory_writer and self.memory_dir is not None
+        saved = False
         if to_disk:
-            commit(self.directory, step, data)
-            prune(self.directory, self.keep)
-        if self.memory_writer and self.memory_dir is not None:
             try:
-                commit(self.memory_dir, step, data)
-                prune(self.memory_dir, 1)
+                commit(self.directory, step, data, job=self.job)
+            except OSError as exc:
+                if exc.errno not in WRITE_FAULTS:
+                    raise
+                self._disk_failed(step, exc)
+            else:
+                saved = True
+                self._disk_saved(step)
+                try:
+                    prune(self.directory, self.keep, protect=step)
+                except OSError as exc:
+                    if exc.errno not in WRITE_FAULTS:
+                        raise
+                    log.warning("old checkpoints in %s not removed: %s", self.directory, exc)
+        if to_memory and self.memory_dir is not None:
+            try:
+                commit(
+                    self.memory_dir,
+                    step,
+                    data,
+                    job=self.job,
+                    private=True,
+                    shared=self._memory_shared,
+                )
+                prune(self.memory_dir, 1, protect=step)
+                saved = True
             except OSError as exc:
                 if not self._memory_warned:
                     self._memory_warned = True
                     self._memory_failed(self.memory_dir, step, len(data), exc)
-        self._saved_step = step
+        if saved or not (to_disk or to_memory):
+            self._saved_step = step
+
+    def _disk_failed(self, step: int, exc: OSError) -> None:
+        """A save the directory refused: one line per kind of fault until saves work again."""
+        code = exc.errno if exc.errno is not None else -1
+        try:
+            kept = committed_steps(self.directory)
+        except OSError:  # a failing disk may not list either
+            kept = []
+        self.save_error = write_fault_message(self.directory, step, exc, kept[-1:])
+        if code not in self._faults_said:
+            self._faults_said.add(code)
+            log.error("%s", self.save_error)
+
+    def _disk_saved(self, step: int) -> None:
+        if self.save_error is not None:
+            log.warning("checkpoint step %d saved in %s: saves work again", step, self.directory)
+        self.save_error = None
+        self._faults_said.clear()
 
     def _memory_failed(self, memory_dir: Path, step: int, size: int, exc: OSError) -> None:
         """The first failed node-memory copy: one log line, and a report to the operator."""
@@ -391,11 +496,17 @@ class CheckpointManager:
         return [d for d in (self.memory_dir, self.directory) if d is not None]
 
     def load_latest(
-        self, *, weights_only: bool | None = None, map_location: str = "cpu"
+        self, *, weights_only: bool = True, map_location: str = "cpu"
     ) -> Checkpoint | None:
         """The newest intact checkpoint (node memory first at equal step), or None.
 
-        Each checkpoint passed over is logged in one line with the reason.
+        Each checkpoint passed over is logged in one line with the reason; one in node
+        memory that another job wrote is passed over too. The directory is the one you
+        named, so any job's checkpoint there is loaded (that is how a re-created job
+        resumes). ``weights_only=False`` unpickles without the safe loader: only for
+        checkpoints you trust, since unpickling can run any code. One that needs it
+        otherwise raises :class:`UnsafeCheckpointError` rather than be passed over (a
+        fresh start would silently drop the training done).
         """
         self.wait()
         by_step: dict[int, list[Path]] = {}
@@ -405,12 +516,15 @@ class CheckpointManager:
         for step in sorted(by_step, reverse=True):
             for source in by_step[step]:
                 path = source / checkpoint_name(step)
-                data, reason = read_verified(source, step)
+                job = self.job if source == self.memory_dir else None
+                data, reason = read_verified(source, step, job)
                 if data is None:
                     log.warning("skipping checkpoint %s: %s", path, reason)
                     continue
                 try:
-                    state = deserialize(data, weights_only, map_location)
+                    state = deserialize(data, weights_only, map_location, str(path))
+                except UnsafeCheckpointError:
+                    raise
                 except Exception as exc:
                     log.warning("skipping checkpoint %s: cannot be loaded (%s)", path, exc)
                     continue
@@ -418,7 +532,7 @@ class CheckpointManager:
         return None
 
     def restore(
-        self, targets: Mapping[str, Any], *, weights_only: bool | None = None, sync: bool = True
+        self, targets: Mapping[str, Any], *, weights_only: bool = True, sync: bool = True
     ) -> Checkpoint | None:
         """Load the newest checkpoint into ``targets`` (by key, via ``load_state_dict``).
 
@@ -430,11 +544,12 @@ class CheckpointManager:
         the ranks agree on the newest step any of them has, and ranks without it
         (a node that joined with an empty node-local directory) receive it over
         the process group from the lowest rank that has it; their writers commit
-        it locally. So all ranks always resume from the same step.
+        it locally. So all ranks always resume from the same step. Bytes from a peer
+        are loaded as ``weights_only`` says, like files (see :meth:`load_latest`).
         """
         ckpt = self.load_latest(weights_only=weights_only)
         if sync:
-            ckpt = self._agree(ckpt)
+            ckpt = self._agree(ckpt, weights_only)
         if ckpt is None:
             return None
         for key, target in targets.items():
@@ -451,7 +566,7 @@ class CheckpointManager:
         self._step = self._saved_step = ckpt.step
         return ckpt
 
-    def _agree(self, ckpt: Checkpoint | None) -> Checkpoint | None:
+    def _agree(self, ckpt: Checkpoint | None, weights_only: bool = True) -> Checkpoint | None:
         """Make every rank hold the newest step any rank has."""
         import torch.distributed as dist
 
@@ -468,7 +583,7 @@ class CheckpointManager:
         received = broadcast_bytes(data, src, device)
         if ckpt is not None and ckpt.step == newest:
             return ckpt
-        state = deserialize(received)
+        state = deserialize(received, weights_only, source=f"step {newest} from rank {src}")
         log.warning(
             "checkpoint step %d received from rank %d (this rank had %s)",
             newest,

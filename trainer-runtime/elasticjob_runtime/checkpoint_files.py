@@ -1,13 +1,17 @@
 """Checkpoint files: names, commit markers, durable writes, verified reads, pruning.
 
 On disk a checkpoint is ``step-<step>.pt`` plus ``step-<step>.pt.commit``, a small
-JSON marker with the size and SHA-256 of the data file. Both are written as temp
-file, fsync, rename, fsync of the directory, and the marker only after the data file
-is durable, so a checkpoint without its marker is a save that did not finish.
+JSON marker with the size and SHA-256 of the data file and the identity of the job that
+wrote it (:mod:`elasticjob_runtime.job_identity`). Both are written as temp file, fsync,
+rename, fsync of the directory, and the marker only after the data file is durable, so a
+checkpoint without its marker is a save that did not finish. A write that fails (a full
+or read-only filesystem) removes its temp file and, if the marker failed, the data file:
+what was committed before stays as it was.
 
-Also where this pod's node-memory copy lives (``/dev/shm/elasticjob/<run>/<pod>``) and
-how much room its filesystem has. Bytes in, bytes out, no torch:
-:mod:`elasticjob_runtime.checkpoint` turns training state into those bytes and back.
+Also where this pod's node-memory copy lives (``/dev/shm/elasticjob/<job>/<pod>``, made
+0700, the job part named by its identity) and how much room its filesystem has. Bytes
+in, bytes out, no torch: :mod:`elasticjob_runtime.checkpoint` turns training state into
+those bytes and back.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from elasticjob_runtime import contract
+from elasticjob_runtime.job_identity import directory_name
 
 _DATA_RE = re.compile(r"^step-(\d+)\.pt$")
 MARKER_SUFFIX = ".commit"
@@ -44,6 +49,7 @@ class CommitRecord:
     file: str
     size: int
     sha256: str
+    job: str = ""  # identity of the job that wrote it ("": a runtime before identities)
 
     def to_bytes(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
@@ -56,6 +62,7 @@ class CommitRecord:
             file=str(doc["file"]),
             size=int(doc["size"]),
             sha256=doc["sha256"],
+            job=str(doc.get("job") or ""),
         )
         if record.file != checkpoint_name(record.step):
             raise ValueError(f"marker names {record.file!r} for step {record.step}")
@@ -88,13 +95,45 @@ def write_atomic(directory: Path, name: str, data: bytes) -> Path:
     return target
 
 
-def commit(directory: Path, step: int, data: bytes) -> Path:
-    """Write one checkpoint: data file, then its marker. Returns the data file's path."""
-    directory.mkdir(parents=True, exist_ok=True)
+def make_private_dirs(directory: Path, shared: Path | None = None) -> None:
+    """Create ``directory`` and its missing parents 0700 (whatever the umask), but
+    ``shared`` (a parent every user's jobs use, ``/dev/shm/elasticjob``) 1777 like /tmp."""
+    missing = [d for d in (directory, *directory.parents) if not d.is_dir()]
+    for d in reversed(missing):
+        mode = 0o1777 if d == shared else 0o700
+        with contextlib.suppress(FileExistsError):
+            d.mkdir(mode=mode)
+            os.chmod(d, mode)
+
+
+def commit(
+    directory: Path,
+    step: int,
+    data: bytes,
+    *,
+    job: str = "",
+    private: bool = False,
+    shared: Path | None = None,
+) -> Path:
+    """Write one checkpoint: data file, then its marker. Returns the data file's path.
+
+    ``private`` creates missing directories as :func:`make_private_dirs` does. When the
+    marker cannot be written the data file goes too (it would only hold the space a full
+    filesystem lacks).
+    """
+    if private:
+        make_private_dirs(directory, shared)
+    else:
+        directory.mkdir(parents=True, exist_ok=True)
     name = checkpoint_name(step)
     path = write_atomic(directory, name, data)
-    record = CommitRecord(step, name, len(data), hashlib.sha256(data).hexdigest())
-    write_atomic(directory, name + MARKER_SUFFIX, record.to_bytes())
+    record = CommitRecord(step, name, len(data), hashlib.sha256(data).hexdigest(), job)
+    try:
+        write_atomic(directory, name + MARKER_SUFFIX, record.to_bytes())
+    except BaseException:
+        with contextlib.suppress(OSError):
+            path.unlink()
+        raise
     return path
 
 
@@ -124,8 +163,11 @@ def read_record(directory: Path, step: int) -> CommitRecord:
     )
 
 
-def read_verified(directory: Path, step: int) -> tuple[bytes | None, str]:
-    """The checkpoint's bytes if complete and intact, else ``(None, reason)``."""
+def read_verified(directory: Path, step: int, job: str | None = None) -> tuple[bytes | None, str]:
+    """The checkpoint's bytes if complete and intact, else ``(None, reason)``.
+
+    With ``job``, a checkpoint another job wrote is refused before its data is read.
+    """
     path = directory / checkpoint_name(step)
     try:
         record = read_record(directory, step)
@@ -133,6 +175,8 @@ def read_verified(directory: Path, step: int) -> tuple[bytes | None, str]:
         return None, "no commit marker (the save did not finish)"
     except (OSError, ValueError, KeyError) as exc:
         return None, f"unreadable commit marker ({exc})"
+    if job is not None and record.job != job:
+        return None, f"written by another job ({record.job or 'unnamed'!r}; this is {job!r})"
     try:
         data = path.read_bytes()
     except FileNotFoundError:
@@ -146,11 +190,15 @@ def read_verified(directory: Path, step: int) -> tuple[bytes | None, str]:
     return data, ""
 
 
-def prune(directory: Path, keep: int) -> None:
-    """Keep the newest ``keep`` committed checkpoints; drop older ones and dead partial saves."""
+def prune(directory: Path, keep: int, protect: int | None = None) -> None:
+    """Keep the newest ``keep`` committed checkpoints; drop older ones and dead partial saves.
+
+    Call it after a commit, with that step as ``protect``: it is never removed, even
+    when the directory holds newer steps (an earlier run's, or another job's).
+    """
     steps = steps_on_disk(directory)
     committed = sorted((s for s, marked in steps.items() if marked), reverse=True)
-    doomed = committed[keep:]
+    doomed = [s for s in committed[keep:] if s != protect]
     if committed:  # a data file without marker older than a commit is an abandoned save
         doomed += [s for s, marked in steps.items() if not marked and s < committed[0]]
     for step in doomed:
@@ -159,18 +207,21 @@ def prune(directory: Path, keep: int) -> None:
                 (directory / name).unlink()
 
 
-def default_memory_dir(run_id: str | None = None) -> Path | None:
-    """``/dev/shm/elasticjob/<run>/<pod>``, or None where there is no /dev/shm."""
+def default_memory_dir(job: str) -> Path | None:
+    """``/dev/shm/elasticjob/<job>/<pod>``, or None where there is no /dev/shm.
+
+    ``<job>`` is named by the job's identity, never by the run id alone: torchrun's
+    default run id is ``none`` for every job, and pods that share a node's /dev/shm
+    (``hostIPC``, plain torchrun) would otherwise share the directory.
+    """
     raw = os.environ.get(contract.CHECKPOINT_MEMORY_DIR, DEFAULT_MEMORY_ROOT)
     if raw.strip().lower() in ("", "off", "none", "0"):
         return None
     root = Path(raw)
     if not root.is_dir():
         return None
-    run = run_id or os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get(contract.RDZV_ID)
     pod = os.environ.get(contract.POD_NAME) or socket.gethostname()
-    safe = [re.sub(r"[^A-Za-z0-9_.-]", "_", part) for part in (run or "default", pod)]
-    return root / "elasticjob" / safe[0] / safe[1]
+    return root / "elasticjob" / directory_name(job) / re.sub(r"[^A-Za-z0-9_.-]", "_", pod)
 
 
 def filesystem_space(path: Path) -> tuple[int | None, int | None]:

@@ -70,6 +70,7 @@ from elasticjob_runtime.checkpoint import (
     serialize,
     state_to_save,
 )
+from elasticjob_runtime.job_identity import current_job, directory_name
 from elasticjob_runtime.progress import reporter_from_env
 from elasticjob_runtime.round_group import RoundGroup, round_group
 from elasticjob_runtime.sampler import ElasticSampler
@@ -128,8 +129,11 @@ def _solo_env() -> None:
 
 
 def default_checkpoint_dir() -> Path:
-    run = os.environ.get("TORCHELASTIC_RUN_ID") or "local"
-    return Path(tempfile.gettempdir()) / "elasticjob-checkpoints" / run
+    """Per job (job_identity.py), not per run id: torchrun's default run id is ``none``
+    for every job, and two jobs on one machine must not resume each other."""
+    launched = "TORCHELASTIC_RUN_ID" in os.environ
+    job = directory_name(current_job()) if launched else "local"
+    return Path(tempfile.gettempdir()) / "elasticjob-checkpoints" / job
 
 
 @dataclass
@@ -398,8 +402,7 @@ class Run:
         self.sampler.advance(self.world_size * self._batch_size)
         self.ckpt.mark_step(self.global_step)  # after SIGTERM: saves this step and exits 143
         if self.global_step % self.checkpoint_interval == 0:
-            self.ckpt.save(self._state(), self.global_step)
-            self._saved_step = self.global_step
+            self.save()
         if self.reporter is not None:
             self.reporter.update(
                 self.global_step,
@@ -407,13 +410,15 @@ class Run:
                 epoch=self.sampler.epoch,
                 checkpoint_step=self._saved_step,
                 world_size=self.world_size,
+                checkpoint_error=self.ckpt.save_error,
             )
 
     def save(self) -> None:
         """Checkpoint the current step now (e.g. at an epoch's end), besides the interval."""
         if self._saved_step != self.global_step:
             self.ckpt.save(self._state(), self.global_step)
-            self._saved_step = self.global_step
+            if self.ckpt.save_error is None:  # a full or read-only directory: try again later
+                self._saved_step = self.global_step
 
     # -- regrouping
 

@@ -129,10 +129,17 @@ class ProgressReporter:
         epoch: int | None = None,
         checkpoint_step: int | None = None,
         world_size: int | None = None,
+        checkpoint_error: str | None = None,
     ) -> None:
-        """Record a finished step of ``samples`` samples (all ranks); never waits for etcd."""
+        """Record a finished step of ``samples`` samples (all ranks); never waits for etcd.
+
+        ``checkpoint_error`` is the failed save's line, if the newest failed (else cleared)."""
         rate = self._rate.add(samples, self._clock())
-        changes: dict[str, Any] = {"step": step, "samples_per_second": rate}
+        changes: dict[str, Any] = {
+            "step": step,
+            "samples_per_second": rate,
+            "checkpoint_error": checkpoint_error,
+        }
         if epoch is not None:
             changes["epoch"] = epoch
         if checkpoint_step is not None:

@@ -27,6 +27,7 @@ class Progress:
     updated: float  # unix time of the publish
     epoch: int | None = None
     checkpoint_step: int | None = None
+    checkpoint_error: str | None = None  # why the newest save failed; None once one works
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,7 @@ def decode_progress(raw: bytes) -> Progress:
         updated=_float(doc, "updated"),
         epoch=_opt_int(doc, "epoch"),
         checkpoint_step=_opt_int(doc, "checkpoint_step"),
+        checkpoint_error=_opt_str(doc, "checkpoint_error"),
     )
 
 
@@ -115,6 +117,13 @@ def _int(doc: dict[str, Any], name: str) -> int:
 def _opt_int(doc: dict[str, Any], name: str) -> int | None:
     value = _number(doc, name)
     return None if value is None else int(value)
+
+
+def _opt_str(doc: dict[str, Any], name: str) -> str | None:
+    value = doc.get(name)
+    if value is None or isinstance(value, str):
+        return value
+    raise ValueError(f"{name!r} must be a string, got {value!r}")
 
 
 def _float(doc: dict[str, Any], name: str, default: float | None = None) -> float:

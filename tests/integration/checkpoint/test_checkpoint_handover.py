@@ -22,6 +22,8 @@ from pathlib import Path
 import pytest
 from conftest import EtcdServer, launcher_argv
 
+from elasticjob_runtime.job_identity import directory_name
+
 pytestmark = pytest.mark.integration
 
 BOUND_S = 240.0
@@ -116,7 +118,8 @@ def test_restarted_worker_group_reloads_from_node_memory_without_disk(
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-        memory = MEMORY_ROOT / "elasticjob" / run_id
+        # keyed by the job: run id and the agent's rendezvous endpoint (job_identity.py)
+        memory = MEMORY_ROOT / "elasticjob" / directory_name(f"torchrun/{run_id}@{etcd.endpoint}")
         kept = sorted(p.name for p in memory.rglob("*")) if memory.exists() else []
         shutil.rmtree(memory, ignore_errors=True)
     tail = log.read_text(errors="replace")[-3000:]

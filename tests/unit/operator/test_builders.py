@@ -88,6 +88,7 @@ def test_worker_env_is_the_contract() -> None:
     assert env[contract.RDZV_CONF]["value"] == "close_timeout=5,join_timeout=900"
     assert env[contract.JOB_NAME]["value"] == "train"
     assert env[contract.JOB_NAMESPACE]["value"] == "ml"
+    assert env[contract.JOB_UID]["value"] == "uid-1"  # the job identity of its checkpoints
     assert env[contract.POD_NAME]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
     assert env[contract.POD_IP]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
     assert env[contract.NODE_NAME]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"

@@ -649,6 +649,11 @@ def test_progress_reads_the_runtimes_record() -> None:
     assert (p.step, p.world_size, p.epoch, p.checkpoint_step) == (42, 6, 2, 40)
     assert (p.samples_per_second, p.trainer_restarts) == (100.5, 1)
     assert p.update_time == T0 + timedelta(seconds=3)
+    assert p.checkpoint_error is None
+    failing = {**record, "checkpoint_error": "checkpoint step 42 not saved in /ckpt: EROFS"}
+    p = progress_of(json.dumps(failing).encode())
+    assert p is not None and p.checkpoint_error == failing["checkpoint_error"]
+    assert p.model_dump(by_alias=True)["checkpointError"] == failing["checkpoint_error"]
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from elasticjob_runtime.checkpoint import CheckpointError, CheckpointManager
+from elasticjob_runtime.checkpoint import (
+    CheckpointError,
+    CheckpointManager,
+    UnsafeCheckpointError,
+    deserialize,
+    serialize,
+)
 from elasticjob_runtime.checkpoint_files import checkpoint_name, committed_steps
 from elasticjob_runtime.progress import memory_fallback_reporter_from_env
 from elasticjob_runtime.records import MemoryFallback
@@ -18,7 +24,7 @@ from elasticjob_runtime.sampler import ElasticSampler
 
 @dataclass
 class Extra:
-    """Picklable extra state that the safe (weights_only) loader cannot read."""
+    """Picklable extra state that the safe (weights_only) loader reads once registered."""
 
     note: str
     losses: list[float]
@@ -58,9 +64,10 @@ def test_restore_brings_back_model_optimizer_sampler_and_extra_state(tmp_path: P
 
     model2, sampler2 = make_model(seed=1), ElasticSampler(100, 0, 1, seed=3)
     opt2 = torch.optim.Adam(model2.parameters(), lr=0.01)
-    ckpt = manager(tmp_path, memory=False).restore(
-        {"model": model2, "optim": opt2, "sampler": sampler2}
-    )
+    with torch.serialization.safe_globals([Extra]):  # the user vouches for their class
+        ckpt = manager(tmp_path, memory=False).restore(
+            {"model": model2, "optim": opt2, "sampler": sampler2}
+        )
     assert ckpt is not None and ckpt.step == 3
     assert same_params(model, model2)
     assert opt2.state_dict()["state"][0]["step"] == 3
@@ -301,3 +308,99 @@ def test_directory_comes_from_the_environment(
     assert mgr.memory_dir is None
     mgr.save({"x": torch.zeros(1)}, 4)
     assert committed_steps(tmp_path / "env-ckpt") == [4]
+
+
+def leave_mark(path: str) -> str:
+    """What a hostile checkpoint would run on load: here it only leaves a file."""
+    Path(path).write_text("code ran")
+    return "loaded"
+
+
+class RunsCodeOnLoad:
+    """Unpickling this calls ``leave_mark`` (any callable could be named instead)."""
+
+    def __init__(self, mark: Path) -> None:
+        self.mark = str(mark)
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (leave_mark, (self.mark,))
+
+
+def test_a_checkpoint_that_would_run_code_is_refused_and_the_code_never_runs(
+    tmp_path: Path,
+) -> None:
+    mark = tmp_path / "mark"
+    manager(tmp_path).save({"x": torch.ones(2), "evil": RunsCodeOnLoad(mark)}, 5)
+    with pytest.raises(UnsafeCheckpointError) as refused:
+        manager(tmp_path).restore({})
+    message = str(refused.value)
+    assert "needs test_checkpoint.leave_mark" in message
+    assert str(tmp_path / "shm" / checkpoint_name(5)) in message
+    assert "weights_only=False" in message and "add_safe_globals" in message
+    assert not mark.exists()
+    with pytest.raises(UnsafeCheckpointError):  # the disk copy is refused alike
+        manager(tmp_path, memory=False).load_latest()
+    assert not mark.exists()
+
+
+def test_bytes_from_a_peer_are_never_unpickled_unless_allowed(tmp_path: Path) -> None:
+    mark = tmp_path / "mark"
+    data = serialize({"evil": RunsCodeOnLoad(mark)})
+    with pytest.raises(UnsafeCheckpointError, match="checkpoint step 9 from rank 0 needs"):
+        deserialize(data, source="step 9 from rank 0")
+    assert not mark.exists()
+
+
+def test_weights_only_false_loads_a_trusted_checkpoint(tmp_path: Path) -> None:
+    mark = tmp_path / "mark"
+    manager(tmp_path).save({"evil": RunsCodeOnLoad(mark)}, 5)
+    ckpt = manager(tmp_path).load_latest(weights_only=False)
+    assert ckpt is not None and ckpt.state["evil"] == "loaded"
+    assert mark.read_text() == "code ran"  # the opt-in really unpickles
+
+
+def test_the_runtimes_own_state_loads_with_the_safe_loader(tmp_path: Path) -> None:
+    model = make_model()
+    opts = [
+        torch.optim.Adam(model.parameters(), lr=0.01),
+        torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+        torch.optim.AdamW(model.parameters(), lr=0.01),
+    ]
+    sched = torch.optim.lr_scheduler.StepLR(opts[1], step_size=2)
+    for opt in opts:
+        train_step(model, opt)
+    sched.step()
+    sampler = ElasticSampler(100, 0, 1, seed=3)
+    run = {"step": 3, "samples": 48, "meta": {"best": 1.5, "note": "x", "hist": [1, 2]}}
+    state = {"model": model, "sampler": sampler, "sched": sched, "run": run}
+    state.update({f"opt{i}": opt for i, opt in enumerate(opts)})
+    manager(tmp_path).save(state, 3)
+    ckpt = manager(tmp_path, memory=False).load_latest()  # weights_only=True throughout
+    assert ckpt is not None and ckpt.state["run"] == run
+    assert ckpt.state["sched"]["last_epoch"] == 1
+
+
+def test_a_node_memory_checkpoint_of_another_job_is_skipped_in_one_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    manager(tmp_path, job="torchrun/none@a:1").save({"x": torch.tensor([1.0])}, 8)
+    manager(tmp_path, job="torchrun/none@b:1", memory=False).save({"x": torch.tensor([2.0])}, 2)
+    for f in (tmp_path / "ckpt").iterdir():
+        if f.name.startswith(checkpoint_name(8)):
+            f.unlink()  # job a's disk copy is elsewhere; its memory copy sits in b's way
+    with caplog.at_level(logging.WARNING, logger="elasticjob_runtime.checkpoint"):
+        ckpt = manager(tmp_path, job="torchrun/none@b:1").load_latest()
+    assert ckpt is not None and ckpt.step == 2 and float(ckpt.state["x"][0]) == 2.0
+    assert [r.getMessage() for r in caplog.records] == [
+        f"skipping checkpoint {tmp_path / 'shm' / checkpoint_name(8)}: written by another "
+        "job ('torchrun/none@a:1'; this is 'torchrun/none@b:1')"
+    ]
+
+
+def test_a_checkpoint_directory_you_name_is_read_whoever_wrote_it(tmp_path: Path) -> None:
+    """A re-created job (new uid) resumes from the directory its predecessor used."""
+    old = CheckpointManager(tmp_path / "ckpt", memory=False, writer=True, job="k8s/ml/u1/u1")
+    old.save({"x": torch.tensor([4.0])}, 40)
+    new = CheckpointManager(tmp_path / "ckpt", memory=False, job="k8s/ml/u2/u2")
+    ckpt = new.load_latest()
+    assert ckpt is not None and ckpt.step == 40

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import stat
 from pathlib import Path
 
 import pytest
@@ -48,11 +49,54 @@ def test_a_marker_naming_another_step_is_refused() -> None:
         CommitRecord.from_bytes(wrong.to_bytes())
 
 
-def test_node_memory_directory_is_per_run_and_pod(
+def test_node_memory_directory_is_per_job_and_pod(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("ELASTICJOB_CHECKPOINT_MEMORY_DIR", str(tmp_path))
     monkeypatch.setenv("ELASTICJOB_POD_NAME", "job-worker-1")
-    assert default_memory_dir("uid/1") == tmp_path / "elasticjob" / "uid_1" / "job-worker-1"
+    one = default_memory_dir("torchrun/none@10.0.0.1:2379")
+    other = default_memory_dir("torchrun/none@10.0.0.2:2379")
+    assert one is not None and other is not None and one != other  # same run id "none"
+    assert one.parent.parent == tmp_path / "elasticjob" and one.name == "job-worker-1"
+    assert one.parent.name.startswith("none-")
+    assert default_memory_dir("torchrun/none@10.0.0.1:2379") == one  # stable: restarts find it
     monkeypatch.setenv("ELASTICJOB_CHECKPOINT_MEMORY_DIR", "off")
-    assert default_memory_dir("uid/1") is None
+    assert default_memory_dir("k8s/ml/uid/uid") is None
+
+
+def test_private_directories_are_0700_and_the_shared_root_1777(tmp_path: Path) -> None:
+    shared = tmp_path / "elasticjob"
+    memory = shared / "job-0123" / "pod-a"
+    commit(memory, 1, b"state", job="job", private=True, shared=shared)
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o1777
+    assert stat.S_IMODE(memory.parent.stat().st_mode) == 0o700
+    assert stat.S_IMODE(memory.stat().st_mode) == 0o700
+
+
+def test_a_checkpoint_of_another_job_is_refused_before_its_data_is_read(tmp_path: Path) -> None:
+    commit(tmp_path, 3, b"theirs", job="torchrun/none@a:1")
+    assert read_verified(tmp_path, 3, "torchrun/none@a:1") == (b"theirs", "")
+    data, reason = read_verified(tmp_path, 3, "torchrun/none@b:1")
+    assert data is None
+    assert reason == "written by another job ('torchrun/none@a:1'; this is 'torchrun/none@b:1')"
+    assert read_verified(tmp_path, 3) == (b"theirs", "")  # no job given: not checked
+
+
+def test_a_failed_marker_write_leaves_nothing_and_keeps_the_last_commit(tmp_path: Path) -> None:
+    commit(tmp_path, 1, b"good")
+    (tmp_path / (checkpoint_name(2) + ".commit")).mkdir()  # the marker's rename must fail
+    with pytest.raises(OSError):
+        commit(tmp_path, 2, b"newer")
+    assert not (tmp_path / checkpoint_name(2)).exists()  # its data file went too
+    assert [p.name for p in tmp_path.iterdir() if ".tmp." in p.name] == []  # and the temps
+    assert read_verified(tmp_path, 1) == (b"good", "")
+
+
+def test_prune_never_removes_the_step_just_committed(tmp_path: Path) -> None:
+    for step in (100, 200, 300):  # an earlier run's, in the directory a new run reuses
+        commit(tmp_path, step, b"old")
+    commit(tmp_path, 10, b"new")
+    prune(tmp_path, 3, protect=10)
+    assert committed_steps(tmp_path) == [10, 100, 200, 300]
+    prune(tmp_path, 1, protect=10)
+    assert committed_steps(tmp_path) == [10, 300]

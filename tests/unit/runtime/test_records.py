@@ -26,6 +26,22 @@ def test_progress_round_trips_and_ignores_fields_it_does_not_know() -> None:
     assert decode_progress(json.dumps(newer).encode()) == record
 
 
+def test_a_failed_save_travels_in_the_progress_record() -> None:
+    record = Progress(
+        step=9,
+        samples_per_second=1.0,
+        world_size=2,
+        restart_count=0,
+        updated=1.0,
+        checkpoint_step=3,
+        checkpoint_error="checkpoint step 9 not saved in /ckpt: ENOSPC (No space left on device)",
+    )
+    assert decode_progress(encode_progress(record)) == record
+    wrong = {**json.loads(encode_progress(record)), "checkpoint_error": 5}
+    with pytest.raises(ValueError, match="'checkpoint_error' must be a string"):
+        decode_progress(json.dumps(wrong).encode())
+
+
 def test_memory_fallback_round_trips() -> None:
     report = MemoryFallback("w-0", 20, 3 << 20, 1 << 20, 0, True, "no space", 9.0)
     assert decode_memory_fallback(encode_memory_fallback(report)) == report
