@@ -125,9 +125,11 @@ def _leaf(
     return builder.sign(ca_key, hashes.SHA256())
 
 
-def issue(job: str, namespace: str, service: str, now: datetime) -> IssuedCerts:
+def issue(job: str, namespace: str, service: str, workers: str, now: datetime) -> IssuedCerts:
     """A new CA for job ``namespace/job``, the etcd's server certificate for the Service
-    ``service`` (:func:`server_names`, 127.0.0.1) and the workers' client certificate.
+    ``service`` (:func:`server_names`, 127.0.0.1) and the workers' client certificate,
+    named for the workers' Service ``workers`` (a client certificate without a
+    subjectAltName is refused by strict verifiers).
 
     The client certificate may only connect (EKU clientAuth): a worker cannot pose as the
     job's etcd. The server certificate may serve and connect (serverAuth, clientAuth):
@@ -184,6 +186,7 @@ def issue(job: str, namespace: str, service: str, now: datetime) -> IssuedCerts:
         ca_key,
         [ExtendedKeyUsageOID.CLIENT_AUTH],
         now,
+        x509.SubjectAlternativeName([x509.DNSName(f"{workers}.{namespace}.svc")]),
     )
     return IssuedCerts(
         ca_cert=_pem_cert(ca),

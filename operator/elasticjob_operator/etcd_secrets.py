@@ -175,7 +175,13 @@ class EtcdSecrets:
         server = self._owned(ref, self._get(ns, server_name), server_name)
         client = self._owned(ref, self._get(ns, client_name), client_name)
         if server is None:
-            issued = etcd_certs.issue(ref.name, ns, builders.etcd_name(ref.name), self._clock())
+            issued = etcd_certs.issue(
+                ref.name,
+                ns,
+                builders.etcd_name(ref.name),
+                builders.worker_service_name(ref.name),
+                self._clock(),
+            )
             # client first: a server Secret never exists without the client one
             self._create(client_secret(ref, issued), replace=client is not None)
             if not self._create(server_secret(ref, issued)):

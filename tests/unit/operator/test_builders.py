@@ -426,9 +426,9 @@ def test_workers_get_the_client_secret_the_https_endpoint_and_the_tls_variables(
 def test_a_users_etcd_with_rdzv_tls_gets_its_secret_mounted() -> None:
     spec = make_spec(rdzvEndpoint="https://etcd.infra:2379", rdzvTLS={"secretName": "etcd-client"})
     pod = builders.worker_pod(REF, spec, 0, 0)
-    assert {"name": "elasticjob-etcd-tls", "secret": {"secretName": "etcd-client"}} in pod[
-        "spec"
-    ]["volumes"]
+    assert {"name": "elasticjob-etcd-tls", "secret": {"secretName": "etcd-client"}} in pod["spec"][
+        "volumes"
+    ]
     env = env_of(pod)
     assert env[contract.RDZV_ENDPOINT]["value"] == "https://etcd.infra:2379"
     assert env[contract.ETCD_CERT]["value"] == "/etc/elasticjob/etcd-tls/tls.crt"
