@@ -109,6 +109,10 @@ def _kv(raw: Any) -> KeyValue:
 
 
 def _describe(exc: BaseException) -> str:
+    for e in (exc.__context__, exc.__cause__):  # the gRPC error pyetcd replaced
+        if not isinstance(exc, grpc.RpcError) and isinstance(e, grpc.RpcError):
+            exc = e
+            break
     if isinstance(exc, grpc.RpcError):
         details = exc.details() if hasattr(exc, "details") else ""
         return f"{exc.code().name}: {details}" if hasattr(exc, "code") else str(exc)
@@ -123,14 +127,27 @@ def _grpc_details(exc: BaseException) -> str:
     return ""
 
 
-def plain_text_hint(details: str) -> str:
-    """What to add when etcd closed a plain-text connection: it may want TLS (or it was
-    restarting, so this is a hint, not a verdict)."""
-    if "Socket closed" not in details:
+def connection_hint(details: str, tls: TLSCredentials | None) -> str:
+    """What to add when etcd closed or reset the connection: it may want TLS, or a client
+    certificate, or refused ours; or it was restarting. So a hint, not a verdict (a TLS
+    alert that a reset overtook on the way reads the same)."""
+    if not any(s in details for s in ("Socket closed", "Connection reset", "connection reset")):
         return ""
+    if tls is None:
+        return (
+            "; if etcd serves TLS, use an https:// endpoint and set ELASTICJOB_ETCD_CACERT, "
+            "ELASTICJOB_ETCD_CERT and ELASTICJOB_ETCD_KEY (or --rdzv-conf "
+            "cacert=...,cert=...,key=...)"
+        )
+    if tls.cert is None:
+        return (
+            "; etcd closed the TLS connection: if it asks for a client certificate (a job's "
+            "own etcd does), set ELASTICJOB_ETCD_CERT and ELASTICJOB_ETCD_KEY (or "
+            "--rdzv-conf cert=...,key=...)"
+        )
     return (
-        "; if etcd serves TLS, use an https:// endpoint and set ELASTICJOB_ETCD_CACERT, "
-        "ELASTICJOB_ETCD_CERT and ELASTICJOB_ETCD_KEY (or --rdzv-conf cacert=...,cert=...,key=...)"
+        "; etcd closed the TLS connection: if it refused the client certificate, check that "
+        f"{tls.cert_from} is signed by the CA etcd trusts (--trusted-ca-file)"
     )
 
 
@@ -152,7 +169,16 @@ def tls_problem(details: str, tls: TLSCredentials | None) -> str | None:
         )
     if "WRONG_VERSION_NUMBER" in details or "wrong version number" in details:
         return "etcd does not serve TLS there; use an http:// endpoint without TLS settings"
-    refused = ("BAD_CERTIFICATE", "CERTIFICATE_REQUIRED", "UNKNOWN_CA", "HANDSHAKE_FAILURE")
+    # TLS 1.3: the client may finish its handshake before etcd checks its certificate;
+    # etcd's alert then arrives where data was expected ("Unwrap failed").
+    refused = (
+        "BAD_CERTIFICATE",
+        "CERTIFICATE_REQUIRED",
+        "UNKNOWN_CA",
+        "HANDSHAKE_FAILURE",
+        "Unwrap failed",
+        "TSI_DATA_CORRUPTED",
+    )
     if any(alert in details for alert in refused):
         if tls.cert is None:
             return (
@@ -230,7 +256,7 @@ class EtcdClient:
         tls_error = self._tls_error(exc)
         if tls_error is not None:
             return tls_error
-        hint = plain_text_hint(_grpc_details(exc)) if self.tls is None else ""
+        hint = connection_hint(_grpc_details(exc), self.tls)
         return EtcdError(f"etcd at {self.where}: {what} failed ({_describe(exc)}){hint}")
 
     def check(self) -> str:
@@ -241,7 +267,7 @@ class EtcdClient:
             tls_error = self._tls_error(exc)
             if tls_error is not None:
                 raise tls_error from exc
-            hint = plain_text_hint(_grpc_details(exc)) if self.tls is None else ""
+            hint = connection_hint(_grpc_details(exc), self.tls)
             raise EtcdError(
                 f"cannot reach etcd at {self.where} ({_describe(exc)}); start etcd there "
                 f"or point --rdzv-endpoint / PET_RDZV_ENDPOINT at a running etcd{hint}"

@@ -9,7 +9,12 @@ from pathlib import Path
 import pytest
 
 from elasticjob_runtime import contract
-from elasticjob_runtime.etcd_client import EtcdError, TLSCredentials, tls_problem
+from elasticjob_runtime.etcd_client import (
+    EtcdError,
+    TLSCredentials,
+    connection_hint,
+    tls_problem,
+)
 from elasticjob_runtime.etcd_tls import (
     EtcdTLS,
     credentials,
@@ -133,9 +138,26 @@ def test_handshake_failures_say_which_side_refused_and_what_to_check() -> None:
     assert "etcd refused the client certificate; check that ELASTICJOB_ETCD_CERT=/t/tls.crt" in (
         str(tls_problem(refused, creds))
     )
+    # TLS 1.3: etcd's alert after the client's handshake reaches gRPC as data it cannot read
+    late = "failed to connect to all addresses; last error: UNAVAILABLE: ipv4:10.96.0.5:2379: "
+    late += "Unwrap failed (TSI_DATA_CORRUPTED)"
+    assert "etcd refused the client certificate" in str(tls_problem(late, creds))
     no_cert = TLSCredentials(ca=b"x")
     assert "etcd asks for a client certificate and none was given" in str(
         tls_problem(refused, no_cert)
     )
     assert tls_problem("Connection refused", creds) is None  # etcd down: not a TLS problem
     assert tls_problem(refused, None) is None
+
+
+def test_a_closed_connection_is_a_hint_at_the_settings_not_a_verdict() -> None:
+    closed = "failed to connect to all addresses; last error: UNAVAILABLE: ipv4:1.2.3.4:2379: "
+    plain = connection_hint(closed + "Socket closed", None)
+    assert plain.startswith("; if etcd serves TLS, use an https:// endpoint")
+    no_cert = connection_hint(closed + "Connection reset by peer", TLSCredentials(ca=b"x"))
+    assert "if it asks for a client certificate (a job's own etcd does), set " in no_cert
+    theirs = TLSCredentials(ca=b"x", cert=b"y", key=b"z", cert_from="--rdzv-conf cert=/o/t.crt")
+    assert "check that --rdzv-conf cert=/o/t.crt is signed by the CA etcd trusts" in (
+        connection_hint(closed + "Socket closed", theirs)
+    )
+    assert connection_hint(closed + "Connection refused", theirs) == ""  # etcd is down
