@@ -26,6 +26,17 @@ MANAGER: Final = "elasticjob-operator"
 ROLE_WORKER: Final = "worker"
 ROLE_ETCD: Final = "etcd"
 ETCD_DATA_DIR: Final = "/var/lib/etcd"
+# The provisioned etcd speaks mutual TLS (elasticjob_operator.etcd_secrets): its server
+# Secret is mounted here in the etcd pod, the client Secret (or spec.rdzvTLS's) in workers.
+ETCD_TLS_DIR: Final = "/etc/etcd/tls"
+WORKER_ETCD_TLS_DIR: Final = "/etc/elasticjob/etcd-tls"
+ETCD_TLS_VOLUME: Final = "elasticjob-etcd-tls"
+# the keys of both Secrets (and of spec.rdzvTLS's), as kubernetes.io/tls names them
+TLS_CA: Final = "ca.crt"
+TLS_CERT: Final = "tls.crt"
+TLS_KEY: Final = "tls.key"
+# /health without a client certificate, for the readiness probe (serves no keys)
+ETCD_METRICS_PORT: Final = 2381
 SHM_VOLUME: Final = "elasticjob-shm"
 
 # Liveness and readiness probes on the health server elasticjob-run starts in every pod
@@ -81,6 +92,22 @@ def etcd_name(job: str) -> str:
     return f"{job}-etcd"
 
 
+def etcd_server_secret_name(job: str) -> str:
+    return f"{job}-etcd-server-tls"
+
+
+def etcd_client_secret_name(job: str) -> str:
+    return f"{job}-etcd-client-tls"
+
+
+def etcd_client_tls_secret(job: str, spec: models.ElasticJobSpec) -> str | None:
+    """The Secret with the CA and client certificate the workers (and the operator) use
+    for the rendezvous etcd: ours for the provisioned etcd, spec.rdzvTLS's, or none."""
+    if spec.provisions_etcd:
+        return etcd_client_secret_name(job)
+    return spec.rdzv_tls.secret_name if spec.rdzv_tls is not None else None
+
+
 def worker_selector(job: str) -> dict[str, str]:
     return {LABEL_JOB: job, LABEL_ROLE: ROLE_WORKER}
 
@@ -101,7 +128,7 @@ def rdzv_endpoint(ref: JobRef, spec: models.ElasticJobSpec) -> str:
     if spec.rdzv_backend is models.RdzvBackend.C10D:
         host = f"{worker_pod_name(ref.name, 0)}.{worker_service_name(ref.name)}.{ref.namespace}.svc"
         return f"{host}:{models.C10D_PORT}"
-    return f"{etcd_name(ref.name)}.{ref.namespace}.svc:{contract.DEFAULT_ETCD_PORT}"
+    return f"https://{etcd_name(ref.name)}.{ref.namespace}.svc:{contract.DEFAULT_ETCD_PORT}"
 
 
 def _meta(ref: JobRef, name: str, labels: dict[str, str]) -> Obj:
@@ -130,9 +157,23 @@ def worker_env(ref: JobRef, spec: models.ElasticJobSpec, incarnation: int) -> li
         {"name": contract.NPROC_PER_NODE, "value": str(spec.nproc_per_node)},
         {"name": contract.MAX_RESTARTS, "value": str(spec.max_restarts)},
     ]
-    if spec.rdzv_conf:
-        conf = ",".join(f"{k}={v}" for k, v in sorted(spec.rdzv_conf.items()))
+    tls = etcd_client_tls_secret(ref.name, spec) is not None
+    files = {
+        contract.ETCD_CACERT: posixpath.join(WORKER_ETCD_TLS_DIR, TLS_CA),
+        contract.ETCD_CERT: posixpath.join(WORKER_ETCD_TLS_DIR, TLS_CERT),
+        contract.ETCD_KEY: posixpath.join(WORKER_ETCD_TLS_DIR, TLS_KEY),
+    }
+    rdzv_conf = dict(spec.rdzv_conf or {})
+    if tls and spec.rdzv_backend is models.RdzvBackend.ETCD:
+        # torch's own etcd rendezvous reads its TLS from rdzv_conf only
+        torch_keys = ("cacert", "cert", "key")
+        torch_tls = dict(zip(torch_keys, files.values(), strict=True))
+        rdzv_conf = {"protocol": "https", **torch_tls, **rdzv_conf}
+    if rdzv_conf:
+        conf = ",".join(f"{k}={v}" for k, v in sorted(rdzv_conf.items()))
         env.append({"name": contract.RDZV_CONF, "value": conf})
+    if tls:
+        env += [{"name": name, "value": path} for name, path in files.items()]
     env += [
         {"name": contract.JOB_NAME, "value": ref.name},
         {"name": contract.JOB_NAMESPACE, "value": ref.namespace},
@@ -175,6 +216,8 @@ def worker_pod(ref: JobRef, spec: models.ElasticJobSpec, index: int, incarnation
     pod_spec["hostname"] = name
     pod_spec["subdomain"] = worker_service_name(ref.name)
     add_shm_volume(pod_spec, spec.shm_size)
+    if (secret := etcd_client_tls_secret(ref.name, spec)) is not None:
+        add_secret_volume(pod_spec, secret, WORKER_ETCD_TLS_DIR)
     add_node_lost_tolerations(pod_spec)
     pod_security.restrict(pod_spec)
     if HEALTH_PROBES:
@@ -283,6 +326,21 @@ def add_shm_volume(pod_spec: Obj, size: str) -> None:
         container["volumeMounts"] = [*(container.get("volumeMounts") or []), mount]
 
 
+def add_secret_volume(pod_spec: Obj, secret: str, path: str) -> None:
+    """Mount Secret ``secret`` read-only at ``path`` in every container, in place (the
+    default file mode: a container that runs as another user than root reads it too)."""
+    taken = {v.get("name") for v in pod_spec.get("volumes") or []}
+    name, n = ETCD_TLS_VOLUME, 1
+    while name in taken:
+        n += 1
+        name = f"{ETCD_TLS_VOLUME}-{n}"
+    volume = {"name": name, "secret": {"secretName": secret}}
+    pod_spec["volumes"] = [*(pod_spec.get("volumes") or []), volume]
+    for container in pod_spec.get("containers") or []:
+        mount = {"name": name, "mountPath": path, "readOnly": True}
+        container["volumeMounts"] = [*(container.get("volumeMounts") or []), mount]
+
+
 def worker_service(ref: JobRef) -> Obj:
     """Headless Service giving every worker pod a stable DNS name (and c10d's port)."""
     return {
@@ -321,12 +379,16 @@ def etcd_service(ref: JobRef) -> Obj:
 def etcd_deployment(ref: JobRef, spec: models.ElasticJobSpec) -> Obj:
     """A single-member etcd for the job's rendezvous (state lives as long as the job).
 
-    Recreate strategy: two members with one data dir would not be a cluster.
+    Recreate strategy: two members with one data dir would not be a cluster. Clients
+    speak mutual TLS: only a certificate from the job's own CA (the workers' client
+    Secret) is accepted; the server Secret is mounted here only.
     """
     settings = spec.etcd or models.EtcdSpec()
     name = etcd_name(ref.name)
     port = contract.DEFAULT_ETCD_PORT
-    advertise = f"http://{name}.{ref.namespace}.svc:{port}"
+    metrics = ETCD_METRICS_PORT
+    advertise = f"https://{name}.{ref.namespace}.svc:{port}"
+    pod_ip = f"$({contract.POD_IP})"
     container: Obj = {
         "name": "etcd",
         "image": settings.image,
@@ -337,8 +399,14 @@ def etcd_deployment(ref: JobRef, spec: models.ElasticJobSpec) -> Obj:
         "args": [
             f"--name={name}",
             f"--data-dir={ETCD_DATA_DIR}",
-            f"--listen-client-urls=http://$({contract.POD_IP}):{port},http://127.0.0.1:{port}",
+            f"--listen-client-urls=https://{pod_ip}:{port},https://127.0.0.1:{port}",
             f"--advertise-client-urls={advertise}",
+            "--client-cert-auth",
+            f"--trusted-ca-file={ETCD_TLS_DIR}/{TLS_CA}",
+            f"--cert-file={ETCD_TLS_DIR}/{TLS_CERT}",
+            f"--key-file={ETCD_TLS_DIR}/{TLS_KEY}",
+            # plain http, /health and /metrics only: what the kubelet's probe can reach
+            f"--listen-metrics-urls=http://{pod_ip}:{metrics},http://127.0.0.1:{metrics}",
             "--listen-peer-urls=http://127.0.0.1:2380",
             "--initial-advertise-peer-urls=http://127.0.0.1:2380",
             f"--initial-cluster={name}=http://127.0.0.1:2380",
@@ -347,14 +415,20 @@ def etcd_deployment(ref: JobRef, spec: models.ElasticJobSpec) -> Obj:
             # grants the runtime's 1 s member leases (etcd's defaults raise them to 2 s)
             *contract.ETCD_FAST_LEASE_FLAGS,
         ],
-        "ports": [{"name": "client", "containerPort": port, "protocol": "TCP"}],
+        "ports": [
+            {"name": "client", "containerPort": port, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": metrics, "protocol": "TCP"},
+        ],
         # ready once it serves (has a leader): the Service sends workers only then
         "readinessProbe": {
-            "httpGet": {"path": "/health", "port": port},
+            "httpGet": {"path": "/health", "port": metrics},
             "periodSeconds": 2,
             "failureThreshold": 3,
         },
-        "volumeMounts": [{"name": "data", "mountPath": ETCD_DATA_DIR}],
+        "volumeMounts": [
+            {"name": "data", "mountPath": ETCD_DATA_DIR},
+            {"name": "tls", "mountPath": ETCD_TLS_DIR, "readOnly": True},
+        ],
         "securityContext": dict(pod_security.ETCD_CONTAINER_SECURITY),
     }
     if settings.resources:
@@ -372,7 +446,13 @@ def etcd_deployment(ref: JobRef, spec: models.ElasticJobSpec) -> Obj:
                 "spec": {
                     "securityContext": dict(pod_security.ETCD_POD_SECURITY),
                     "containers": [container],
-                    "volumes": [{"name": "data", "emptyDir": {}}],
+                    "volumes": [
+                        {"name": "data", "emptyDir": {}},
+                        {
+                            "name": "tls",
+                            "secret": {"secretName": etcd_server_secret_name(ref.name)},
+                        },
+                    ],
                 },
             },
         },

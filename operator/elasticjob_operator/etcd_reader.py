@@ -3,6 +3,9 @@
 The operator's only etcd I/O: the raw bytes, decoded by :mod:`elasticjob_operator.observe`.
 Every member of the endpoint list is tried (the rendezvous fails over between them too).
 An unreachable store reads as nothing: progress is a nicety and must not stop reconciling.
+The job's etcd speaks mutual TLS: the caller passes the client certificate
+(:meth:`elasticjob_operator.etcd_secrets.EtcdSecrets.client_credentials`), held in
+memory only and never logged.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import logging
 from dataclasses import dataclass
 
 from elasticjob_runtime import contract
-from elasticjob_runtime.etcd_client import EtcdClient, EtcdError, parse_endpoints
+from elasticjob_runtime.etcd_client import EtcdClient, EtcdError, TLSCredentials, parse_endpoints
 
 log = logging.getLogger(__name__)
 
@@ -23,15 +26,20 @@ class RunRecords:
 
 
 def read_run_records(
-    endpoint: str, run_id: str, memory_fallbacks: bool = True, timeout: float = 1.0
+    endpoint: str,
+    run_id: str,
+    memory_fallbacks: bool = True,
+    timeout: float = 1.0,
+    tls: TLSCredentials | None = None,
 ) -> RunRecords:
-    """The records of run ``run_id`` in the etcd at ``endpoint`` (``host:port[,...]``);
-    ``memory_fallbacks=False`` skips the reports (once said, they need no reading)."""
+    """The records of run ``run_id`` in the etcd at ``endpoint`` (``host:port[,...]``),
+    over TLS with ``tls``; ``memory_fallbacks=False`` skips the reports (once said, they
+    need no reading)."""
     # Any error reads as nothing, logged at debug: a store that is down or still starting
     # must not fail the round that replaces the job's workers.
     try:
         members = parse_endpoints(endpoint)
-        client = EtcdClient(members, timeout=timeout)
+        client = EtcdClient(members, timeout=timeout, tls=tls)
     except Exception as exc:
         log.debug("no progress from %r: %s", endpoint, exc)
         return RunRecords()

@@ -29,7 +29,15 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
-from elasticjob_operator import builders, etcd_reader, metrics, models, network_policy, observe
+from elasticjob_operator import (
+    builders,
+    etcd_reader,
+    etcd_secrets,
+    metrics,
+    models,
+    network_policy,
+    observe,
+)
 from elasticjob_operator.kube import Kube, load_config
 from elasticjob_operator.reconcile import Config, invalid_spec, reconcile
 from elasticjob_runtime.records import MemoryFallback
@@ -56,6 +64,7 @@ CONFIG = Config(
 )
 
 _kube: Kube | None = None
+_secrets: etcd_secrets.EtcdSecrets | None = None  # the jobs' etcd certificates (startup)
 # Jobs being reconciled right now -> a rerun was asked for meanwhile (None: no; else
 # whether that rerun should read progress). Coalesces bursts of events into one rerun.
 _busy: dict[tuple[str, str], bool | None] = {}
@@ -123,16 +132,25 @@ def _reconcile_locked(kube: Kube, namespace: str, name: str, read_progress: bool
     except ValidationError as exc:
         kube.apply(ref, job, invalid_spec(status, _validation_message(exc), now))
         return
+    secrets = _secrets or etcd_secrets.EtcdSecrets(kube.core)
+    if spec.provisions_etcd and not status.finished:
+        secrets.ensure(ref)  # before the etcd and the workers that mount them are created
     seen: models.Progress | None = None
     fallbacks: tuple[MemoryFallback, ...] = ()
     if read_progress and not status.finished and spec.rdzv_backend is not models.RdzvBackend.C10D:
         run = models.run_id(ref.uid, status.incarnation)
         said = status.node_memory_fallback
+        try:
+            tls = secrets.client_credentials(ref, spec)
+        except etcd_secrets.SecretsNotReady as exc:
+            log.debug("%s/%s: no progress: %s", namespace, name, exc)
+            tls = None
         records = etcd_reader.read_run_records(
             builders.rdzv_endpoint(ref, spec),
             run,
             # said once per run: no need to look again
             memory_fallbacks=said is None or said.run_id != run,
+            tls=tls,
         )
         seen = observe.progress_of(records.progress)
         fallbacks = observe.memory_fallbacks_of(records.memory_fallbacks)
@@ -172,7 +190,7 @@ def _sweep(kube: Kube) -> None:
 
 @kopf.on.startup()
 def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
-    global _kube, CONFIG
+    global _kube, CONFIG, _secrets
     settings.posting.level = logging.WARNING
     # One log line per decision (ours), not one per watch event or liveness probe.
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
@@ -190,6 +208,7 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         raise SystemExit(str(exc)) from None
     load_config()
     _kube = Kube(network_policies=CONFIG.network_policy is not None)
+    _secrets = etcd_secrets.EtcdSecrets(_kube.core)
     _stop.clear()
     if METRICS_PORT:
         metrics.serve(METRICS_PORT, METRICS_ADDR)

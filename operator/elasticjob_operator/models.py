@@ -170,6 +170,20 @@ class EtcdSpec(_Model):
     )
 
 
+class RdzvTLS(_Model):
+    """The client certificate for a user's etcd (spec.rdzvEndpoint) that serves TLS."""
+
+    secret_name: str = Field(
+        min_length=1,
+        max_length=253,
+        description="A Secret in the job's namespace with ca.crt (the CA that signed etcd's "
+        "certificate), tls.crt and tls.key (a client certificate etcd accepts), as "
+        "`kubectl create secret generic NAME --from-file=ca.crt --from-file=tls.crt "
+        "--from-file=tls.key` makes it. Mounted into every worker container; the operator "
+        "reads it too, for the job's progress.",
+    )
+
+
 class ElasticJobSpec(_Model):
     """Desired state of an elastic PyTorch training job."""
 
@@ -185,6 +199,13 @@ class ElasticJobSpec(_Model):
         description="Rendezvous backend: etcd-v3 (etcd's v3 API, works with etcd 3.4+), "
         "c10d (torch's TCPStore on worker 0), or etcd (torch's legacy backend, needs an "
         "etcd serving the v2 API at rdzvEndpoint).",
+    )
+    rdzv_tls: RdzvTLS | None = Field(
+        default=None,
+        alias="rdzvTLS",
+        description="Mutual TLS to a user's etcd at rdzvEndpoint: the Secret holding the CA "
+        "and the workers' client certificate. Not needed (nor allowed) for the etcd the "
+        "operator provisions, which always speaks mutual TLS with certificates of its own.",
     )
     rdzv_conf: dict[str, Annotated[str, StringConstraints(max_length=1024)]] | None = Field(
         default=None,
@@ -389,6 +410,22 @@ SPEC_RULES: Final[tuple[Rule, ...]] = (
         "spec.rdzvEndpoint",
         field_path=".etcd",
         check=lambda s: s.etcd is None or s.provisions_etcd,
+    ),
+    Rule(
+        cel="!has(self.rdzvTLS) || (has(self.rdzvEndpoint) && self.rdzvBackend != 'c10d' && "
+        "!self.rdzvEndpoint.contains('http://'))",
+        message="spec.rdzvTLS is for a user's etcd that serves TLS: it needs spec.rdzvEndpoint "
+        "(without http://) and an etcd rdzvBackend (etcd-v3 or etcd); the etcd the operator "
+        "provisions has TLS of its own, so remove spec.rdzvTLS",
+        field_path=".rdzvTLS",
+        check=lambda s: (
+            s.rdzv_tls is None
+            or (
+                s.rdzv_endpoint is not None
+                and s.rdzv_backend is not RdzvBackend.C10D
+                and "http://" not in s.rdzv_endpoint
+            )
+        ),
     ),
     Rule(
         cel="type(self.nprocPerNode) == int ? self.nprocPerNode >= 1 : "

@@ -136,6 +136,11 @@ MALFORMED: list[tuple[str, Callable[[Obj], None], str]] = [
         _set("spec.rdzvBackend", "etcd"),
         "spec.rdzvBackend etcd needs",
     ),
+    (
+        "rdzv-tls-for-the-provisioned-etcd",
+        _set("spec.rdzvTLS", {"secretName": "etcd-client"}),
+        "spec.rdzvTLS is for a user's etcd that serves TLS",
+    ),
     ("no-replica-specs", _set("spec.replicaSpecs", _DELETE), "spec.replicaSpecs"),
     ("no-worker", _set("spec.replicaSpecs.Worker", _DELETE), "spec.replicaSpecs.Worker"),
     ("no-template", _set(f"{W}.template", _DELETE), "spec.replicaSpecs.Worker.template"),

@@ -9,6 +9,7 @@ goes through kubectl; every wait is bounded generously (to catch hangs, not to t
 
 from __future__ import annotations
 
+import base64
 import json
 import random
 import re
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from elasticjob_manifests import MALFORMED, archived, job, malformed
+from elasticjob_manifests import MALFORMED, RUNTIME_IMAGE, archived, job, malformed
 from kube_helpers import WAIT, Cluster, Obj, Operator, installed_operator, wait_for
 
 from elasticjob_runtime import contract
@@ -124,7 +125,15 @@ def test_operator_runs_under_its_own_least_privilege_service_account(operator: C
     assert can("patch", "elasticjobs.elastic.pytorch.org", "--subresource=status", "-n", JOB_NS)
     assert can("create", "events", "-n", JOB_NS)
     assert not can("create", "pods", "-n", "default")  # only the watched namespace
-    assert not can("get", "secrets", "-n", JOB_NS)
+    # the jobs' etcd certificates: issued (create; update replaces a half-issued pair) and
+    # read back (get), in the watched namespace only; never listed, watched or deleted
+    assert can("create", "secrets", "-n", JOB_NS)
+    assert can("get", "secrets", "-n", JOB_NS)
+    assert not can("list", "secrets", "-n", JOB_NS)
+    assert not can("watch", "secrets", "-n", JOB_NS)
+    assert not can("delete", "secrets", "-n", JOB_NS)
+    assert not can("get", "secrets", "-n", "default")
+    assert not can("list", "secrets", "--all-namespaces")
     assert not can("create", "elasticjobs.elastic.pytorch.org", "-n", JOB_NS)
     assert not can("delete", "nodes")
 
@@ -166,7 +175,18 @@ def test_job_gets_its_workers_services_etcd_and_the_env_contract(
     env = wait_for("the worker to print its environment", logged_env)
     assert env[contract.RDZV_ID] == uid
     assert env[contract.RDZV_BACKEND] == "etcd-v3"
-    assert env[contract.RDZV_ENDPOINT] == f"env-etcd.{ns}.svc:2379"
+    assert env[contract.RDZV_ENDPOINT] == f"https://env-etcd.{ns}.svc:2379"
+    assert env[contract.ETCD_CACERT] == "/etc/elasticjob/etcd-tls/ca.crt"
+    assert env[contract.ETCD_CERT] == "/etc/elasticjob/etcd-tls/tls.crt"
+    assert env[contract.ETCD_KEY] == "/etc/elasticjob/etcd-tls/tls.key"
+    # the certificates: two Secrets owned by the job, each mounted where it is needed only
+    for secret in ("env-etcd-server-tls", "env-etcd-client-tls"):
+        owner = c.core.read_namespaced_secret(secret, ns).metadata.owner_references[0]
+        assert (owner.uid, owner.controller) == (uid, True)
+    mounted = {v.secret.secret_name for v in pod.spec.volumes if v.secret}
+    assert mounted == {"env-etcd-client-tls"}
+    etcd_pod = etcd.spec.template.spec
+    assert {v.secret.secret_name for v in etcd_pod.volumes if v.secret} == {"env-etcd-server-tls"}
     assert env[contract.NNODES] == "1:4"
     assert env[contract.NPROC_PER_NODE] == "1"
     assert env[contract.POD_NAME] == "env-worker-1"  # downward API, resolved in the pod
@@ -205,9 +225,9 @@ PUBLISH_PROGRESS_AND_SLEEP = [
     "-c",
     "import os, time\n"
     "from elasticjob_runtime import contract, records\n"
-    "from elasticjob_runtime.etcd_client import EtcdClient, parse_endpoints\n"
+    "from elasticjob_runtime.etcd_tls import connect\n"
     "if os.environ['ELASTICJOB_POD_NAME'].endswith('-0'):\n"
-    "    e = EtcdClient(parse_endpoints(os.environ['PET_RDZV_ENDPOINT']))\n"
+    "    e = connect(os.environ['PET_RDZV_ENDPOINT'])  # TLS as the variables say\n"
     "    record = records.Progress(step=1234, world_size=2, samples_per_second=99.5,\n"
     "                              restart_count=0, updated=time.time())\n"
     "    key = contract.progress_key(os.environ['PET_RDZV_ID'])\n"
@@ -234,6 +254,176 @@ def test_training_progress_shows_in_kubectl_get(operator: Cluster, ns: str) -> N
     assert row[5] == "1234"  # the Step column
 
 
+# -- the job's etcd speaks mutual TLS ---------------------------------------------------
+
+# A pod that is not one of the job's workers tries the job's etcd three ways (plain text;
+# TLS with the job's CA but no client certificate; another job's client certificate,
+# mounted from that job's Secret) and prints one JSON line: case -> what happened.
+INTRUDE = [
+    "python",
+    "-c",
+    "import json, os, pathlib\n"
+    "from elasticjob_runtime.etcd_tls import connect\n"
+    "pathlib.Path('/tmp/ca.crt').write_text(os.environ['TARGET_CA'])\n"
+    "target = os.environ['TARGET']\n"
+    "other = {'cert': '/other/tls.crt', 'key': '/other/tls.key'}\n"
+    "cases = {'plain': ('http://' + target, {}),\n"
+    "         'no-certificate': ('https://' + target, {'cacert': '/tmp/ca.crt'}),\n"
+    "         'another-jobs-certificate': ('https://' + target,\n"
+    "                                      {'cacert': '/tmp/ca.crt', **other})}\n"
+    "seen = {}\n"
+    "for case, (endpoint, conf) in cases.items():\n"
+    "    try:\n"
+    "        e = connect(endpoint, conf, env={}, timeout=5)\n"
+    "        e.put('/elasticjob/intruder', b'x')\n"
+    "        seen[case] = 'wrote: ' + repr(e.get('/elasticjob/intruder'))\n"
+    "    except Exception as exc:\n"
+    "        seen[case] = f'{type(exc).__name__}: {exc}'\n"
+    "print(json.dumps(seen), flush=True)\n",
+]
+
+
+def test_a_pod_without_the_jobs_client_certificate_cannot_read_or_write_its_etcd(
+    operator: Cluster, ns: str
+) -> None:
+    c = operator
+    host = start_job(c, ns, job("host", PUBLISH_PROGRESS_AND_SLEEP, replicas=1))
+    other = start_job(c, ns, job("other", PRINT_ENV_AND_SLEEP, replicas=1))
+    # the job's own worker writes over mutual TLS, and the operator reads it so
+    wait_for(
+        "status.progress from the job's etcd, over mutual TLS",
+        lambda: c.status(ns, host).get("progress", {}).get("step") == 1234,
+    )
+    wait_for(
+        "the other job's Secret",
+        lambda: c.core.read_namespaced_secret(f"{other}-etcd-client-tls", ns),
+    )
+    ca = c.core.read_namespaced_secret(f"{host}-etcd-client-tls", ns).data["ca.crt"]
+    target = f"{host}-etcd.{ns}.svc:2379"
+    intruder = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "intruder", "labels": {"app": "intruder"}},
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [
+                {
+                    "name": "intruder",
+                    "image": RUNTIME_IMAGE,
+                    "command": INTRUDE,
+                    "env": [
+                        {"name": "TARGET", "value": target},
+                        {"name": "TARGET_CA", "value": base64.b64decode(ca).decode()},
+                    ],
+                    "volumeMounts": [{"name": "other", "mountPath": "/other"}],
+                }
+            ],
+            "volumes": [{"name": "other", "secret": {"secretName": f"{other}-etcd-client-tls"}}],
+        },
+    }
+    c.apply(ns, intruder)
+    try:
+
+        def seen() -> Obj | None:
+            out = c.kubectl("-n", ns, "logs", "intruder", check=False).stdout.strip()
+            lines = [line for line in out.splitlines() if line.startswith("{")]
+            return json.loads(lines[-1]) if lines else None
+
+        said = wait_for("the intruder's attempts", seen)
+    finally:
+        c.kubectl("-n", ns, "delete", "pod", "intruder", "--wait=false", check=False)
+    # Each refused, in one line naming the endpoint and the setting to check. A TLS alert
+    # that a connection reset overtook (the devcluster's Service relay) reads as "etcd
+    # closed the TLS connection" with the same advice.
+    assert not [case for case, what in said.items() if what.startswith("wrote")], said
+    assert said["plain"].startswith(f"EtcdError: etcd at {target}: put /elasticjob/intruder")
+    assert said["no-certificate"].startswith(
+        (
+            f"EtcdTLSError: cannot connect to etcd at {target} over TLS: etcd asks for a "
+            "client certificate and none was given",
+            f"EtcdError: etcd at {target}: put /elasticjob/intruder failed",
+        )
+    ), said
+    assert "set ELASTICJOB_ETCD_CERT and ELASTICJOB_ETCD_KEY" in said["no-certificate"]
+    assert said["another-jobs-certificate"].startswith(
+        (
+            f"EtcdTLSError: cannot connect to etcd at {target} over TLS: etcd refused",
+            f"EtcdError: etcd at {target}: put /elasticjob/intruder failed",
+        )
+    ), said
+    assert (
+        "check that --rdzv-conf cert=/other/tls.crt is signed by the CA etcd trusts"
+        in said["another-jobs-certificate"]
+    )
+    assert not [line for line in said.values() if "\n" in line]
+
+
+def test_rdzv_tls_takes_a_job_to_a_users_etcd_with_the_named_secret(
+    operator: Cluster, ns: str
+) -> None:
+    """The user's etcd here is another job's, which speaks mutual TLS: the guest job names
+    it in rdzvEndpoint and its client Secret in rdzvTLS. Its worker writes progress over
+    TLS with the mounted Secret, and the operator reads it with the same Secret."""
+    c = operator
+    host = start_job(c, ns, job("tlshost", PRINT_ENV_AND_SLEEP, replicas=1))
+    wait_for(
+        "the host's etcd to be available",
+        lambda: c.apps.read_namespaced_deployment(f"{host}-etcd", ns).status.available_replicas,
+    )
+    secret = f"{host}-etcd-client-tls"
+    guest = start_job(
+        c,
+        ns,
+        job(
+            "guest",
+            PUBLISH_PROGRESS_AND_SLEEP,
+            replicas=1,
+            rdzvEndpoint=f"https://{host}-etcd.{ns}.svc:2379",
+            rdzvTLS={"secretName": secret},
+        ),
+    )
+    wait_for(
+        "the guest's progress, read from the user's etcd with the named Secret",
+        lambda: c.status(ns, guest).get("progress", {}).get("step") == 1234,
+    )
+    pod = c.core.read_namespaced_pod(f"{guest}-worker-0", ns)
+    assert {v.secret.secret_name for v in pod.spec.volumes if v.secret} == {secret}
+    deployments = {d.metadata.name for d in c.apps.list_namespaced_deployment(ns).items}
+    assert f"{guest}-etcd" not in deployments  # the user's etcd, not one of ours
+    for name in (f"{guest}-etcd-server-tls", f"{guest}-etcd-client-tls"):
+        found = c.core.list_namespaced_secret(ns, field_selector=f"metadata.name={name}").items
+        assert not found  # nothing issued for a job that brings its etcd
+
+
+def test_no_certificate_or_key_in_the_operators_log_or_the_jobs_events_or_status(
+    operator: Cluster, ns: str
+) -> None:
+    c = operator
+    name = start_job(c, ns, job("quiet", PUBLISH_PROGRESS_AND_SLEEP, replicas=2))
+    wait_for(
+        "status.progress (the operator has read the job's etcd with its client certificate)",
+        lambda: c.status(ns, name).get("progress", {}).get("step") == 1234,
+    )
+    time.sleep(12)  # a resync later: the certificates have been read more than once
+    selector = f"involvedObject.name={name}"
+    events = c.core.list_namespaced_event(ns, field_selector=selector).items
+    assert {e.reason for e in events} >= {"ProvisionedEtcd", "CreatedWorkers"}
+    operator_log = "".join(
+        c.kubectl("-n", OP_NS, "logs", p.metadata.name, "--all-containers", check=False).stdout
+        for p in operator_pods(c)
+    )
+    assert f"{ns}/{name}" in operator_log  # the log that is scanned is the one for this job
+    texts = {
+        "the operator's log": operator_log,
+        "the job's events": json.dumps([(e.reason, e.message) for e in events]),
+        "the job's status": json.dumps(c.status(ns, name)),
+        "kubectl describe": c.kubectl("-n", ns, "describe", "elasticjob", name).stdout,
+    }
+    for where, text in texts.items():
+        for marker in ("PRIVATE KEY", "BEGIN CERTIFICATE", "LS0tLS1CRUdJT"):  # and base64
+            assert marker not in text, f"{marker!r} in {where}"
+
+
 # A worker whose checkpoint does not fit its /dev/shm: the runtime's CheckpointManager
 # (local rank 0 of every pod writes the node-memory copy) reports it to the job's etcd.
 SAVE_TOO_BIG_AND_SLEEP = [
@@ -241,10 +431,10 @@ SAVE_TOO_BIG_AND_SLEEP = [
     "-c",
     "import os, tempfile, time, torch\n"
     "from elasticjob_runtime.checkpoint import CheckpointManager\n"
-    "from elasticjob_runtime.etcd_client import EtcdClient, parse_endpoints\n"
+    "from elasticjob_runtime.etcd_tls import connect\n"
     "s = os.statvfs('/dev/shm')\n"
     "print(f'shm={s.f_blocks * s.f_frsize}', flush=True)\n"
-    "e = EtcdClient(parse_endpoints(os.environ['PET_RDZV_ENDPOINT']))\n"
+    "e = connect(os.environ['PET_RDZV_ENDPOINT'])\n"
     "while True:  # a real save comes after the rendezvous, so after etcd is up\n"
     "    try:\n"
     "        e.check(); break\n"
@@ -357,6 +547,13 @@ def test_restarting_the_operator_changes_nothing_that_runs(operator: Cluster, ns
 
     wait_for("both workers running", settled)
     before = {n: p.metadata.uid for n, p in c.workers(ns, name).items()}
+
+    def certificates() -> dict[str, tuple[str, str]]:
+        names = ("steady-etcd-server-tls", "steady-etcd-client-tls")
+        found = {n: c.core.read_namespaced_secret(n, ns).metadata for n in names}
+        return {n: (m.uid, m.resource_version) for n, m in found.items()}
+
+    certificates_before = certificates()
     status_before = c.status(ns, name)
     old_ops = {p.metadata.uid for p in operator_pods(c)}
     c.kubectl("-n", OP_NS, "delete", "pod", "-l", "app.kubernetes.io/name=elasticjob-operator")
@@ -367,6 +564,7 @@ def test_restarting_the_operator_changes_nothing_that_runs(operator: Cluster, ns
     time.sleep(8)  # several resyncs of the new operator
     after = {n: p.metadata.uid for n, p in c.workers(ns, name).items()}
     assert after == before
+    assert certificates() == certificates_before  # reused, never issued again
     status_after = c.status(ns, name)
     for key in ("restartCount", "incarnation", "startTime", "replicaStatuses", "conditions"):
         assert status_after.get(key) == status_before.get(key), key
@@ -408,6 +606,7 @@ def test_deleting_the_job_removes_every_child(operator: Cluster, ns: str) -> Non
             or c.core.list_namespaced_service(ns, label_selector=sel).items
             or c.apps.list_namespaced_deployment(ns, label_selector=sel).items
             or c.apps.list_namespaced_replica_set(ns, label_selector=sel).items
+            or c.core.list_namespaced_secret(ns, label_selector=sel).items
         )
 
     wait_for("every child of the job to be gone", nothing_left)

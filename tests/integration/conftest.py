@@ -30,6 +30,7 @@ import pytest
 
 from elasticjob_runtime import contract
 from elasticjob_runtime.etcd_client import EtcdClient
+from elasticjob_runtime.etcd_tls import EtcdTLS
 from elasticjob_runtime.records import (
     MemoryFallback,
     Progress,
@@ -95,6 +96,7 @@ class EtcdServer:
     proc: subprocess.Popen[bytes]
     log: Path
     cmd: list[str] = field(default_factory=list)
+    tls: EtcdTLS | None = None  # a client certificate it accepts (started with client-cert auth)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -115,9 +117,10 @@ def _spawn(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
 
 
 def _wait_healthy(server: EtcdServer) -> None:
-    from elasticjob_runtime.etcd_client import EtcdClient, EtcdError, parse_endpoints
+    from elasticjob_runtime.etcd_client import EtcdError, parse_endpoints
+    from elasticjob_runtime.etcd_tls import open_client
 
-    probe = EtcdClient(parse_endpoints(server.endpoint), timeout=2)
+    probe = open_client(parse_endpoints(server.endpoint), server.tls, timeout=2)
     deadline = time.monotonic() + 60
     try:
         while True:
@@ -134,16 +137,24 @@ def _wait_healthy(server: EtcdServer) -> None:
         probe.close()
 
 
-def start_etcd(version: str, workdir: Path, fast_leases: bool = True) -> EtcdServer:
+def start_etcd(
+    version: str, workdir: Path, fast_leases: bool = True, mutual_tls: bool = False
+) -> EtcdServer:
     """Start etcd ``version``; with ``fast_leases`` (the default) it runs with the flags the
     operator gives a job's etcd, so it grants the runtime's 1 s leases (etcd's own
-    defaults raise them to 2 s)."""
+    defaults raise them to 2 s). With ``mutual_tls`` it serves https and asks for a client
+    certificate, as a job's etcd does, with certificates the operator's code issues for a
+    job ``train`` (files in ``workdir``; ``server.tls`` names the client's)."""
     binary = _etcd_binary(version)
     if binary is None:
         pytest.skip(f"etcd {version} is not built yet; `make setup` builds it into {CACHE}/bin")
     client, peer = free_port(), free_port()
     workdir.mkdir(parents=True, exist_ok=True)
     log = workdir / "etcd.log"
+    scheme, tls_flags, tls = "http", [], None
+    if mutual_tls:
+        scheme = "https"
+        tls_flags, tls = _issue_job_certificates(workdir / "tls")
     cmd = [
         str(binary),
         "--name",
@@ -151,9 +162,10 @@ def start_etcd(version: str, workdir: Path, fast_leases: bool = True) -> EtcdSer
         "--data-dir",
         str(workdir / "data"),
         "--listen-client-urls",
-        f"http://127.0.0.1:{client}",
+        f"{scheme}://127.0.0.1:{client}",
         "--advertise-client-urls",
-        f"http://127.0.0.1:{client}",
+        f"{scheme}://127.0.0.1:{client}",
+        *tls_flags,
         "--listen-peer-urls",
         f"http://127.0.0.1:{peer}",
         "--initial-advertise-peer-urls",
@@ -162,14 +174,45 @@ def start_etcd(version: str, workdir: Path, fast_leases: bool = True) -> EtcdSer
         f"test=http://127.0.0.1:{peer}",
         *(contract.ETCD_FAST_LEASE_FLAGS if fast_leases else ()),
     ]
-    server = EtcdServer(f"127.0.0.1:{client}", version, _spawn(cmd, log), log, cmd)
+    endpoint = f"{'https://' if mutual_tls else ''}127.0.0.1:{client}"
+    server = EtcdServer(endpoint, version, _spawn(cmd, log), log, cmd, tls)
     _wait_healthy(server)
     return server
+
+
+def _issue_job_certificates(where: Path) -> tuple[list[str], EtcdTLS]:
+    """The operator's certificates for a job ``train``: etcd's flags, the client's files."""
+    from datetime import UTC, datetime
+
+    from elasticjob_operator.etcd_certs import issue
+
+    issued = issue("train", "ml", "train-etcd", "train-worker", datetime.now(UTC))
+    where.mkdir(parents=True, exist_ok=True)
+    for name in ("ca_cert", "server_cert", "server_key", "client_cert", "client_key"):
+        (where / f"{name}.pem").write_bytes(getattr(issued, name))
+    flags = [
+        "--client-cert-auth",
+        f"--trusted-ca-file={where / 'ca_cert.pem'}",
+        f"--cert-file={where / 'server_cert.pem'}",
+        f"--key-file={where / 'server_key.pem'}",
+    ]
+    client = EtcdTLS(
+        str(where / "ca_cert.pem"), str(where / "client_cert.pem"), str(where / "client_key.pem")
+    )
+    return flags, client
 
 
 @pytest.fixture(scope="session")
 def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
     server = start_etcd("3.5", tmp_path_factory.mktemp("etcd35"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def etcd_mtls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
+    """etcd 3.5 as a job's etcd runs: https, client certificates of the job's CA only."""
+    server = start_etcd("3.5", tmp_path_factory.mktemp("etcd35-mtls"), mutual_tls=True)
     yield server
     server.stop()
 

@@ -31,6 +31,13 @@ HEALTH_PORT: Final = "ELASTICJOB_HEALTH_PORT"
 PROGRESS: Final = "ELASTICJOB_PROGRESS"  # "1" (default) publishes progress to etcd
 # the etcd that progress goes to; elasticjob-run sets it to the etcd it rendezvouses on
 PROGRESS_ENDPOINT: Final = "ELASTICJOB_PROGRESS_ENDPOINT"
+# TLS to the rendezvous etcd (elasticjob_runtime.etcd_tls): PEM files of the CA that
+# signed etcd's certificate, and of this client's certificate and key. The operator sets
+# them for its own etcd and for spec.rdzvTLS; torch's rdzv_conf keys cacert, cert, key
+# (and protocol=https) say the same and win over them.
+ETCD_CACERT: Final = "ELASTICJOB_ETCD_CACERT"
+ETCD_CERT: Final = "ELASTICJOB_ETCD_CERT"
+ETCD_KEY: Final = "ELASTICJOB_ETCD_KEY"
 # elasticjob-run: "0" turns warm spare workers off; extra modules for spares to import
 WARM_SPARES: Final = "ELASTICJOB_WARM_SPARES"
 WARM_IMPORT: Final = "ELASTICJOB_WARM_IMPORT"

@@ -3,7 +3,9 @@
 Everything else in the runtime goes through :class:`EtcdClient`, so the client
 library (``etcd-sdk-python``, imported as ``pyetcd``: python-etcd3's API, kept
 working with current protobuf) can be swapped without touching the rendezvous.
-Errors leave this module as :class:`EtcdError` with one readable line.
+Errors leave this module as :class:`EtcdError` with one readable line; a TLS handshake
+that fails says which side refused and which setting to check (:class:`EtcdTLSError`).
+Which TLS settings apply is decided in :mod:`elasticjob_runtime.etcd_tls`.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc  # type: ignore[import-untyped]
@@ -24,6 +26,22 @@ RECHECK_AFTER = 5.0
 
 class EtcdError(RuntimeError):
     """An etcd request failed; the message names the endpoint and what to check."""
+
+
+class EtcdTLSError(EtcdError):
+    """The TLS handshake with etcd failed: a setting is wrong, waiting will not help."""
+
+
+@dataclass(frozen=True)
+class TLSCredentials:
+    """What a TLS connection to etcd trusts and presents (PEM bytes), and where each came
+    from, for error messages. Never printed: ``repr`` shows only where they came from."""
+
+    ca: bytes | None = field(default=None, repr=False)  # None: the system's roots
+    cert: bytes | None = field(default=None, repr=False)  # None: no client certificate
+    key: bytes | None = field(default=None, repr=False)
+    ca_from: str = "the CA certificate"  # e.g. "ELASTICJOB_ETCD_CACERT=/etc/.../ca.crt"
+    cert_from: str = "the client certificate and key"
 
 
 @dataclass(frozen=True)
@@ -91,10 +109,89 @@ def _kv(raw: Any) -> KeyValue:
 
 
 def _describe(exc: BaseException) -> str:
+    for e in (exc.__context__, exc.__cause__):  # the gRPC error pyetcd replaced
+        if not isinstance(exc, grpc.RpcError) and isinstance(e, grpc.RpcError):
+            exc = e
+            break
     if isinstance(exc, grpc.RpcError):
         details = exc.details() if hasattr(exc, "details") else ""
         return f"{exc.code().name}: {details}" if hasattr(exc, "code") else str(exc)
     return str(exc) or type(exc).__name__
+
+
+def _grpc_details(exc: BaseException) -> str:
+    """The gRPC error's details, also where pyetcd replaced it by one of its own."""
+    for e in (exc, exc.__context__, exc.__cause__):
+        if isinstance(e, grpc.RpcError) and hasattr(e, "details"):
+            return str(e.details() or "")
+    return ""
+
+
+def connection_hint(details: str, tls: TLSCredentials | None) -> str:
+    """What to add when etcd closed or reset the connection: it may want TLS, or a client
+    certificate, or refused ours; or it was restarting. So a hint, not a verdict (a TLS
+    alert that a reset overtook on the way reads the same)."""
+    if not any(s in details for s in ("Socket closed", "Connection reset", "connection reset")):
+        return ""
+    if tls is None:
+        return (
+            "; if etcd serves TLS, use an https:// endpoint and set ELASTICJOB_ETCD_CACERT, "
+            "ELASTICJOB_ETCD_CERT and ELASTICJOB_ETCD_KEY (or --rdzv-conf "
+            "cacert=...,cert=...,key=...)"
+        )
+    if tls.cert is None:
+        return (
+            "; etcd closed the TLS connection: if it asks for a client certificate (a job's "
+            "own etcd does), set ELASTICJOB_ETCD_CERT and ELASTICJOB_ETCD_KEY (or "
+            "--rdzv-conf cert=...,key=...)"
+        )
+    return (
+        "; etcd closed the TLS connection: if it refused the client certificate, check that "
+        f"{tls.cert_from} is signed by the CA etcd trusts (--trusted-ca-file)"
+    )
+
+
+def tls_problem(details: str, tls: TLSCredentials | None) -> str | None:
+    """What a failed connection's gRPC ``details`` say about TLS, as what to fix; None
+    when they say nothing about it (etcd down, a timeout)."""
+    if tls is None:
+        return None
+    if "CERTIFICATE_VERIFY_FAILED" in details:
+        trusted = tls.ca_from if tls.ca is not None else "the system's CA certificates"
+        return (
+            f"etcd's certificate is not signed by a CA in {trusted}; check that it is "
+            "the CA that signed etcd's certificate"
+        )
+    if "not in peer certificate" in details or "Peer name" in details:
+        return (
+            "etcd's certificate is not valid for this host name; connect by a name in its "
+            "subjectAltNames (for the job's own etcd: <job>-etcd.<namespace>.svc)"
+        )
+    if "WRONG_VERSION_NUMBER" in details or "wrong version number" in details:
+        return "etcd does not serve TLS there; use an http:// endpoint without TLS settings"
+    # TLS 1.3: the client may finish its handshake before etcd checks its certificate;
+    # etcd's alert then arrives where data was expected ("Unwrap failed").
+    refused = (
+        "BAD_CERTIFICATE",
+        "CERTIFICATE_REQUIRED",
+        "UNKNOWN_CA",
+        "HANDSHAKE_FAILURE",
+        "Unwrap failed",
+        "TSI_DATA_CORRUPTED",
+    )
+    if any(alert in details for alert in refused):
+        if tls.cert is None:
+            return (
+                "etcd asks for a client certificate and none was given; set "
+                "ELASTICJOB_ETCD_CERT and ELASTICJOB_ETCD_KEY (or --rdzv-conf cert=...,key=...)"
+            )
+        return (
+            f"etcd refused the client certificate; check that {tls.cert_from} is signed by "
+            "the CA etcd trusts (--trusted-ca-file): another job's certificate is refused"
+        )
+    if "handshake" in details.lower():
+        return f"the TLS handshake failed ({details}); check {tls.ca_from} and {tls.cert_from}"
+    return None
 
 
 class EtcdClient:
@@ -105,15 +202,20 @@ class EtcdClient:
         endpoint: Endpoint | Sequence[Endpoint],
         timeout: float = 5.0,
         reconnect_within: float | None = None,
+        tls: TLSCredentials | None = None,
     ) -> None:
         """``reconnect_within``: after a lost connection (an etcd restart), try again at
-        least this often (seconds) instead of gRPC's backoff, which grows past a minute."""
+        least this often (seconds) instead of gRPC's backoff, which grows past a minute.
+        ``tls``: connect over TLS (None: plain text); open clients with
+        :func:`elasticjob_runtime.etcd_tls.connect`, which decides it."""
         endpoints = [endpoint] if isinstance(endpoint, Endpoint) else list(endpoint)
         if not endpoints:
             raise ValueError("no etcd endpoint given")
         self.endpoint = endpoints[0]
         self.endpoints = tuple(endpoints)
         self.where = ",".join(str(e) for e in endpoints)
+        self.tls = tls
+        self.timeout = timeout
         # pyetcd sets a failed endpoint aside for time_retry seconds (300 by default).
         # With one endpoint that would turn a brief etcd restart into a five-minute
         # outage, so retry it at once; with several, fail over for a few seconds.
@@ -125,25 +227,50 @@ class EtcdClient:
                 ("grpc.initial_reconnect_backoff_ms", min(backoff_ms, 100)),
                 ("grpc.max_reconnect_backoff_ms", backoff_ms),
             ]
+        creds = None
+        if tls is not None:
+            creds = grpc.ssl_channel_credentials(
+                root_certificates=tls.ca, private_key=tls.key, certificate_chain=tls.cert
+            )
         channels = [
-            _PyEndpoint(e.host, e.port, secure=False, time_retry=retry, opts=options)
+            _PyEndpoint(
+                e.host, e.port, secure=tls is not None, creds=creds, time_retry=retry, opts=options
+            )
             for e in endpoints
         ]
         self._client: Any = MultiEndpointEtcd3Client(
             endpoints=channels, timeout=timeout, failover=len(endpoints) > 1
         )
 
+    def another(self, timeout: float, reconnect_within: float | None = None) -> EtcdClient:
+        """A second connection to the same etcd with the same TLS settings."""
+        return EtcdClient(self.endpoints, timeout, reconnect_within, self.tls)
+
+    def _tls_error(self, exc: BaseException) -> EtcdTLSError | None:
+        problem = tls_problem(_grpc_details(exc), self.tls)
+        if problem is None:
+            return None
+        return EtcdTLSError(f"cannot connect to etcd at {self.where} over TLS: {problem}")
+
     def _fail(self, what: str, exc: BaseException) -> EtcdError:
-        return EtcdError(f"etcd at {self.where}: {what} failed ({_describe(exc)})")
+        tls_error = self._tls_error(exc)
+        if tls_error is not None:
+            return tls_error
+        hint = connection_hint(_grpc_details(exc), self.tls)
+        return EtcdError(f"etcd at {self.where}: {what} failed ({_describe(exc)}){hint}")
 
     def check(self) -> str:
         """Return the server version; raise a one-line error if etcd is unreachable."""
         try:
             return str(self._client.status().version)
         except (pyetcd.exceptions.Etcd3Exception, grpc.RpcError) as exc:
+            tls_error = self._tls_error(exc)
+            if tls_error is not None:
+                raise tls_error from exc
+            hint = connection_hint(_grpc_details(exc), self.tls)
             raise EtcdError(
                 f"cannot reach etcd at {self.where} ({_describe(exc)}); start etcd there "
-                "or point --rdzv-endpoint / PET_RDZV_ENDPOINT at a running etcd"
+                f"or point --rdzv-endpoint / PET_RDZV_ENDPOINT at a running etcd{hint}"
             ) from exc
 
     def get(self, key: str) -> KeyValue | None:

@@ -131,12 +131,13 @@ def _fail(message: str, code: int = 2) -> NoReturn:
 ETCD_WAIT_IN_POD_SECONDS = 120.0
 
 
-def _check_etcd(endpoint: str, wait_seconds: float = 0.0) -> None:
-    from elasticjob_runtime.etcd_client import EtcdClient, EtcdError, parse_endpoints
+def _check_etcd(endpoint: str, conf: str = "", wait_seconds: float = 0.0) -> None:
+    from elasticjob_runtime.etcd_client import EtcdError, EtcdTLSError
+    from elasticjob_runtime.etcd_tls import connect, parse_conf
 
     try:
-        client = EtcdClient(parse_endpoints(endpoint), timeout=5)
-    except ValueError as exc:
+        client = connect(endpoint, parse_conf(conf), timeout=5)
+    except (ValueError, EtcdError) as exc:
         _fail(str(exc))
         return
     deadline = time.monotonic() + wait_seconds
@@ -147,7 +148,8 @@ def _check_etcd(endpoint: str, wait_seconds: float = 0.0) -> None:
                 client.check()
                 return
             except EtcdError as exc:
-                if time.monotonic() >= deadline:
+                # a TLS setting that is wrong stays wrong: no point waiting for it
+                if isinstance(exc, EtcdTLSError) or time.monotonic() >= deadline:
                     _fail(str(exc))
                 if not said:
                     print(f"{PROG}: waiting up to {wait_seconds:.0f}s: {exc}", file=sys.stderr)
@@ -155,6 +157,17 @@ def _check_etcd(endpoint: str, wait_seconds: float = 0.0) -> None:
                 time.sleep(1.0)
     finally:
         client.close()
+
+
+def _share_etcd_tls(endpoint: str, conf: str) -> None:
+    """Tell the workers (progress, node-memory reports) the TLS files the rendezvous uses
+    when ``--rdzv-conf`` names them: they read only the environment."""
+    from elasticjob_runtime.etcd_tls import parse_conf, tls_environ, tls_settings
+
+    try:
+        os.environ.update(tls_environ(tls_settings(endpoint, parse_conf(conf))))
+    except ValueError as exc:
+        _fail(str(exc))
 
 
 def parser() -> argparse.ArgumentParser:
@@ -243,9 +256,12 @@ def _launch(
     """Check the etcd, then run torchrun's launch with our agent until the job ends."""
     if not args.standalone and args.rdzv_backend == "etcd-v3":
         in_pod = bool(os.environ.get(contract.POD_NAME))
-        _check_etcd(args.rdzv_endpoint, ETCD_WAIT_IN_POD_SECONDS if in_pod else 0.0)
-    if (etcd := progress_endpoint(args)) is not None:
-        os.environ.setdefault(contract.PROGRESS_ENDPOINT, etcd)
+        _check_etcd(args.rdzv_endpoint, args.rdzv_conf, ETCD_WAIT_IN_POD_SECONDS if in_pod else 0.0)
+    if (etcd := progress_endpoint(args)) is not None and not os.environ.get(
+        contract.PROGRESS_ENDPOINT
+    ):
+        os.environ[contract.PROGRESS_ENDPOINT] = etcd
+        _share_etcd_tls(etcd, args.rdzv_conf)
     # torch 2.13's agent-shared TCPStore crashed c10d scale-up (docs/design.md); ours never shares.
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
 

@@ -41,6 +41,7 @@ from typing import Any
 
 from elasticjob_runtime import contract
 from elasticjob_runtime.etcd_client import Endpoint, EtcdClient, EtcdError, parse_endpoints
+from elasticjob_runtime.etcd_tls import EtcdTLS, open_client, tls_settings
 from elasticjob_runtime.records import (
     MemoryFallback,
     Progress,
@@ -86,6 +87,7 @@ class ProgressReporter:
         etcd: Sequence[Endpoint],
         run_id: str,
         *,
+        tls: EtcdTLS | None = None,
         world_size: int,
         restart_count: int = 0,
         ttl: int = 15,
@@ -111,7 +113,8 @@ class ProgressReporter:
         # Creating the client connects nothing (gRPC connects on the first request, in
         # the publisher). No request outlasts a lease refresh interval, and after an
         # etcd restart the connection is tried again that often.
-        self._client = EtcdClient(etcd, timeout=min(5.0, ttl / 3), reconnect_within=ttl / 3)
+        # A TLS file that cannot be read raises here, at once (EtcdError, one line).
+        self._client = open_client(etcd, tls, timeout=min(5.0, ttl / 3), reconnect_within=ttl / 3)
         self._publisher = threading.Thread(
             target=self._publish_loop, name="progress-publisher", daemon=True
         )
@@ -209,6 +212,7 @@ class ProgressTarget:
 
     etcd: tuple[Endpoint, ...]
     run_id: str
+    tls: EtcdTLS | None = None  # from the endpoint's scheme and ELASTICJOB_ETCD_*
 
 
 @dataclass(frozen=True)
@@ -245,9 +249,10 @@ def progress_target(env: Mapping[str, str]) -> ProgressTarget | Nowhere:
             return Nowhere(f"no etcd endpoint ({contract.RDZV_ENDPOINT} is not set)")
     try:
         etcd = parse_endpoints(text, contract.DEFAULT_ETCD_PORT)
+        tls = tls_settings(text, {}, env)
     except ValueError as exc:
         return Nowhere(f"{named}: {exc}", bad_input=True)
-    return ProgressTarget(tuple(etcd), run_id)
+    return ProgressTarget(tuple(etcd), run_id, tls)
 
 
 def _target_from_env(what: str) -> ProgressTarget | None:
@@ -271,14 +276,19 @@ def reporter_from_env(*, ttl: int = 15, min_interval: float = 1.0) -> ProgressRe
     target = _target_from_env("progress reporting")
     if target is None:
         return None
-    return ProgressReporter(
-        target.etcd,
-        target.run_id,
-        world_size=int(os.environ.get("WORLD_SIZE", "1")),
-        restart_count=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
-        ttl=ttl,
-        min_interval=min_interval,
-    )
+    try:
+        return ProgressReporter(
+            target.etcd,
+            target.run_id,
+            tls=target.tls,
+            world_size=int(os.environ.get("WORLD_SIZE", "1")),
+            restart_count=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+            ttl=ttl,
+            min_interval=min_interval,
+        )
+    except EtcdError as exc:
+        log.warning("progress reporting off: %s", exc)
+        return None
 
 
 # -- node-memory checkpoint copies that failed ------------------------------------------
@@ -310,7 +320,7 @@ def memory_fallback_reporter_from_env(
 
     def report(fallback: MemoryFallback) -> None:
         try:
-            client = EtcdClient(target.etcd, timeout=timeout)
+            client = open_client(target.etcd, target.tls, timeout=timeout)
             try:
                 report_memory_fallback(client, target.run_id, fallback)
             finally:

@@ -52,8 +52,9 @@ from torch.distributed.elastic.rendezvous.api import (
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import RendezvousBackend
 
 from elasticjob_runtime import contract
-from elasticjob_runtime.etcd_client import EtcdClient, EtcdError, KeyValue, parse_endpoints
+from elasticjob_runtime.etcd_client import EtcdClient, EtcdError, KeyValue
 from elasticjob_runtime.etcd_store import EtcdV3Store, RoundAbandoned
+from elasticjob_runtime.etcd_tls import connect
 from elasticjob_runtime.leases import (
     DEFAULT_LEASE_TTL,
     granted_ttl_message,
@@ -195,9 +196,7 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
             # reconnects: a refresh stuck on a slow etcd or a dead connection must not eat
             # the TTL, and its failures must not break the main connection's watches.
             timing = keep_alive_timing(self._granted_ttl)
-            keeper_client = EtcdClient(
-                self._client.endpoints, timeout=timing.timeout, reconnect_within=timing.interval
-            )
+            keeper_client = self._client.another(timing.timeout, timing.interval)
             keeper = threading.Thread(
                 target=_keep_alive,
                 args=(weakref.ref(self), self._stop, keeper_client),
@@ -611,13 +610,16 @@ def handler_from_params(params: RendezvousParameters) -> EtcdV3RendezvousHandler
     which would otherwise look dead to its peers. etcd raises a TTL below its minimum,
     ``ceil(1.5 x --election-timeout)`` (2 s by default; the etcds we start allow 1 s),
     and the handler logs what it was granted. On an ElasticJob: ``spec.rdzvConf``
-    (``PET_RDZV_CONF``), e.g. ``rdzvConf: {lease_ttl: "3"}``.
+    (``PET_RDZV_CONF``), e.g. ``rdzvConf: {lease_ttl: "3"}``. TLS: ``protocol``,
+    ``cacert``, ``cert``, ``key`` as torch's etcd rendezvous reads them, else the
+    ``ELASTICJOB_ETCD_*`` variables (:mod:`elasticjob_runtime.etcd_tls`).
     """
     try:
-        endpoints = parse_endpoints(params.endpoint)
-    except ValueError as exc:
+        client = connect(
+            params.endpoint, params.config, timeout=_conf_seconds(params, "read_timeout", 5)
+        )
+    except (ValueError, EtcdError) as exc:
         raise RendezvousConnectionError(str(exc)) from exc
-    client = EtcdClient(endpoints, timeout=_conf_seconds(params, "read_timeout", 5))
     try:
         client.check()
     except EtcdError as exc:

@@ -81,7 +81,7 @@ def test_worker_env_is_the_contract() -> None:
     env = env_of(builders.worker_pod(REF, spec, 0, 0))
     assert env[contract.RDZV_ID]["value"] == "uid-1"
     assert env[contract.RDZV_BACKEND]["value"] == "etcd-v3"
-    assert env[contract.RDZV_ENDPOINT]["value"] == "train-etcd.ml.svc:2379"
+    assert env[contract.RDZV_ENDPOINT]["value"] == "https://train-etcd.ml.svc:2379"
     assert env[contract.NNODES]["value"] == "2:4"
     assert env[contract.NPROC_PER_NODE]["value"] == "auto"
     assert env[contract.MAX_RESTARTS]["value"] == str(models.DEFAULT_MAX_RESTARTS)
@@ -150,12 +150,15 @@ def spec_with_pod(
 
 
 TRAINER = {"name": "trainer", "image": "img"}
+# the provisioned etcd's client certificate, in every worker pod (see the TLS tests below)
+TLS_VOLUME = {"name": "elasticjob-etcd-tls", "secret": {"secretName": "train-etcd-client-tls"}}
 
 
 def test_every_worker_container_gets_a_memory_backed_dev_shm_of_the_default_size() -> None:
     pod = builders.worker_pod(REF, make_spec(), 0, 0)
     assert pod["spec"]["volumes"] == [
-        {"name": "elasticjob-shm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}}
+        {"name": "elasticjob-shm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}},
+        TLS_VOLUME,
     ]
     assert shm_mounts(pod) == [[{"name": "elasticjob-shm", "mountPath": "/dev/shm"}]] * 2
 
@@ -171,6 +174,7 @@ def test_shm_size_sets_the_limit_and_keeps_the_templates_volumes_and_mounts() ->
     assert pod["spec"]["volumes"] == [
         *volumes,
         {"name": "elasticjob-shm-2", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}},
+        TLS_VOLUME,
     ]
     assert pod["spec"]["containers"][0]["volumeMounts"][0] == {"name": "ckpt", "mountPath": "/ckpt"}
     assert shm_mounts(pod) == [[{"name": "elasticjob-shm-2", "mountPath": "/dev/shm"}]] * 3
@@ -180,20 +184,20 @@ def test_a_template_that_mounts_its_own_dev_shm_is_left_alone() -> None:
     mine = {"name": "mine", "emptyDir": {"medium": "Memory", "sizeLimit": "40Gi"}}
     container = {**TRAINER, "volumeMounts": [{"name": "mine", "mountPath": "/dev/shm/"}]}
     pod = builders.worker_pod(REF, spec_with_pod(container, volumes=[mine]), 0, 0)
-    assert pod["spec"]["volumes"] == [mine]
-    assert "volumeMounts" not in pod["spec"]["containers"][1]  # the sidecar is not touched
+    assert pod["spec"]["volumes"] == [mine, TLS_VOLUME]
+    assert shm_mounts(pod) == [[], []]  # the sidecar is not touched
 
 
 def test_a_host_ipc_pod_keeps_the_hosts_dev_shm() -> None:
     pod = builders.worker_pod(REF, spec_with_pod(TRAINER, hostIPC=True), 0, 0)
-    assert "volumes" not in pod["spec"]
+    assert pod["spec"]["volumes"] == [TLS_VOLUME]
     assert shm_mounts(pod) == [[], []]
 
 
 @pytest.mark.parametrize("size", ["0", "0Gi"])
 def test_shm_size_zero_adds_no_volume(size: str) -> None:
     pod = builders.worker_pod(REF, make_spec(shmSize=size), 0, 0)
-    assert "volumes" not in pod["spec"]
+    assert pod["spec"]["volumes"] == [TLS_VOLUME]
     assert shm_mounts(pod) == [[], []]
 
 
@@ -234,15 +238,16 @@ def test_etcd_deployment_and_service() -> None:
     container = pod["spec"]["containers"][0]
     assert container["image"] == "etcd:test"
     assert container["resources"] == {"limits": {"cpu": "1"}}
-    assert "--advertise-client-urls=http://train-etcd.ml.svc:2379" in container["args"]
+    assert "--advertise-client-urls=https://train-etcd.ml.svc:2379" in container["args"]
     assert (
-        "--listen-client-urls=http://$(ELASTICJOB_POD_IP):2379,http://127.0.0.1:2379"
+        "--listen-client-urls=https://$(ELASTICJOB_POD_IP):2379,https://127.0.0.1:2379"
         in container["args"]
     )
     assert container["env"] == [
         {"name": "ELASTICJOB_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
     ]
-    assert container["readinessProbe"]["httpGet"] == {"path": "/health", "port": 2379}
+    # probed where no client certificate is asked for: /health on the metrics port
+    assert container["readinessProbe"]["httpGet"] == {"path": "/health", "port": 2381}
     svc = builders.etcd_service(REF)
     assert svc["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"]
     port = svc["spec"]["ports"][0]
@@ -259,7 +264,7 @@ def test_the_jobs_etcd_grants_the_runtimes_one_second_leases() -> None:
     # its defaults (100 ms, 1000 ms) 2 s. tests/integration proves it on a real etcd.
     pod = builders.etcd_deployment(REF, make_spec())["spec"]["template"]
     args = pod["spec"]["containers"][0]["args"]
-    flags = dict(a.removeprefix("--").split("=", 1) for a in args)
+    flags = dict(a.removeprefix("--").split("=", 1) for a in args if "=" in a)
     heartbeat, election = int(flags["heartbeat-interval"]), int(flags["election-timeout"])
     assert election >= 5 * heartbeat  # etcd refuses to start otherwise
     min_ttl_ms = (3 * (election // heartbeat) // 2) * heartbeat
@@ -378,3 +383,76 @@ def test_health_probes_can_be_switched_off(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(builders, "HEALTH_PROBES", False)
     c = trainer(builders.worker_pod(REF, make_spec(), 0, 0))
     assert "livenessProbe" not in c and "readinessProbe" not in c and "ports" not in c
+
+
+# -- mutual TLS to the rendezvous etcd ---------------------------------------------------
+
+
+def test_the_provisioned_etcd_serves_mutual_tls_from_its_server_secret_only() -> None:
+    pod = builders.etcd_deployment(REF, make_spec())["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    args = container["args"]
+    assert "--client-cert-auth" in args  # a client without the job's certificate is refused
+    assert "--trusted-ca-file=/etc/etcd/tls/ca.crt" in args
+    assert "--cert-file=/etc/etcd/tls/tls.crt" in args
+    assert "--key-file=/etc/etcd/tls/tls.key" in args
+    assert not [a for a in args if "client-urls=http://" in a]  # no plain-text client port
+    assert pod["volumes"][1] == {"name": "tls", "secret": {"secretName": "train-etcd-server-tls"}}
+    assert {"name": "tls", "mountPath": "/etc/etcd/tls", "readOnly": True} in container[
+        "volumeMounts"
+    ]
+    # workers never see the server's key; the etcd never sees the clients'
+    worker = builders.worker_pod(REF, make_spec(), 0, 0)["spec"]
+    assert "train-etcd-server-tls" not in str(worker)
+    assert "train-etcd-client-tls" not in str(pod)
+
+
+def test_workers_get_the_client_secret_the_https_endpoint_and_the_tls_variables() -> None:
+    pod = builders.worker_pod(REF, make_spec(), 1, 0)
+    assert TLS_VOLUME in pod["spec"]["volumes"]
+    for index in (0, 1):  # every container, sidecars too
+        container = pod["spec"]["containers"][index]
+        assert {
+            "name": "elasticjob-etcd-tls",
+            "mountPath": "/etc/elasticjob/etcd-tls",
+            "readOnly": True,
+        } in container["volumeMounts"]
+        env = env_of(pod, index)
+        assert env[contract.RDZV_ENDPOINT]["value"] == "https://train-etcd.ml.svc:2379"
+        assert env[contract.ETCD_CACERT]["value"] == "/etc/elasticjob/etcd-tls/ca.crt"
+        assert env[contract.ETCD_CERT]["value"] == "/etc/elasticjob/etcd-tls/tls.crt"
+        assert env[contract.ETCD_KEY]["value"] == "/etc/elasticjob/etcd-tls/tls.key"
+
+
+def test_a_users_etcd_with_rdzv_tls_gets_its_secret_mounted() -> None:
+    spec = make_spec(rdzvEndpoint="https://etcd.infra:2379", rdzvTLS={"secretName": "etcd-client"})
+    pod = builders.worker_pod(REF, spec, 0, 0)
+    assert {"name": "elasticjob-etcd-tls", "secret": {"secretName": "etcd-client"}} in pod["spec"][
+        "volumes"
+    ]
+    env = env_of(pod)
+    assert env[contract.RDZV_ENDPOINT]["value"] == "https://etcd.infra:2379"
+    assert env[contract.ETCD_CERT]["value"] == "/etc/elasticjob/etcd-tls/tls.crt"
+    assert contract.RDZV_CONF not in env
+
+
+def test_torchs_own_etcd_backend_gets_the_files_as_its_rdzv_conf_keys() -> None:
+    spec = make_spec(
+        rdzvBackend="etcd",
+        rdzvEndpoint="etcd.infra:2379",
+        rdzvTLS={"secretName": "etcd-client"},
+        rdzvConf={"cert": "/mine.crt"},
+    )
+    conf = env_of(builders.worker_pod(REF, spec, 0, 0))[contract.RDZV_CONF]["value"]
+    assert conf == (
+        "cacert=/etc/elasticjob/etcd-tls/ca.crt,cert=/mine.crt,"
+        "key=/etc/elasticjob/etcd-tls/tls.key,protocol=https"
+    )  # the spec's own keys win
+
+
+def test_a_users_etcd_without_rdzv_tls_and_c10d_get_no_certificates() -> None:
+    for spec in (make_spec(rdzvEndpoint="etcd:2379"), make_spec(rdzvBackend="c10d")):
+        pod = builders.worker_pod(REF, spec, 0, 0)
+        assert "elasticjob-etcd-tls" not in str(pod["spec"]["volumes"])
+        assert contract.ETCD_CACERT not in env_of(pod)
+        assert "https://" not in env_of(pod)[contract.RDZV_ENDPOINT]["value"]

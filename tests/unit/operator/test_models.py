@@ -140,6 +140,16 @@ def test_provisions_etcd_only_for_etcd_v3_without_endpoint() -> None:
         ({"nprocPerNode": "many"}, "spec.nprocPerNode must be"),
         ({"rdzvConf": {"a": "1,b=2"}}, "spec.rdzvConf keys must be identifiers"),
         ({"rdzvConf": {"not an id": "1"}}, "spec.rdzvConf keys must be identifiers"),
+        ({"rdzvEndpoint": None, "rdzvTLS": {"secretName": "s"}}, "spec.rdzvTLS is for a user's"),
+        (
+            {"rdzvBackend": "c10d", "rdzvTLS": {"secretName": "s"}},
+            "spec.rdzvTLS is for a user's etcd",
+        ),
+        (
+            {"rdzvEndpoint": "http://etcd:2379", "rdzvTLS": {"secretName": "s"}},
+            "spec.rdzvTLS is for a user's etcd that serves TLS: it needs spec.rdzvEndpoint "
+            "(without http://)",
+        ),
         ({"shmSize": "2GB"}, "spec.shmSize must be a quantity of bytes: e.g. 512Mi"),
         ({"shmSize": "-1Gi"}, "spec.shmSize must be a quantity of bytes"),
         ({"shmSize": "lots"}, "spec.shmSize must be a quantity of bytes"),
@@ -162,10 +172,23 @@ def test_cross_field_rules_refuse_with_a_message_naming_the_field(
         ({"cleanPodPolicy": "Some"}, "cleanPodPolicy"),
         ({"rdzvEndpoint": "no port"}, "rdzvEndpoint"),
         ({"unknownField": 1}, "unknownField"),
+        ({"rdzvTLS": {"secretName": ""}}, "rdzvTLS.secretName"),
+        ({"rdzvTLS": {}}, "rdzvTLS.secretName"),
     ],
 )
 def test_bad_single_fields_are_refused_by_name(over: dict[str, Any], field: str) -> None:
     assert field in refused(spec(**over))
+
+
+def test_rdzv_tls_names_the_secret_for_a_users_etcd() -> None:
+    for endpoint in ("etcd-service:2379", "https://etcd-a:2379,https://etcd-b:2379"):
+        s = models.ElasticJobSpec.model_validate(
+            spec(rdzvEndpoint=endpoint, rdzvTLS={"secretName": "etcd-client"})
+        )
+        assert s.rdzv_tls is not None and s.rdzv_tls.secret_name == "etcd-client"
+        assert s.model_dump(mode="json", exclude_none=True)["rdzvTLS"] == {
+            "secretName": "etcd-client"
+        }
 
 
 def test_nproc_per_node_accepts_numbers_and_torchrun_words() -> None:

@@ -1,0 +1,197 @@
+"""The certificates of a job's etcd: a CA of its own, a server and a client certificate.
+
+Pure (the clock is a parameter): what the operator stores in the job's two Secrets
+(:mod:`elasticjob_operator.etcd_secrets`). Each job gets a CA of its own, so a worker's
+client certificate opens only its own job's etcd, never another job's.
+
+The CA's private key is discarded once both certificates are signed: no one, neither a
+later operator nor anyone who can read a Secret, can mint another certificate the job's
+etcd would trust. Nothing ever needs to: the Secrets live as long as the job (owner
+reference), a restarted operator reuses them and a replacement etcd pod mounts the same
+server Secret. The price is that the certificates cannot be renewed, hence the long
+:data:`VALIDITY`: a job's etcd must never start refusing its workers mid-run, and its
+certificates are trusted by that one etcd only and deleted with the job.
+
+ECDSA P-256 keys: quick to generate (once per job, inside a reconcile round) and what
+etcd, gRPC and Go's TLS all accept.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Final
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+# Ten years: longer than any job runs (there is no renewal; see the module docstring).
+VALIDITY: Final = timedelta(days=3650)
+# Valid from a little before issuing, so a node whose clock lags the operator's still
+# accepts them.
+BACKDATE: Final = timedelta(minutes=5)
+ORGANIZATION: Final = "elasticjob"
+
+
+@dataclass(frozen=True)
+class IssuedCerts:
+    """PEM bytes of one job's etcd certificates; the CA key is not among them."""
+
+    ca_cert: bytes
+    server_cert: bytes
+    server_key: bytes
+    client_cert: bytes
+    client_key: bytes
+
+
+def server_names(namespace: str, service: str) -> tuple[str, ...]:
+    """DNS names the etcd's certificate is valid for: the Service ``service`` as a pod of
+    the namespace, another namespace and the cluster domain name it, and localhost."""
+    return (
+        service,
+        f"{service}.{namespace}",
+        f"{service}.{namespace}.svc",
+        f"{service}.{namespace}.svc.cluster.local",
+        "localhost",
+    )
+
+
+SERVER_IPS: Final = ("127.0.0.1",)
+
+
+def _name(common_name: str) -> x509.Name:
+    return x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, ORGANIZATION),
+            x509.NameAttribute(NameOID.COMMON_NAME, common_name),
+        ]
+    )
+
+
+def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+
+
+def _pem_cert(cert: x509.Certificate) -> bytes:
+    return cert.public_bytes(serialization.Encoding.PEM)
+
+
+def _leaf(
+    subject: str,
+    key: ec.EllipticCurvePrivateKey,
+    ca: x509.Certificate,
+    ca_key: ec.EllipticCurvePrivateKey,
+    usages: list[x509.ObjectIdentifier],
+    now: datetime,
+    san: x509.SubjectAlternativeName | None = None,
+) -> x509.Certificate:
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(_name(subject))
+        .issuer_name(ca.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - BACKDATE)
+        .not_valid_after(now + VALIDITY)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=False,
+                crl_sign=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
+        )
+    )
+    if san is not None:
+        builder = builder.add_extension(san, critical=False)
+    return builder.sign(ca_key, hashes.SHA256())
+
+
+def issue(job: str, namespace: str, service: str, workers: str, now: datetime) -> IssuedCerts:
+    """A new CA for job ``namespace/job``, the etcd's server certificate for the Service
+    ``service`` (:func:`server_names`, 127.0.0.1) and the workers' client certificate,
+    named for the workers' Service ``workers`` (a client certificate without a
+    subjectAltName is refused by strict verifiers).
+
+    The client certificate may only connect (EKU clientAuth): a worker cannot pose as the
+    job's etcd. The server certificate may serve and connect (serverAuth, clientAuth):
+    etcd's own gRPC gateway connects to etcd with it; it never leaves the etcd pod.
+    """
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = _name(f"etcd CA of {namespace}/{job}")
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - BACKDATE)
+        .not_valid_after(now + VALIDITY)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=False,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    san = x509.SubjectAlternativeName(
+        [x509.DNSName(n) for n in server_names(namespace, service)]
+        + [x509.IPAddress(ipaddress.ip_address(ip)) for ip in SERVER_IPS]
+    )
+    server_key = ec.generate_private_key(ec.SECP256R1())
+    server = _leaf(
+        f"{service}.{namespace}.svc",
+        server_key,
+        ca,
+        ca_key,
+        # etcd's gRPC gateway connects to etcd itself with the server certificate
+        [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH],
+        now,
+        san,
+    )
+    client_key = ec.generate_private_key(ec.SECP256R1())
+    client = _leaf(
+        f"workers of {namespace}/{job}",
+        client_key,
+        ca,
+        ca_key,
+        [ExtendedKeyUsageOID.CLIENT_AUTH],
+        now,
+        x509.SubjectAlternativeName([x509.DNSName(f"{workers}.{namespace}.svc")]),
+    )
+    return IssuedCerts(
+        ca_cert=_pem_cert(ca),
+        server_cert=_pem_cert(server),
+        server_key=_pem_key(server_key),
+        client_cert=_pem_cert(client),
+        client_key=_pem_key(client_key),
+    )
