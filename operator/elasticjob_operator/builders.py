@@ -130,6 +130,8 @@ def worker_env(ref: JobRef, spec: models.ElasticJobSpec, incarnation: int) -> li
         {"name": contract.NPROC_PER_NODE, "value": str(spec.nproc_per_node)},
         {"name": contract.MAX_RESTARTS, "value": str(spec.max_restarts)},
     ]
+    if spec.hang_timeout_seconds is not None:
+        env.append({"name": contract.HANG_TIMEOUT, "value": str(spec.hang_timeout_seconds)})
     if spec.rdzv_conf:
         conf = ",".join(f"{k}={v}" for k, v in sorted(spec.rdzv_conf.items()))
         env.append({"name": contract.RDZV_CONF, "value": conf})

@@ -32,7 +32,7 @@ from pydantic import ValidationError
 from elasticjob_operator import builders, etcd_reader, metrics, models, observe
 from elasticjob_operator.kube import Kube, load_config
 from elasticjob_operator.reconcile import Config, invalid_spec, reconcile
-from elasticjob_runtime.records import MemoryFallback
+from elasticjob_runtime.records import Hang, MemoryFallback
 
 log = logging.getLogger("elasticjob_operator")
 
@@ -125,6 +125,7 @@ def _reconcile_locked(kube: Kube, namespace: str, name: str, read_progress: bool
         return
     seen: models.Progress | None = None
     fallbacks: tuple[MemoryFallback, ...] = ()
+    hangs: tuple[Hang, ...] = ()
     if read_progress and not status.finished and spec.rdzv_backend is not models.RdzvBackend.C10D:
         run = models.run_id(ref.uid, status.incarnation)
         said = status.node_memory_fallback
@@ -136,12 +137,16 @@ def _reconcile_locked(kube: Kube, namespace: str, name: str, read_progress: bool
         )
         seen = observe.progress_of(records.progress)
         fallbacks = observe.memory_fallbacks_of(records.memory_fallbacks)
-    observed = replace(kube.observe(ref, seen), memory_fallbacks=fallbacks)
+        hangs = observe.hangs_of(records.hangs)
+    observed = replace(kube.observe(ref, seen), memory_fallbacks=fallbacks, hangs=hangs)
     decision = reconcile(ref, meta.get("generation"), spec, status, observed, now, CONFIG)
     kube.apply(ref, job, decision)
     new = decision.status
     if new.restart_count > status.restart_count:
         metrics.RESTARTS.labels(namespace=namespace).inc(new.restart_count - status.restart_count)
+    hang_delta = (new.hangs.count if new.hangs else 0) - (status.hangs.count if status.hangs else 0)
+    if hang_delta > 0:
+        metrics.HANGS.labels(namespace=namespace).inc(hang_delta)
     failed_delta = new.replica_statuses.worker.failed - status.replica_statuses.worker.failed
     if failed_delta > 0:
         metrics.FAILURES.labels(namespace=namespace).inc(failed_delta)

@@ -45,6 +45,11 @@ C10D_PORT: Final = 29400
 DEFAULT_SHM_SIZE: Final = "2Gi"
 SHM_PATH: Final = "/dev/shm"
 
+# spec.hangTimeoutSeconds: below 10 s a slow step or a checkpoint save at a step boundary
+# would pass for a hang; above a day it would never fire before a person looks anyway.
+MIN_HANG_TIMEOUT_SECONDS: Final = 10
+MAX_HANG_TIMEOUT_SECONDS: Final = 86400
+
 # Longest job name whose pods `<name>-worker-<i>` (i < 10000) keep a 63-char hostname.
 MAX_NAME_LENGTH: Final = 63 - len("-worker-") - 4
 
@@ -258,6 +263,19 @@ class ElasticJobSpec(_Model):
         "written. A Kubernetes quantity (512Mi, 8Gi); 0 adds no volume. A template that "
         "mounts its own /dev/shm (or sets hostIPC) is left as it is. A save that does not "
         "fit is reported once as a Warning event (CheckpointNotInNodeMemory).",
+    )
+    hang_timeout_seconds: int | None = Field(
+        default=None,
+        ge=MIN_HANG_TIMEOUT_SECONDS,
+        le=MAX_HANG_TIMEOUT_SECONDS,
+        description="Restart a worker group whose workers complete no training step "
+        "(CheckpointManager.mark_step, which the training-loop API calls) for this many "
+        "seconds, counted from the first step after each rendezvous, so rendezvous, restore "
+        "and the first step's warm-up never count. The worker pods' agents restart their "
+        "workers (ELASTICJOB_HANG_TIMEOUT), which costs one of maxRestarts; each hang is a "
+        f"Warning event (HangDetected) and counted in status.hangs. {MIN_HANG_TIMEOUT_SECONDS}"
+        f" to {MAX_HANG_TIMEOUT_SECONDS}; make it several times the longest gap between two "
+        "steps (evaluation, synchronous checkpoint saves). Absent: off.",
     )
     scheduling_policy: dict[str, Any] | None = Field(
         default=None,
@@ -504,6 +522,20 @@ class NodeMemoryFallback(_Model):
     time: datetime | None = Field(default=None, description="When the operator reported it.")
 
 
+class Hangs(_Model):
+    """Hangs the workers' agents detected and restarted the group for (HangDetected)."""
+
+    count: int = Field(default=0, description="Hangs detected so far, over all runs.")
+    run_id: str | None = Field(
+        default=None, description="The run (PET_RDZV_ID) the last hang was in."
+    )
+    last_round: int | None = Field(
+        default=None, description="The rendezvous round of the last hang said (per run)."
+    )
+    message: str = Field(default="", description="What the last HangDetected event said.")
+    time: datetime | None = Field(default=None, description="When the operator reported it.")
+
+
 class WorkerIndexes(_Model):
     """The operator's memory about worker indexes, so that a missing pod can be told apart
     from one never created (a lost worker is counted and replaced per restartPolicy)."""
@@ -575,6 +607,11 @@ class ElasticJobStatus(_Model):
         default=None,
         description="Set once a worker's node-memory checkpoint copy did not fit (restarts "
         "then read the checkpoint directory): raise spec.shmSize.",
+    )
+
+    hangs: Hangs | None = Field(
+        default=None,
+        description="Set once the workers' agents detected a hang (spec.hangTimeoutSeconds).",
     )
 
     def condition(self, type_: ConditionType) -> Condition | None:

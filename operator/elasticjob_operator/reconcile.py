@@ -26,6 +26,7 @@ from elasticjob_operator import builders, models
 from elasticjob_operator.builders import JobRef
 from elasticjob_operator.conditions import ConditionChange, phase_of, set_condition
 from elasticjob_operator.decision import ChildRef, Decision, Event, normal, warning
+from elasticjob_operator.hangs import decide_hangs
 from elasticjob_operator.models import CleanPodPolicy, ConditionType, ElasticJobSpec
 from elasticjob_operator.node_memory import decide_memory_fallback
 from elasticjob_operator.observe import Observed, ObservedPod
@@ -329,7 +330,7 @@ def _finish(d: Decision, r: Round, going: frozenset[str], stop_workers: bool = F
 
 def _observe(d: Decision, r: Round, generation: int | None) -> None:
     """What every round records: the generation acted on, the scale selector, what the
-    runtime published (progress, rule "Node memory"), and the Created condition."""
+    runtime published (progress, rules "Node memory" and "Hangs"), and the Created condition."""
     st, spec, ref, now = d.status, r.spec, r.ref, r.now
     st.observed_generation = generation
     st.selector = builders.selector_string(ref.name)
@@ -347,6 +348,10 @@ def _observe(d: Decision, r: Round, generation: int | None) -> None:
     if said is not None:
         st.node_memory_fallback, event = said
         d.events.append(event)
+    hung = decide_hangs(st.hangs, run, r.observed.hangs, now)  # rule "Hangs"
+    if hung is not None:
+        st.hangs, events = hung
+        d.events += events
     if st.condition(C.CREATED) is None:
         set_condition(
             st, C.CREATED, True, "ElasticJobCreated", "the operator accepted the job", now

@@ -95,6 +95,12 @@ def test_worker_env_is_the_contract() -> None:
     assert env_of(builders.worker_pod(REF, spec, 0, 0), 1)[contract.RDZV_ID]["value"] == "uid-1"
 
 
+def test_the_hang_timeout_reaches_the_workers_only_when_set() -> None:
+    assert contract.HANG_TIMEOUT not in env_of(builders.worker_pod(REF, make_spec(), 0, 0))
+    env = env_of(builders.worker_pod(REF, make_spec(hangTimeoutSeconds=45), 0, 0))
+    assert env[contract.HANG_TIMEOUT]["value"] == "45"
+
+
 def test_a_variable_the_template_sets_is_kept() -> None:
     container = {
         "name": "trainer",

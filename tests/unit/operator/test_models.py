@@ -162,6 +162,10 @@ def test_cross_field_rules_refuse_with_a_message_naming_the_field(
         ({"cleanPodPolicy": "Some"}, "cleanPodPolicy"),
         ({"rdzvEndpoint": "no port"}, "rdzvEndpoint"),
         ({"unknownField": 1}, "unknownField"),
+        ({"hangTimeoutSeconds": 9}, "hangTimeoutSeconds"),
+        ({"hangTimeoutSeconds": 0}, "hangTimeoutSeconds"),
+        ({"hangTimeoutSeconds": 86401}, "hangTimeoutSeconds"),
+        ({"hangTimeoutSeconds": "30s"}, "hangTimeoutSeconds"),
     ],
 )
 def test_bad_single_fields_are_refused_by_name(over: dict[str, Any], field: str) -> None:

@@ -42,7 +42,7 @@ from elasticjob_operator.reconcile import (
     reconcile,
 )
 from elasticjob_operator.workers import worker_context
-from elasticjob_runtime.records import MemoryFallback, Progress, encode_progress
+from elasticjob_runtime.records import Hang, MemoryFallback, Progress, encode_progress
 
 REF = JobRef(name="train", namespace="ml", uid="uid-1")
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
@@ -1074,3 +1074,21 @@ def test_the_below_min_clock_runs_only_while_below_min() -> None:
         (C.SCALING, False),
         (C.RUNNING, True),
     ]
+
+
+# -- hangs -----------------------------------------------------------------------------
+
+
+def test_a_hang_the_agents_recorded_is_one_warning_event_and_counted() -> None:
+    w = running_world(hangTimeoutSeconds=30)
+    record = Hang(
+        round=4, pod="train-worker-1", step=99, stalled_seconds=30.5, timeout_seconds=30, updated=0
+    )
+    for expected in (1, 0, 0):  # every resync reads the record again: said once
+        d = reconcile(
+            REF, 1, w.spec, w.status, replace(w.observed(), hangs=(record,)), w.now, w.config
+        )
+        w.status = d.status
+        hangs = [e for e in d.events if e.type == "Warning" and e.reason == "HangDetected"]
+        assert len(hangs) == expected
+        assert w.status.hangs is not None and w.status.hangs.count == 1
