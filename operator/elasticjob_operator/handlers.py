@@ -30,7 +30,7 @@ import kopf
 from pydantic import ValidationError
 
 from elasticjob_operator import builders, etcd_reader, metrics, models, observe
-from elasticjob_operator.kube import Kube, load_config
+from elasticjob_operator.kube import Kube, Refused, load_config
 from elasticjob_operator.reconcile import Config, invalid_spec, reconcile
 from elasticjob_runtime.records import Hang, MemoryFallback
 
@@ -140,7 +140,11 @@ def _reconcile_locked(kube: Kube, namespace: str, name: str, read_progress: bool
         hangs = observe.hangs_of(records.hangs)
     observed = replace(kube.observe(ref, seen), memory_fallbacks=fallbacks, hangs=hangs)
     decision = reconcile(ref, meta.get("generation"), spec, status, observed, now, CONFIG)
-    kube.apply(ref, job, decision)
+    try:
+        kube.apply(ref, job, decision)
+    except Refused as exc:  # a child the API server will never take: say so, fail the job
+        kube.apply(ref, job, invalid_spec(status, str(exc), now))
+        return
     new = decision.status
     if new.restart_count > status.restart_count:
         metrics.RESTARTS.labels(namespace=namespace).inc(new.restart_count - status.restart_count)

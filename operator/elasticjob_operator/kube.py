@@ -52,6 +52,36 @@ class Conflict(Exception):
     """A child could not be created because its name is taken; retried next round."""
 
 
+class Refused(Exception):
+    """The API server refused a child as invalid (400, 422): no retry can help, the spec
+    must change. The message is one line saying which child, from which field, and why."""
+
+
+# Where in the spec each kind of child comes from, for the message.
+_SOURCE = {
+    "Pod": "spec.replicaSpecs.Worker.template",
+    "Deployment": "spec.etcd",
+    "Service": "the job's name",
+}
+_MAX_REFUSAL = 1000
+
+
+def refusal_message(kind: str, name: str, body: str | None, reason: str | None) -> str:
+    """One line for a child the API server refused, with its own reason (from the Status
+    in ``body`` when there is one), shortened to fit an event."""
+    said = ""
+    try:
+        doc = json.loads(body or "")
+        said = str(doc.get("message") or "") if isinstance(doc, dict) else ""
+    except ValueError:
+        pass
+    said = " ".join((said or reason or "refused").split())
+    if len(said) > _MAX_REFUSAL:
+        said = said[: _MAX_REFUSAL - 3] + "..."
+    source = _SOURCE.get(kind, "the spec")
+    return f"{source}: the API server refused the {kind} {name}: {said}; fix {source}"
+
+
 class Kube:
     def __init__(self) -> None:
         self.api = kubernetes.client.ApiClient()
@@ -152,6 +182,9 @@ class Kube:
         except ApiException as exc:
             if exc.status == 409:
                 raise Conflict(f"{kind} {ns}/{obj['metadata']['name']} already exists") from exc
+            if exc.status in (400, 422):
+                name = str(obj["metadata"]["name"])
+                raise Refused(refusal_message(kind, name, exc.body, exc.reason)) from exc
             raise
 
     def _delete(self, ns: str, child: ChildRef) -> None:

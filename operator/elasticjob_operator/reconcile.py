@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from enum import StrEnum
 from typing import Final
 
@@ -147,7 +147,7 @@ def decide_finish(
     expired = (
         ttl is not None
         and completion_time is not None
-        and now >= completion_time + timedelta(seconds=ttl)
+        and seconds_since(completion_time, now) >= ttl
     )
     if expired:
         events.append(normal("TTLExpired", f"deleting the job {ttl}s after it finished"))
@@ -475,6 +475,12 @@ def _carry_on(d: Decision, r: Round, outcome: Outcome, going: frozenset[str]) ->
 # -- the composition -------------------------------------------------------------------
 
 
+def seconds_since(then: datetime, now: datetime) -> float:
+    """Elapsed seconds, compared with a spec's limit: ``then + timedelta(limit)`` overflows
+    datetime for a limit the API server accepts (any int64), and failed every round."""
+    return (now - then).total_seconds()
+
+
 def invalid_spec(status: models.ElasticJobStatus, message: str, now: datetime) -> Decision:
     """A spec that fails the models' rules (it got past the CRD somehow): fail, loudly."""
     d = Decision(status=status.model_copy(deep=True))
@@ -507,7 +513,7 @@ def reconcile(
         _resume(d, r)
     st.start_time = st.start_time or r.now
     deadline = spec.active_deadline_seconds
-    if deadline is not None and r.now >= st.start_time + timedelta(seconds=deadline):
+    if deadline is not None and seconds_since(st.start_time, r.now) >= deadline:
         why = f"the job ran longer than activeDeadlineSeconds={deadline}"
         _fail(d, warning("DeadlineExceeded", why), r.now)
         return _finish(d, r, frozenset(), stop_workers=True)

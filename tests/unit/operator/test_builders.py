@@ -383,3 +383,8 @@ def test_health_probes_can_be_switched_off(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(builders, "HEALTH_PROBES", False)
     c = trainer(builders.worker_pod(REF, make_spec(), 0, 0))
     assert "livenessProbe" not in c and "readinessProbe" not in c and "ports" not in c
+
+
+def test_the_longest_name_and_highest_index_still_make_a_valid_hostname() -> None:
+    longest = builders.worker_pod_name("a" * models.MAX_NAME_LENGTH, models.MAX_REPLICAS - 1)
+    assert len(longest) == 63

@@ -4,6 +4,8 @@ status write does not trigger another round."""
 
 from __future__ import annotations
 
+import json
+
 from elasticjob_operator.kube import merge_patch
 
 
@@ -36,3 +38,27 @@ def test_the_operators_own_status_write_does_not_trigger_another_round() -> None
     assert not is_own_status_echo("MODIFIED", scaled)  # kubectl scale bumps generation
     assert not is_own_status_echo(None, acted)  # the initial listing always reconciles
     assert not is_own_status_echo("ADDED", {"metadata": {"generation": 1}})
+
+
+def test_a_refused_child_is_one_line_naming_the_spec_field_and_the_api_servers_reason() -> None:
+    from elasticjob_operator.kube import refusal_message
+
+    body = json.dumps(
+        {
+            "kind": "Status",
+            "message": 'Pod "j-worker-0" is invalid: spec.containers[0].name: Invalid value:\n'
+            '"Ab": a lowercase RFC 1123 label must consist of ...',
+            "reason": "Invalid",
+        }
+    )
+    assert refusal_message("Pod", "j-worker-0", body, "Unprocessable Entity") == (
+        "spec.replicaSpecs.Worker.template: the API server refused the Pod j-worker-0: "
+        'Pod "j-worker-0" is invalid: spec.containers[0].name: Invalid value: "Ab": a '
+        "lowercase RFC 1123 label must consist of ...; fix spec.replicaSpecs.Worker.template"
+    )
+    # no Status body: the HTTP reason; an enormous one is cut to fit an event
+    assert refusal_message("Deployment", "j-etcd", "<html>", "Bad Request").startswith(
+        "spec.etcd: the API server refused the Deployment j-etcd: Bad Request;"
+    )
+    long = refusal_message("Pod", "p", json.dumps({"message": "x" * 10_000}), None)
+    assert len(long) < 1200 and "\n" not in long

@@ -572,6 +572,23 @@ def test_ttl_after_finished_deletes_the_job() -> None:
     assert "TTLExpired" in reasons(d)
 
 
+INT64_MAX = 2**63 - 1  # the API server accepts any int64 for these
+
+
+def test_an_int64_deadline_or_ttl_is_never_reached_and_never_breaks_a_round() -> None:
+    # They used to be added to a datetime, which overflowed: every round raised and the
+    # job was never reconciled again.
+    w = running_world(activeDeadlineSeconds=INT64_MAX, ttlSecondsAfterFinished=INT64_MAX)
+    w.advance(10**6)
+    assert w.round().status.phase == "Running"
+    w.set(0, "Succeeded", code=0)
+    w.set(1, "Succeeded", code=0)
+    d = w.round()
+    assert d.status.phase == "Succeeded" and not d.delete_job
+    w.advance(10**6)
+    assert not w.round().delete_job
+
+
 def test_no_ttl_keeps_the_job() -> None:
     w = running_world()
     w.set(0, "Succeeded", code=0)
