@@ -63,7 +63,7 @@ _SOURCE = {
     "Deployment": "spec.etcd",
     "Service": "the job's name",
 }
-_MAX_REFUSAL = 1000
+_MAX_REFUSAL = 800
 
 
 def refusal_message(kind: str, name: str, body: str | None, reason: str | None) -> str:
