@@ -16,7 +16,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import EtcdServer, start, still_running, wait_for
+from conftest import WORKERS, EtcdServer, start, still_running, wait_for
 
 from elasticjob_runtime import contract
 from elasticjob_runtime.etcd_client import EtcdClient, parse_endpoints
@@ -110,3 +110,26 @@ def test_a_frozen_training_process_restarts_the_group_and_training_goes_on(
     assert hangs[0].timeout_seconds == HANG_TIMEOUT_S
     assert hangs[0].step in (frozen_at, frozen_at + 1)  # its peer may log the next one
     assert hangs[0].stalled_seconds >= HANG_TIMEOUT_S
+
+
+def test_a_hang_costs_a_restart_and_with_none_left_the_agent_fails(
+    agents: list[subprocess.Popen[bytes]], etcd: EtcdServer, tmp_path: Path
+) -> None:
+    log = tmp_path / "agent.log"
+    proc = start(
+        agents,
+        etcd,
+        log,
+        [str(WORKERS / "hang_after.py")],
+        nproc=1,
+        max_restarts=1,
+        launcher_flags=("--hang-timeout=3",),
+        env={"HANG_AFTER": "5", "CKPT_DIR": str(tmp_path / "ckpt")},
+    )
+    wait_for("the agent to give up", proc.poll, 180, log)
+    text = log.read_text()
+    assert proc.returncode == 1, text[-3000:]
+    # the first hang restarted the group (its one restart), the second ended it
+    assert re.findall(r"^step=5 attempt=(\d)$", text, re.M) == ["0", "1"], text[-3000:]
+    assert len(re.findall(r"hang \d: no training step for \d+ s", text)) == 2, text[-3000:]
+    assert "workers failed and no restarts are left" in text
