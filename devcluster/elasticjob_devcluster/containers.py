@@ -256,13 +256,24 @@ def kill_worker(rt: PodRuntime, container: str) -> tuple[int, str]:
     """SIGKILL one training process inside the container (the newest python child of
     its main process, e.g. of elasticjob-run), not the container: the launcher must
     notice. Returns its pid and command line."""
+    return signal_worker(rt, container, signal.SIGKILL)
+
+
+def freeze_worker(rt: PodRuntime, container: str) -> tuple[int, str]:
+    """SIGSTOP one training process inside the container, as :func:`kill_worker` picks
+    it: a hung trainer whose launcher still answers, which only hang detection notices.
+    Returns its pid and command line."""
+    return signal_worker(rt, container, signal.SIGSTOP)
+
+
+def signal_worker(rt: PodRuntime, container: str, sig: signal.Signals) -> tuple[int, str]:
     name = _chosen(rt, container)
     proc = rt.procs.get(name)
     child = procs.newest_worker_child(proc.pid) if proc is not None else None
     if child is None:
         raise ContainerError(f"container {name!r} has no python child process")
     with contextlib.suppress(ProcessLookupError):
-        os.kill(child[0], signal.SIGKILL)
+        os.kill(child[0], sig)
     return child
 
 

@@ -32,10 +32,11 @@ class Op(StrEnum):
     KILL_WORKER = "kill-worker"  # SIGKILL one training process inside a container
     NETWORK = "network"  # the pod's link down or up
     FREEZE = "freeze"  # SIGSTOP a container's main process
+    FREEZE_WORKER = "freeze-worker"  # SIGSTOP one training process inside a container
     THAW = "thaw"  # SIGCONT it
 
 
-POD_OPS = frozenset({Op.KILL, Op.KILL_WORKER, Op.NETWORK, Op.FREEZE, Op.THAW})
+POD_OPS = frozenset({Op.KILL, Op.KILL_WORKER, Op.NETWORK, Op.FREEZE, Op.FREEZE_WORKER, Op.THAW})
 
 
 class ProtocolError(ValueError):

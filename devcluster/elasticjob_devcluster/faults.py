@@ -6,6 +6,7 @@ the operations and the request/reply). Pod faults find the agent running the pod
     kill_container(dir, "default", "worker-0")      # SIGKILL; restartPolicy decides
     kill_worker_process(dir, "default", "worker-0")  # SIGKILL one training process in it
     freeze_container(dir, "default", "worker-0")     # SIGSTOP its main process (a hang)
+    freeze_worker_process(dir, "default", "worker-0")  # SIGSTOP one training process in it
     thaw_container(dir, "default", "worker-0")       # SIGCONT
     cut_network(dir, "default", "worker-0")          # veth down both ends (and API access)
     restore_network(dir, "default", "worker-0")
@@ -72,6 +73,15 @@ def kill_worker_process(
     container's main process (for `elasticjob-run`/torchrun, a worker), not the container.
     The launcher is left to notice. Returns the pid killed."""
     return pod_call(state_dir, Request(Op.KILL_WORKER, namespace, pod, container or "")).pids[0]
+
+
+def freeze_worker_process(
+    state_dir: Path, namespace: str, pod: str, container: str | None = None
+) -> int:
+    """SIGSTOP one training process inside a container, picked as kill_worker_process picks
+    it: the trainer hangs while its launcher goes on answering probes, so only the
+    launcher's hang detection (spec.hangTimeoutSeconds) can notice. Returns the pid."""
+    return pod_call(state_dir, Request(Op.FREEZE_WORKER, namespace, pod, container or "")).pids[0]
 
 
 def freeze_container(

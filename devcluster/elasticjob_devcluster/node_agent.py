@@ -406,6 +406,9 @@ class Agent:
             if req.op == Op.KILL_WORKER:
                 pid, cmdline = containers.kill_worker(rt, req.container)
                 return Reply(ok=True, node=node, pids=[pid], cmdline=cmdline)
+            if req.op == Op.FREEZE_WORKER:
+                pid, cmdline = containers.freeze_worker(rt, req.container)
+                return Reply(ok=True, node=node, pids=[pid], cmdline=cmdline)
             if req.op == Op.FREEZE:
                 return Reply(ok=True, node=node, pids=[containers.freeze(rt, req.container)])
             if req.op == Op.THAW:

@@ -157,6 +157,8 @@ def worker_env(ref: JobRef, spec: models.ElasticJobSpec, incarnation: int) -> li
         {"name": contract.NPROC_PER_NODE, "value": str(spec.nproc_per_node)},
         {"name": contract.MAX_RESTARTS, "value": str(spec.max_restarts)},
     ]
+    if spec.hang_timeout_seconds is not None:
+        env.append({"name": contract.HANG_TIMEOUT, "value": str(spec.hang_timeout_seconds)})
     tls = etcd_client_tls_secret(ref.name, spec) is not None
     files = {
         contract.ETCD_CACERT: posixpath.join(WORKER_ETCD_TLS_DIR, TLS_CA),

@@ -1,4 +1,5 @@
-"""Read what a run publishes in its etcd: the progress record, the node-memory reports.
+"""Read what a run publishes in its etcd: the progress record, the node-memory reports,
+the hang records.
 
 The operator's only etcd I/O: the raw bytes, decoded by :mod:`elasticjob_operator.observe`.
 Every member of the endpoint list is tried (the rendezvous fails over between them too).
@@ -23,6 +24,7 @@ log = logging.getLogger(__name__)
 class RunRecords:
     progress: bytes | None = None  # the progress record, if there is one
     memory_fallbacks: tuple[bytes, ...] = ()  # one per pod whose node-memory copy failed
+    hangs: tuple[bytes, ...] = ()  # one per round in which the agents detected a hang
 
 
 def read_run_records(
@@ -63,7 +65,9 @@ def _read(client: EtcdClient, run_id: str, memory_fallbacks: bool) -> RunRecords
     kv = client.get(contract.progress_key(run_id))
     prefix = contract.memory_fallback_prefix(run_id)
     reports = client.snapshot(prefix).items if memory_fallbacks else {}
+    hangs = client.snapshot(contract.hang_prefix(run_id)).items
     return RunRecords(
         progress=kv.value if kv is not None else None,
         memory_fallbacks=tuple(reports[key].value for key in sorted(reports)),
+        hangs=tuple(hangs[key].value for key in sorted(hangs)),
     )

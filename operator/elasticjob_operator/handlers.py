@@ -38,9 +38,9 @@ from elasticjob_operator import (
     network_policy,
     observe,
 )
-from elasticjob_operator.kube import Kube, load_config
+from elasticjob_operator.kube import InvalidChild, Kube, load_config
 from elasticjob_operator.reconcile import Config, invalid_spec, reconcile
-from elasticjob_runtime.records import MemoryFallback
+from elasticjob_runtime.records import Hang, MemoryFallback
 
 log = logging.getLogger("elasticjob_operator")
 
@@ -137,6 +137,7 @@ def _reconcile_locked(kube: Kube, namespace: str, name: str, read_progress: bool
         secrets.ensure(ref)  # before the etcd and the workers that mount them are created
     seen: models.Progress | None = None
     fallbacks: tuple[MemoryFallback, ...] = ()
+    hangs: tuple[Hang, ...] = ()
     if read_progress and not status.finished and spec.rdzv_backend is not models.RdzvBackend.C10D:
         run = models.run_id(ref.uid, status.incarnation)
         said = status.node_memory_fallback
@@ -154,12 +155,20 @@ def _reconcile_locked(kube: Kube, namespace: str, name: str, read_progress: bool
         )
         seen = observe.progress_of(records.progress)
         fallbacks = observe.memory_fallbacks_of(records.memory_fallbacks)
-    observed = replace(kube.observe(ref, seen), memory_fallbacks=fallbacks)
+        hangs = observe.hangs_of(records.hangs)
+    observed = replace(kube.observe(ref, seen), memory_fallbacks=fallbacks, hangs=hangs)
     decision = reconcile(ref, meta.get("generation"), spec, status, observed, now, CONFIG)
-    kube.apply(ref, job, decision)
+    try:
+        kube.apply(ref, job, decision)
+    except InvalidChild as exc:  # a child the API server will never take: fail the job
+        kube.apply(ref, job, invalid_spec(status, str(exc), now))
+        return
     new = decision.status
     if new.restart_count > status.restart_count:
         metrics.RESTARTS.labels(namespace=namespace).inc(new.restart_count - status.restart_count)
+    hang_delta = (new.hangs.count if new.hangs else 0) - (status.hangs.count if status.hangs else 0)
+    if hang_delta > 0:
+        metrics.HANGS.labels(namespace=namespace).inc(hang_delta)
     failed_delta = new.replica_statuses.worker.failed - status.replica_statuses.worker.failed
     if failed_delta > 0:
         metrics.FAILURES.labels(namespace=namespace).inc(failed_delta)

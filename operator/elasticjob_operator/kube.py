@@ -53,11 +53,19 @@ class Conflict(Exception):
 
 
 class Refused(Exception):
-    """The API server refused a child for good (403, 422, ...): it says so in ``event``."""
+    """The API server refused a child (403: Pod Security admission, a quota, RBAC) until
+    the namespace or the template changes: retried every round, reported as
+    ReplicaFailure (refusals.py). It says so in ``event``."""
 
     def __init__(self, event: Event) -> None:
         super().__init__(event.message)
         self.event = event
+
+
+class InvalidChild(Exception):
+    """The API server refused a child as invalid (400, 422): no retry can help, the spec
+    must change, so the job fails with InvalidSpec. The message is one line saying which
+    child, from which field, and why (refusals.invalid_message)."""
 
 
 class Kube:
@@ -175,6 +183,10 @@ class Kube:
             name = obj["metadata"]["name"]
             if exc.status == 409:
                 raise Conflict(f"{kind} {ns}/{name} already exists") from exc
+            if exc.status in refusals.INVALID_CODES:
+                raise InvalidChild(
+                    refusals.invalid_message(kind, name, exc.body, exc.reason)
+                ) from exc
             if exc.status in refusals.REFUSED_CODES:
                 message = refusals.api_message(exc.body, str(exc.reason))
                 raise Refused(refusals.refusal_event(kind, name, message)) from exc

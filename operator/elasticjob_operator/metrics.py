@@ -1,4 +1,5 @@
-"""Prometheus metrics of the operator: jobs by phase, worker restarts, reconcile latency."""
+"""Prometheus metrics of the operator: jobs by phase, worker restarts, hangs, reconcile
+latency."""
 
 from __future__ import annotations
 
@@ -13,6 +14,11 @@ RESTARTS = Counter(
 )
 FAILURES = Counter(
     "elasticjob_worker_failures_total", "Worker pods seen failed or lost.", ["namespace"]
+)
+HANGS = Counter(
+    "elasticjob_hangs_total",
+    "Hangs the workers' agents detected (no training step for spec.hangTimeoutSeconds).",
+    ["namespace"],
 )
 RECONCILE_SECONDS = Histogram(
     "elasticjob_reconcile_duration_seconds",

@@ -45,8 +45,16 @@ C10D_PORT: Final = 29400
 DEFAULT_SHM_SIZE: Final = "2Gi"
 SHM_PATH: Final = "/dev/shm"
 
+# spec.hangTimeoutSeconds: below 10 s a slow step or a checkpoint save at a step boundary
+# would pass for a hang; above a day it would never fire before a person looks anyway.
+MIN_HANG_TIMEOUT_SECONDS: Final = 10
+MAX_HANG_TIMEOUT_SECONDS: Final = 86400
+
 # Longest job name whose pods `<name>-worker-<i>` (i < 10000) keep a 63-char hostname.
 MAX_NAME_LENGTH: Final = 63 - len("-worker-") - 4
+# Most workers a job may ask for: indexes 0..9999, which the name limit above assumes
+# (a 5-digit index on a longest name is a 64-char hostname, refused on every create).
+MAX_REPLICAS: Final = 10000
 
 
 class _Model(BaseModel):
@@ -91,9 +99,22 @@ assert tuple(b.value for b in RdzvBackend) == contract.RDZV_BACKENDS
 assert RdzvBackend.ETCD_V3.value == contract.DEFAULT_RDZV_BACKEND
 
 
+# Parts of the pod template the operator reads or extends are typed (a wrong type is
+# refused by the API server, naming the field, instead of breaking every round of the
+# operator); their items, and every other field, pass to the pods unchanged.
+_Objects = list[dict[str, Any]]
+
+
+class EnvVar(_Open):
+    """A core/v1 EnvVar; the operator reads its name (a variable the template sets is kept)."""
+
+    name: str = Field(min_length=1, description="Variable name.")
+
+
 class Container(_Open):
-    """A core/v1 Container. Only `name` and `image` are checked here; every other
-    Container field is accepted and passed to the pod unchanged."""
+    """A core/v1 Container. Only `name` and `image` are checked here, and the types of
+    the fields the operator extends; every other Container field is accepted and passed
+    to the pod unchanged."""
 
     name: str = Field(min_length=1, description="Container name, unique within the pod.")
     image: str = Field(
@@ -101,22 +122,51 @@ class Container(_Open):
         description="Container image. The first container is the trainer: its exit code "
         "decides what restartPolicy ExitCode does.",
     )
+    command: list[str] | None = Field(default=None, description="Entrypoint array.")
+    env: list[EnvVar] | None = Field(
+        default=None, description="Environment; the operator adds the contract's variables."
+    )
+    ports: _Objects | None = Field(
+        default=None, description="Ports; the operator may add the health probes' port."
+    )
+    volume_mounts: _Objects | None = Field(
+        default=None, description="Volume mounts; the operator may add /dev/shm."
+    )
 
 
 class PodSpec(_Open):
-    """A core/v1 PodSpec. Only `containers` is checked here; every other PodSpec field is
-    accepted and copied to the worker pods (restartPolicy, hostname and subdomain are set
-    by the operator)."""
+    """A core/v1 PodSpec. Only `containers` is checked here, and the types of the fields
+    the operator extends; every other PodSpec field is accepted and copied to the worker
+    pods (restartPolicy, hostname and subdomain are set by the operator)."""
 
     containers: list[Container] = Field(
         min_length=1, description="The worker's containers; the first one runs the training."
     )
+    init_containers: list[Container] | None = Field(
+        default=None, description="Init containers; they get /dev/shm too."
+    )
+    volumes: _Objects | None = Field(
+        default=None, description="Volumes; the operator may add /dev/shm."
+    )
+    tolerations: _Objects | None = Field(
+        default=None, description="Tolerations; the operator adds short node-lost ones."
+    )
+    host_ipc: bool | None = Field(
+        default=None, alias="hostIPC", description="Use the host's IPC namespace (and /dev/shm)."
+    )
+
+
+class TemplateMetadata(_Open):
+    """Metadata of the worker pods."""
+
+    labels: dict[str, str] | None = Field(default=None, description="Copied to every pod.")
+    annotations: dict[str, str] | None = Field(default=None, description="Copied to every pod.")
 
 
 class PodTemplate(_Open):
     """A core/v1 PodTemplateSpec for every worker pod."""
 
-    metadata: dict[str, Any] | None = Field(
+    metadata: TemplateMetadata | None = Field(
         default=None, description="Labels and annotations copied to every worker pod."
     )
     spec: PodSpec = Field(description="The worker pod's spec (core/v1 PodSpec).")
@@ -128,6 +178,7 @@ class ReplicaSpec(_Model):
     replicas: int | None = Field(
         default=None,
         ge=0,
+        le=MAX_REPLICAS,
         description="Desired number of worker pods, between minReplicas and maxReplicas. "
         "Changed by `kubectl scale` and HPA through the scale subresource. "
         "Absent means minReplicas.",
@@ -213,10 +264,13 @@ class ElasticJobSpec(_Model):
         description="Extra rendezvous settings, passed as PET_RDZV_CONF key=value pairs "
         "(torchrun --rdzv-conf), e.g. {join_timeout: '900'}.",
     )
-    min_replicas: int = Field(default=1, ge=1, description="Fewest workers the training runs with.")
+    min_replicas: int = Field(
+        default=1, ge=1, le=MAX_REPLICAS, description="Fewest workers the training runs with."
+    )
     max_replicas: int | None = Field(
         default=None,
         ge=1,
+        le=MAX_REPLICAS,
         description="Most workers the training runs with. Absent: "
         "the larger of minReplicas and replicaSpecs.Worker.replicas.",
     )
@@ -279,6 +333,19 @@ class ElasticJobSpec(_Model):
         "written. A Kubernetes quantity (512Mi, 8Gi); 0 adds no volume. A template that "
         "mounts its own /dev/shm (or sets hostIPC) is left as it is. A save that does not "
         "fit is reported once as a Warning event (CheckpointNotInNodeMemory).",
+    )
+    hang_timeout_seconds: int | None = Field(
+        default=None,
+        ge=MIN_HANG_TIMEOUT_SECONDS,
+        le=MAX_HANG_TIMEOUT_SECONDS,
+        description="Restart a worker group whose workers complete no training step "
+        "(CheckpointManager.mark_step, which the training-loop API calls) for this many "
+        "seconds, counted from the first step after each rendezvous, so rendezvous, restore "
+        "and the first step's warm-up never count. The worker pods' agents restart their "
+        "workers (ELASTICJOB_HANG_TIMEOUT), which costs one of maxRestarts; each hang is a "
+        f"Warning event (HangDetected) and counted in status.hangs. {MIN_HANG_TIMEOUT_SECONDS}"
+        f" to {MAX_HANG_TIMEOUT_SECONDS}; make it several times the longest gap between two "
+        "steps (evaluation, synchronous checkpoint saves). Absent: off.",
     )
     scheduling_policy: dict[str, Any] | None = Field(
         default=None,
@@ -548,6 +615,20 @@ class NodeMemoryFallback(_Model):
     time: datetime | None = Field(default=None, description="When the operator reported it.")
 
 
+class Hangs(_Model):
+    """Hangs the workers' agents detected and restarted the group for (HangDetected)."""
+
+    count: int = Field(default=0, description="Hangs detected so far, over all runs.")
+    run_id: str | None = Field(
+        default=None, description="The run (PET_RDZV_ID) the last hang was in."
+    )
+    last_round: int | None = Field(
+        default=None, description="The rendezvous round of the last hang said (per run)."
+    )
+    message: str = Field(default="", description="What the last HangDetected event said.")
+    time: datetime | None = Field(default=None, description="When the operator reported it.")
+
+
 class WorkerIndexes(_Model):
     """The operator's memory about worker indexes, so that a missing pod can be told apart
     from one never created (a lost worker is counted and replaced per restartPolicy)."""
@@ -620,6 +701,11 @@ class ElasticJobStatus(_Model):
         default=None,
         description="Set once a worker's node-memory checkpoint copy did not fit (restarts "
         "then read the checkpoint directory): raise spec.shmSize.",
+    )
+
+    hangs: Hangs | None = Field(
+        default=None,
+        description="Set once the workers' agents detected a hang (spec.hangTimeoutSeconds).",
     )
 
     def condition(self, type_: ConditionType) -> Condition | None:

@@ -48,6 +48,7 @@ class Observed:
     network_policies: frozenset[str] = frozenset()
     progress: models.Progress | None = None  # None: not read this round, keep the last one
     memory_fallbacks: tuple[records.MemoryFallback, ...] = ()  # this run's reports, if read
+    hangs: tuple[records.Hang, ...] = ()  # this run's hang records, if read
 
 
 # -- pods ------------------------------------------------------------------------------
@@ -163,6 +164,17 @@ def memory_fallbacks_of(raws: Iterable[bytes]) -> tuple[records.MemoryFallback, 
             out.append(records.decode_memory_fallback(raw))
         except ValueError as exc:
             _malformed("node-memory report", exc)
+    return tuple(out)
+
+
+def hangs_of(raws: Iterable[bytes]) -> tuple[records.Hang, ...]:
+    """The stored hang records; a malformed one is skipped."""
+    out = []
+    for raw in raws:
+        try:
+            out.append(records.decode_hang(raw))
+        except ValueError as exc:
+            _malformed("hang record", exc)
     return tuple(out)
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from enum import StrEnum
 from typing import Final
 
@@ -26,6 +26,7 @@ from elasticjob_operator import builders, models, network_policy
 from elasticjob_operator.builders import JobRef
 from elasticjob_operator.conditions import ConditionChange, phase_of, set_condition
 from elasticjob_operator.decision import ChildRef, Decision, Event, normal, warning
+from elasticjob_operator.hangs import decide_hangs
 from elasticjob_operator.models import CleanPodPolicy, ConditionType, ElasticJobSpec
 from elasticjob_operator.network_policy import OperatorPeer
 from elasticjob_operator.node_memory import decide_memory_fallback
@@ -149,7 +150,7 @@ def decide_finish(
     expired = (
         ttl is not None
         and completion_time is not None
-        and now >= completion_time + timedelta(seconds=ttl)
+        and seconds_since(completion_time, now) >= ttl
     )
     if expired:
         events.append(normal("TTLExpired", f"deleting the job {ttl}s after it finished"))
@@ -332,7 +333,7 @@ def _finish(d: Decision, r: Round, going: frozenset[str], stop_workers: bool = F
 
 def _observe(d: Decision, r: Round, generation: int | None) -> None:
     """What every round records: the generation acted on, the scale selector, what the
-    runtime published (progress, rule "Node memory"), and the Created condition."""
+    runtime published (progress, rules "Node memory" and "Hangs"), and the Created condition."""
     st, spec, ref, now = d.status, r.spec, r.ref, r.now
     st.observed_generation = generation
     st.selector = builders.selector_string(ref.name)
@@ -350,6 +351,10 @@ def _observe(d: Decision, r: Round, generation: int | None) -> None:
     if said is not None:
         st.node_memory_fallback, event = said
         d.events.append(event)
+    hung = decide_hangs(st.hangs, run, r.observed.hangs, now)  # rule "Hangs"
+    if hung is not None:
+        st.hangs, events = hung
+        d.events += events
     if st.condition(C.CREATED) is None:
         set_condition(
             st, C.CREATED, True, "ElasticJobCreated", "the operator accepted the job", now
@@ -478,6 +483,12 @@ def _carry_on(d: Decision, r: Round, outcome: Outcome, going: frozenset[str]) ->
 # -- the composition -------------------------------------------------------------------
 
 
+def seconds_since(then: datetime, now: datetime) -> float:
+    """Elapsed seconds, compared with a spec's limit: ``then + timedelta(limit)`` overflows
+    datetime for a limit the API server accepts (any int64), and failed every round."""
+    return (now - then).total_seconds()
+
+
 def invalid_spec(status: models.ElasticJobStatus, message: str, now: datetime) -> Decision:
     """A spec that fails the models' rules (it got past the CRD somehow): fail, loudly."""
     d = Decision(status=status.model_copy(deep=True))
@@ -510,7 +521,7 @@ def reconcile(
         _resume(d, r)
     st.start_time = st.start_time or r.now
     deadline = spec.active_deadline_seconds
-    if deadline is not None and r.now >= st.start_time + timedelta(seconds=deadline):
+    if deadline is not None and seconds_since(st.start_time, r.now) >= deadline:
         why = f"the job ran longer than activeDeadlineSeconds={deadline}"
         _fail(d, warning("DeadlineExceeded", why), r.now)
         return _finish(d, r, frozenset(), stop_workers=True)

@@ -23,8 +23,17 @@ from elasticjob_operator.decision import Event, warning
 from elasticjob_operator.models import ConditionType, ElasticJobStatus
 
 REASON: Final = "FailedCreate"
-# Refusals that stay until the request changes (not conflicts or server trouble).
-REFUSED_CODES: Final = frozenset({400, 403, 422})
+# Refusals that stay until the namespace or the template changes: retried, reported.
+REFUSED_CODES: Final = frozenset({403})
+# The child itself is invalid: only a new spec helps, so the job fails (InvalidSpec).
+INVALID_CODES: Final = frozenset({400, 422})
+# Where in the spec each kind of child comes from, for an invalid child's message.
+_SOURCE: Final = {
+    "Pod": "spec.replicaSpecs.Worker.template",
+    "Deployment": "spec.etcd",
+    "Service": "the job's name",
+}
+_MAX_MESSAGE: Final = 800
 
 
 def api_message(body: object, fallback: str) -> str:
@@ -35,6 +44,16 @@ def api_message(body: object, fallback: str) -> str:
         parsed = None
     message = parsed.get("message") if isinstance(parsed, dict) else None
     return str(message) if message else fallback
+
+
+def invalid_message(kind: str, name: str, body: object, reason: str | None) -> str:
+    """One line for a child refused as invalid, with the API server's own reason,
+    shortened to fit an event, naming the part of the spec to fix."""
+    said = " ".join(api_message(body, reason or "refused").split())
+    if len(said) > _MAX_MESSAGE:
+        said = said[: _MAX_MESSAGE - 3] + "..."
+    source = _SOURCE.get(kind, "the spec")
+    return f"{source}: the API server refused the {kind} {name}: {said}; fix {source}"
 
 
 def refusal_event(kind: str, name: str, message: str) -> Event:

@@ -165,6 +165,16 @@ MALFORMED: list[tuple[str, Callable[[Obj], None], str]] = [
     ("typo-field", _set("spec.minReplica", 1), "spec.minReplica"),
     ("name-too-long", _set("metadata.name", "a" * 52), "metadata.name must be at most"),
     ("name-with-dot", _set("metadata.name", "a.b"), "metadata.name must be a DNS label"),
+    (
+        "hang-timeout-too-short",
+        _set("spec.hangTimeoutSeconds", 5),
+        "spec.hangTimeoutSeconds in body should be greater than or equal to 10",
+    ),
+    ("too-many-workers", _set("spec.maxReplicas", 10001), "spec.maxReplicas"),
+    # what test_hostile_input.py found: a template part the operator extends, mistyped
+    ("env-not-a-list", _set(f"{C0}.env", -2), "template.spec.containers[0].env"),
+    ("env-without-name", _set(f"{C0}.env", [{"value": "1"}]), "env[0].name"),
+    ("labels-not-strings", _set(f"{W}.template.metadata", {"labels": {"a": 1}}), "labels"),
 ]
 
 

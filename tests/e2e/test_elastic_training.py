@@ -15,6 +15,7 @@ is killed through ``kubectl exec``; everything else is the same.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import threading
 import time
@@ -198,7 +199,7 @@ def cluster(kubeconfig: Path) -> Cluster:
 
 @pytest.fixture(scope="module")
 def installed(cluster: Cluster) -> Iterator[Operator]:
-    with installed_operator(cluster, "et") as op:
+    with installed_operator(cluster, "et", "--set", "metrics.service.enabled=true") as op:
         yield op
 
 
@@ -277,21 +278,61 @@ def kill_worker_process(c: Cluster, dev: DevCluster | None, ns: str, pod: str) -
         return
     # elsewhere the container's main process (pid 1) is elasticjob-run: kill its newest
     # python child that is not a helper or an idle warm spare, from inside the pod
-    script = (
-        "import os, signal\n"
-        "kids = []\n"
-        "for p in filter(str.isdigit, os.listdir('/proc')):\n"
-        "    try:\n"
-        "        stat = open(f'/proc/{p}/stat').read().rsplit(')', 1)[1].split()\n"
-        "        cmd = open(f'/proc/{p}/cmdline').read()\n"
-        "    except OSError:\n"
-        "        continue\n"
-        "    idle = 'tracker' in cmd or 'elasticjob_runtime.spare' in cmd\n"
-        "    if stat[1] == '1' and 'python' in cmd and not idle:\n"
-        "        kids.append((int(stat[19]), int(p)))\n"
-        "os.kill(max(kids)[1], signal.SIGKILL)\n"
+    c.kubectl("-n", ns, "exec", pod, "--", "python", "-c", _NEWEST_WORKER + "os.kill(pid, 9)\n")
+
+
+def freeze_worker_process(c: Cluster, dev: DevCluster | None, ns: str, pod: str) -> None:
+    """SIGSTOP one training process inside the pod (its launcher goes on answering)."""
+    if dev is not None:
+        faults.freeze_worker_process(dev.dir, ns, pod)
+        return
+    # elsewhere: the same pick as kill_worker_process, stopped instead of killed
+    c.kubectl("-n", ns, "exec", pod, "--", "python", "-c", _NEWEST_WORKER + "os.kill(pid, 19)\n")
+
+
+_NEWEST_WORKER = (
+    "import os\n"
+    "kids = []\n"
+    "for p in filter(str.isdigit, os.listdir('/proc')):\n"
+    "    try:\n"
+    "        stat = open(f'/proc/{p}/stat').read().rsplit(')', 1)[1].split()\n"
+    "        cmd = open(f'/proc/{p}/cmdline').read()\n"
+    "    except OSError:\n"
+    "        continue\n"
+    "    idle = 'tracker' in cmd or 'elasticjob_runtime.spare' in cmd\n"
+    "    if stat[1] == '1' and 'python' in cmd and not idle:\n"
+    "        kids.append((int(stat[19]), int(p)))\n"
+    "pid = max(kids)[1]\n"
+)
+
+
+def scrape_operator_metrics(c: Cluster, op: Operator, ns: str) -> str:
+    """The operator's /metrics, read by a pod through the chart's metrics Service."""
+    url = f"http://{op.fullname}-metrics.{op.namespace}.svc:8000/metrics"
+    name = unique("scrape")
+    code = (
+        "import urllib.request\n"
+        f"print(urllib.request.urlopen('{url}', timeout=30).read().decode())\n"
     )
-    c.kubectl("-n", ns, "exec", pod, "--", "python", "-c", script)
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [
+                {"name": "scrape", "image": "python:3.11-slim", "command": ["python", "-c", code]}
+            ],
+        },
+    }
+    c.apply(ns, pod)
+    wait_for(
+        "the scrape to finish",
+        lambda: c.core.read_namespaced_pod(name, ns).status.phase in ("Succeeded", "Failed"),
+    )
+    body = str(c.kubectl("-n", ns, "logs", name).stdout)
+    c.kubectl("-n", ns, "delete", "pod", name, "--wait=false")
+    return body
 
 
 # -- the tests ------------------------------------------------------------------------------
@@ -375,6 +416,57 @@ def test_a_killed_worker_process_costs_at_most_a_checkpoint_interval_in_the_same
     # the launcher restarted the process inside the pod: the pods are the same ones
     assert {n: p.metadata.uid for n, p in c.workers(ns, name).items()} == uids
     assert c.status(ns, name).get("restartCount", 0) == 0
+
+
+HANG_TIMEOUT = 10  # the CRD's minimum
+
+
+def test_a_frozen_training_process_is_a_hang_the_agents_restart_and_the_operator_reports(
+    cluster: Cluster, devcluster: DevCluster | None, installed: Operator, ns: str, start: Any
+) -> None:
+    c = cluster
+    name = unique("hang")
+    doc = manifest(
+        name, TRAIN_STEPS=3000, TRAIN_SLEEP=0.1, TRAIN_LOG_EVERY=2, TRAIN_CHECKPOINT_INTERVAL=10
+    )
+    doc["spec"]["hangTimeoutSeconds"] = HANG_TIMEOUT
+    logs = start(doc)
+    wait_step(logs, 25, world=2)
+    uids = {n: p.metadata.uid for n, p in c.workers(ns, name).items()}
+    frozen_at = time.time()
+    freeze_worker_process(c, devcluster, ns, f"{name}-worker-1")
+
+    resumed = wait_for(
+        "the group to resume after the hang",
+        lambda: next((r for r in logs.resumes() if r.t > frozen_at), None),
+        timeout=TRAIN,
+    )
+    # nothing moved for the timeout: the agents waited for it before restarting
+    assert resumed.t - frozen_at >= HANG_TIMEOUT - 1, resumed
+    last_done = max(s.step for s in logs.steps() if s.t < resumed.t)
+    wait_step(logs, last_done + 10, world=2)  # and it trains on, both workers in
+
+    def said() -> Obj | None:
+        hangs: Obj | None = c.status(ns, name).get("hangs")
+        return hangs if hangs and hangs.get("count") else None
+
+    hangs = wait_for("status.hangs", said, timeout=60)
+    assert hangs["count"] == 1 and hangs["runId"] == c.job(ns, name)["metadata"]["uid"], hangs
+    time.sleep(6)  # resyncs later (every 2 s): the operator does not say it again
+    selector = f"involvedObject.name={name},reason=HangDetected"
+    [event] = c.core.list_namespaced_event(ns, field_selector=selector).items
+    assert event.type == "Warning" and (event.count or 1) == 1
+    assert event.message == hangs["message"]
+    assert re.search(r"no training step for 1[0-9] s after step \d+ ", event.message), event
+    assert f"(hangTimeoutSeconds {HANG_TIMEOUT}," in event.message
+    assert c.status(ns, name)["hangs"]["count"] == 1
+    # restarted inside the pods: the same pods, no pod replaced
+    assert {n: p.metadata.uid for n, p in c.workers(ns, name).items()} == uids
+    assert c.status(ns, name).get("restartCount", 0) == 0
+
+    metrics = scrape_operator_metrics(c, installed, ns)
+    counted = re.search(rf'^elasticjob_hangs_total\{{namespace="{ns}"\}} (\S+)$', metrics, re.M)
+    assert counted is not None and float(counted.group(1)) >= 1, metrics[-3000:]
 
 
 def test_a_deleted_worker_pod_leaves_survivors_training_and_its_replacement_joins(

@@ -19,6 +19,12 @@ Before it stops workers whose round lost a peer, the agent creates the file name
 never finish, so the checkpoint's SIGTERM path saves the last completed step at once
 instead of waiting its grace for a step boundary (that grace was 5 s of a frozen node).
 
+With a hang timeout (``--hang-timeout``, ``ELASTICJOB_HANG_TIMEOUT``), a group whose
+workers completed no step for that long is restarted as a failed round (it costs a
+restart, like a worker that exited: a hang that comes back every time must end in a
+failed pod, not a loop) and recorded in the run's etcd for the operator
+(:mod:`elasticjob_runtime.hang` says when the clock runs and why).
+
 The agent also says when its workers first ran in a round (``joined``, set then and
 never cleared): the pod's readiness probe (:mod:`elasticjob_runtime.health`). It stays
 set through later rendezvous on purpose: the node lifecycle controller marks a pod not
@@ -33,12 +39,13 @@ import contextlib
 import logging
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,10 +53,14 @@ from torch.distributed.elastic.agent.server import local_elastic_agent
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing.api import PContext
+from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from elasticjob_runtime import contract
 from elasticjob_runtime.channel import AgentChannel
+from elasticjob_runtime.etcd_client import EtcdError
+from elasticjob_runtime.hang import StepClock, forget_steps, group_step, hang_message, read_steps
 from elasticjob_runtime.leases import notice_within
+from elasticjob_runtime.records import Hang, encode_hang
 from elasticjob_runtime.rendezvous import EtcdV3RendezvousHandler
 from elasticjob_runtime.spare import parse_worker_command
 from elasticjob_runtime.spare_pool import SparePool, start_processes_warm
@@ -58,6 +69,12 @@ log = logging.getLogger(__name__)
 
 # How long a new agent waits for its spares' imports before it joins a round anyway.
 SPARES_WARM_TIMEOUT_S = 120.0
+# How often the agent reads its workers' steps (torch's loop calls it every 0.1 s).
+STEP_READ_INTERVAL_S = 0.5
+# What a hung worker's entry in torch's failure report says it exited with (it did not:
+# the agent stopped it).
+HANG_EXITCODE = 1
+
 # After failed workers, how much longer than a lease's worst case to wait for the round
 # to report a lost peer before the failure counts as this node's own.
 MEMBERSHIP_NOTICE_MARGIN_S = 0.5
@@ -78,9 +95,15 @@ class MembershipAwareAgent(LocalElasticAgent):
         warm_spares: bool = False,
         warm_imports: tuple[str, ...] = (),
         joined: threading.Event | None = None,
+        hang_timeout: float | None = None,
         **kw: Any,
     ) -> None:
         super().__init__(*args, **kw)
+        self.hang_timeout = hang_timeout
+        self.hangs = 0  # hangs this agent restarted its workers for
+        self._clock = StepClock()
+        self._steps_read_at = -1.0
+        self._hung = False  # the group being stopped hung: wake and stop it at once
         # Set once this node's workers first ran in a round (the readiness probe reads it).
         self.joined = joined if joined is not None else threading.Event()
         # Workers (and the spares, which must see the same environment) learn here that
@@ -167,8 +190,23 @@ class MembershipAwareAgent(LocalElasticAgent):
             if lost:
                 log.info("the round lost %s: workers save their last step without waiting", lost)
                 self._group_broken.touch()
+        if self._hung:
+            # The step in flight will not finish: save the last completed one at once. A
+            # stopped (SIGSTOP) worker would hold its SIGTERM until torch's SIGKILL 30 s
+            # later; SIGTERM first, then SIGCONT, wakes it into the save-and-exit path.
+            self._hung = False
+            self._group_broken.touch()
+            self._signal_workers(signal.SIGTERM)
+            self._signal_workers(signal.SIGCONT)
         self._channel.forget_workers()
+        forget_steps(str(self._notes))
         super()._stop_workers(worker_group)
+
+    def _signal_workers(self, sig: signal.Signals) -> None:
+        pids = self._pcontext.pids() if self._pcontext is not None else {}
+        for pid in pids.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
 
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
         self._group_broken.unlink(missing_ok=True)
@@ -187,6 +225,9 @@ class MembershipAwareAgent(LocalElasticAgent):
         with starting_workers_with(start) as original:
             started: dict[int, Any] = super()._start_workers(worker_group)
         self.joined.set()
+        # A new round: its clock runs from its first step (workers that regroup in place
+        # have reported steps already; only a change counts).
+        self._clock = StepClock.start(group_step(read_steps(str(self._notes))))
         return started
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
@@ -200,7 +241,8 @@ class MembershipAwareAgent(LocalElasticAgent):
                 # everyone; the other agents see this node waiting and follow.
                 log.info("a worker's collective failed; opening the next round")
                 self._regroup_in_place(worker_group)
-            return result
+                return result
+            return self._check_hang(worker_group) or result
         if result.state not in {WorkerState.FAILED, WorkerState.UNHEALTHY}:
             return result
         if not isinstance(handler, EtcdV3RendezvousHandler):
@@ -218,6 +260,45 @@ class MembershipAwareAgent(LocalElasticAgent):
         # HEALTHY sends torch's loop to its membership branch: num_nodes_waiting() > 0,
         # so it restarts the workers into the next round without spending a restart.
         return RunResult(state=WorkerState.HEALTHY)
+
+    def _check_hang(self, worker_group: WorkerGroup) -> RunResult | None:
+        """A failed round when the workers did no step for the hang timeout, else None."""
+        now = time.monotonic()
+        if self.hang_timeout is None or now - self._steps_read_at < STEP_READ_INTERVAL_S:
+            return None
+        self._steps_read_at = now
+        self._clock = self._clock.observe(group_step(read_steps(str(self._notes))), now)
+        if not self._clock.hung(now, self.hang_timeout):
+            return None
+        stalled, step = self._clock.stalled(now), self._clock.last or 0
+        self.hangs += 1
+        log.warning("hang %d: %s", self.hangs, hang_message(step, stalled, self.hang_timeout))
+        self._record_hang(worker_group, Hang(0, "", step, stalled, self.hang_timeout, 0.0))
+        self._hung = True
+        self._clock = StepClock()
+        pids = self._pcontext.pids() if self._pcontext is not None else {}
+        failures = {
+            worker.global_rank: ProcessFailure(
+                worker.local_rank, pids.get(worker.local_rank, -1), HANG_EXITCODE, ""
+            )
+            for worker in worker_group.workers
+        }
+        return RunResult(state=WorkerState.FAILED, failures=failures)
+
+    def _record_hang(self, worker_group: WorkerGroup, hang: Hang) -> None:
+        """Tell the operator, through the run's etcd: one key per round, so agents that
+        all noticed the same hang record it once. Failing to is logged, not fatal."""
+        handler = worker_group.spec.rdzv_handler
+        if not isinstance(handler, EtcdV3RendezvousHandler):
+            return
+        pod = os.environ.get(contract.POD_NAME) or handler.node
+        record = replace(hang, round=handler.round_number, pod=pod, updated=time.time())
+        try:
+            handler.put_run_record(
+                contract.hang_key(handler.get_run_id(), record.round), encode_hang(record)
+            )
+        except EtcdError as exc:
+            log.warning("hang not recorded for the operator: %s", exc)
 
 
 @dataclass(frozen=True)

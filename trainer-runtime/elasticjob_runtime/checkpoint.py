@@ -84,6 +84,7 @@ from elasticjob_runtime.checkpoint_files import (
     read_verified,
     steps_on_disk,
 )
+from elasticjob_runtime.hang import StepReporter
 from elasticjob_runtime.job_identity import current_job
 from elasticjob_runtime.records import MemoryFallback
 
@@ -314,6 +315,8 @@ class CheckpointManager:
         self._on_memory_fallback = on_memory_fallback
         self._tracked: StateSource | None = None
         self._step: int | None = None
+        # Under elasticjob-run, each marked step also tells the agent (its hang clock).
+        self._step_reporter = StepReporter.from_env()
         self._saved_step: int | None = None
         self._term_requested = threading.Event()
         self._term_done = threading.Event()
@@ -611,9 +614,12 @@ class CheckpointManager:
     def mark_step(self, step: int) -> None:
         """Record that ``step`` is complete; after SIGTERM, save it and exit here.
 
-        Call it between optimizer steps, where model, optimizer and sampler agree.
+        Call it between optimizer steps, where model, optimizer and sampler agree. Under
+        ``elasticjob-run`` it is also the step the agent's hang detection watches.
         """
         self._step = step
+        if self._step_reporter is not None:
+            self._step_reporter.report(step)
         if self._term_requested.is_set():
             self._save_on_term()
             raise SystemExit(SIGTERM_EXIT_CODE)

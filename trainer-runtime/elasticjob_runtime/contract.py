@@ -47,6 +47,9 @@ GROUP_BROKEN_FILE: Final = "ELASTICJOB_GROUP_BROKEN_FILE"
 AGENT_CHANNEL: Final = "ELASTICJOB_AGENT_CHANNEL"
 # "0": the training-loop API (elastic.Run) restarts instead of regrouping in place
 IN_PLACE: Final = "ELASTICJOB_IN_PLACE"
+# elasticjob-run: seconds without a training step before the agent restarts its workers
+# (unset or 0: off); the operator sets it from spec.hangTimeoutSeconds
+HANG_TIMEOUT: Final = "ELASTICJOB_HANG_TIMEOUT"
 # set in a worker that a warm spare became: when it got its round (unix seconds)
 WORKER_ASSIGNED_AT: Final = "ELASTICJOB_WORKER_ASSIGNED_AT"
 
@@ -72,6 +75,16 @@ def memory_fallback_key(run_id: str, pod: str) -> str:
     """etcd key where a pod reports that its node-memory checkpoint copy failed (read by
     the operator, which says so once in the job's events)."""
     return f"{memory_fallback_prefix(run_id)}{pod}"
+
+
+def hang_key(run_id: str, round_number: int) -> str:
+    """etcd key where the agents record that the run hung in round ``round_number`` (one
+    key per round however many agents noticed; read by the operator)."""
+    return f"{hang_prefix(run_id)}{round_number:010d}"
+
+
+def hang_prefix(run_id: str) -> str:
+    return f"{run_prefix(run_id)}hangs/"
 
 
 def memory_fallback_prefix(run_id: str) -> str:

@@ -15,6 +15,8 @@ environment, torch's ``LocalElasticAgent`` runs the workers), with these changes
   ``--warm-import mod,...`` names more modules for the spares to import;
 * the workers learn the etcd it rendezvouses on (``ELASTICJOB_PROGRESS_ENDPOINT``),
   where they publish progress (:mod:`elasticjob_runtime.progress`);
+* with ``--hang-timeout S`` (or ``ELASTICJOB_HANG_TIMEOUT``), a group that completes no
+  training step for S seconds is restarted (:mod:`elasticjob_runtime.hang`);
 * in a pod (or with ``ELASTICJOB_HEALTH_PORT``) it serves the pod's liveness and
   readiness probes, ``/healthz`` and ``/readyz`` (:mod:`elasticjob_runtime.health`).
 """
@@ -32,7 +34,7 @@ from collections.abc import Sequence
 from importlib.metadata import entry_points
 from typing import NoReturn
 
-from elasticjob_runtime import contract, health
+from elasticjob_runtime import contract, hang, health
 
 PROG = "elasticjob-run"
 # by name, not __name__: run as `python -m elasticjob_runtime.launcher` this is __main__
@@ -198,6 +200,13 @@ def parser() -> argparse.ArgumentParser:
         help="comma-separated modules the warm spares import besides the script's own "
         f"top-level imports (env {contract.WARM_IMPORT})",
     )
+    p.add_argument(
+        "--hang-timeout",
+        default=os.environ.get(contract.HANG_TIMEOUT, ""),
+        help="restart the worker group when its workers complete no training step "
+        "(CheckpointManager.mark_step) for this many seconds, counted from the first step "
+        f"of each round; costs a restart (env {contract.HANG_TIMEOUT}; default off)",
+    )
     return p
 
 
@@ -220,12 +229,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         _fail(problem)
     try:
         warm_imports = warm_import_list(args.warm_import)
+        hang_timeout = hang.parse_timeout(
+            str(args.hang_timeout), f"--hang-timeout (or {contract.HANG_TIMEOUT})"
+        )
     except ValueError as exc:
         _fail(str(exc))
     joined = threading.Event()  # the agent sets it once its workers first run in a round
     probes = _serve_probes(joined)
     try:
-        _launch(args, warm_imports, joined)
+        _launch(args, warm_imports, joined, hang_timeout)
     finally:
         if probes is not None:
             probes.stop()
@@ -251,7 +263,10 @@ def _serve_probes(joined: threading.Event) -> health.HealthServer | None:
 
 
 def _launch(
-    args: argparse.Namespace, warm_imports: tuple[str, ...], joined: threading.Event
+    args: argparse.Namespace,
+    warm_imports: tuple[str, ...],
+    joined: threading.Event,
+    hang_timeout: float | None = None,
 ) -> None:
     """Check the etcd, then run torchrun's launch with our agent until the job ends."""
     if not args.standalone and args.rdzv_backend == "etcd-v3":
@@ -279,6 +294,7 @@ def _launch(
         warm_spares=args.warm_spares,
         warm_imports=warm_imports,
         joined=joined,
+        hang_timeout=hang_timeout,
     )
     try:
         run(args)  # type: ignore[no-untyped-call]

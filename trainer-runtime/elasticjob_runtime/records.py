@@ -1,11 +1,12 @@
 """The records the runtime publishes in the run's etcd and the operator reads back.
 
 One format for each, defined once: the training progress that global rank 0 publishes
-(:class:`Progress`, mirrored into the job's ``status.progress``) and a pod's report that
+(:class:`Progress`, mirrored into the job's ``status.progress``), a pod's report that
 its node-memory checkpoint copy failed (:class:`MemoryFallback`, said once in the job's
-events). JSON with snake_case keys; a field a newer runtime adds is ignored by an older
-reader. Pure (json only: no etcd client, no torch), so the operator decodes with the very
-code the runtime encodes with.
+events) and an agent's record that the group hung (:class:`Hang`, an event per round).
+JSON with snake_case keys; a field a newer runtime adds is ignored by an older reader.
+Pure (json only: no etcd client, no torch), so the operator decodes with the very code
+the runtime encodes with.
 """
 
 from __future__ import annotations
@@ -42,6 +43,36 @@ class MemoryFallback:
     no_space: bool  # ENOSPC: it did not fit (else another error, in ``error``)
     error: str
     updated: float
+
+
+@dataclass(frozen=True)
+class Hang:
+    """The worker group made no step progress for the hang timeout in round ``round``;
+    the agent that noticed first (``pod``) restarted its workers."""
+
+    round: int
+    pod: str
+    step: int  # the last step the group completed
+    stalled_seconds: float
+    timeout_seconds: float
+    updated: float
+
+
+def encode_hang(hang: Hang) -> bytes:
+    return json.dumps(asdict(hang), sort_keys=True).encode()
+
+
+def decode_hang(raw: bytes) -> Hang:
+    """Parse a stored hang record; ValueError naming the field if it is not one."""
+    doc = _document(raw, "hang record")
+    return Hang(
+        round=_int(doc, "round"),
+        pod=str(doc.get("pod") or ""),
+        step=_int(doc, "step"),
+        stalled_seconds=_float(doc, "stalled_seconds"),
+        timeout_seconds=_float(doc, "timeout_seconds"),
+        updated=_float(doc, "updated", 0.0),
+    )
 
 
 def encode_progress(progress: Progress) -> bytes:

@@ -517,6 +517,17 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
         a lost peer is noticed within this plus etcd's 0.5 s expiry check."""
         return self._granted_ttl
 
+    @property
+    def round_number(self) -> int:
+        """The round this node last joined (0 before the first)."""
+        return self._round
+
+    def put_run_record(self, key: str, value: bytes) -> None:
+        """Put a record of the run (a hang) that lives as long as its rendezvous state:
+        under the run's lease, kept alive while any agent runs. EtcdError if etcd fails."""
+        self.register()
+        self._client.put(key, value, lease=self._job_lease)
+
     def is_closed(self) -> bool:
         try:
             _, current, _, _ = self._read()

@@ -14,8 +14,10 @@ from elasticjob_operator.etcd_reader import RunRecords, read_run_records
 from elasticjob_runtime import contract
 from elasticjob_runtime.etcd_client import EtcdClient, parse_endpoints
 from elasticjob_runtime.records import (
+    Hang,
     MemoryFallback,
     Progress,
+    encode_hang,
     encode_memory_fallback,
     encode_progress,
 )
@@ -84,3 +86,17 @@ def test_a_malformed_record_is_no_progress_and_a_bad_report_is_skipped(
     assert seen.progress == b'{"step": "forty-two"}'
     assert observe.progress_of(seen.progress) is None
     assert observe.memory_fallbacks_of(seen.memory_fallbacks) == (good,)
+
+
+def test_hang_records_are_read_in_round_order_and_a_bad_one_is_skipped(etcd: EtcdServer) -> None:
+    run = f"uid-{uuid.uuid4().hex[:8]}"
+    hangs = [Hang(r, "train-worker-0", 10 * r, 31.0, 30.0, time.time()) for r in (12, 3)]
+    put(
+        etcd,
+        {
+            **{contract.hang_key(run, h.round): encode_hang(h) for h in hangs},
+            contract.hang_key(run, 7): b'{"round": "seven"}',
+        },
+    )
+    seen = read_run_records(etcd.endpoint, run, memory_fallbacks=False)
+    assert observe.hangs_of(seen.hangs) == (hangs[1], hangs[0])

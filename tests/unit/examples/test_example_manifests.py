@@ -48,7 +48,7 @@ def test_every_manifest_parses_as_an_elasticjob(name: str) -> None:
 def test_every_trainer_runs_an_installed_example_module(name: str) -> None:
     _, job = load(name)
     trainer = job.spec.worker.template.spec.containers[0]
-    argv = [*(trainer.model_extra or {}).get("command", []), *trainer.model_extra.get("args", [])]
+    argv = [*(trainer.command or []), *(trainer.model_extra or {}).get("args", [])]
     assert argv[0] == "elasticjob-run", argv
     module = argv[argv.index("-m") + 1]
     assert module.startswith("elasticjob_examples.")
@@ -62,7 +62,7 @@ def test_train_variables_in_manifests_are_ones_the_example_reads(name: str) -> N
     known = {env for _, env, *_ in OPTIONS}
     _, job = load(name)
     trainer = job.spec.worker.template.spec.containers[0]
-    env = [e["name"] for e in (trainer.model_extra or {}).get("env", [])]
+    env = [e.name for e in trainer.env or []]
     unknown = [n for n in env if n.startswith("TRAIN_") and n not in known]
     assert not unknown, f"{name} sets variables the example ignores: {unknown}"
 

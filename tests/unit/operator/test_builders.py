@@ -96,6 +96,12 @@ def test_worker_env_is_the_contract() -> None:
     assert env_of(builders.worker_pod(REF, spec, 0, 0), 1)[contract.RDZV_ID]["value"] == "uid-1"
 
 
+def test_the_hang_timeout_reaches_the_workers_only_when_set() -> None:
+    assert contract.HANG_TIMEOUT not in env_of(builders.worker_pod(REF, make_spec(), 0, 0))
+    env = env_of(builders.worker_pod(REF, make_spec(hangTimeoutSeconds=45), 0, 0))
+    assert env[contract.HANG_TIMEOUT]["value"] == "45"
+
+
 def test_a_variable_the_template_sets_is_kept() -> None:
     container = {
         "name": "trainer",
@@ -456,3 +462,8 @@ def test_a_users_etcd_without_rdzv_tls_and_c10d_get_no_certificates() -> None:
         assert "elasticjob-etcd-tls" not in str(pod["spec"]["volumes"])
         assert contract.ETCD_CACERT not in env_of(pod)
         assert "https://" not in env_of(pod)[contract.RDZV_ENDPOINT]["value"]
+
+
+def test_the_longest_name_and_highest_index_still_make_a_valid_hostname() -> None:
+    longest = builders.worker_pod_name("a" * models.MAX_NAME_LENGTH, models.MAX_REPLICAS - 1)
+    assert len(longest) == 63

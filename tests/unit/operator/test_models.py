@@ -174,6 +174,13 @@ def test_cross_field_rules_refuse_with_a_message_naming_the_field(
         ({"unknownField": 1}, "unknownField"),
         ({"rdzvTLS": {"secretName": ""}}, "rdzvTLS.secretName"),
         ({"rdzvTLS": {}}, "rdzvTLS.secretName"),
+        ({"hangTimeoutSeconds": 9}, "hangTimeoutSeconds"),
+        # past index 9999 a longest name's pod hostname is 64 characters, refused
+        ({"maxReplicas": 10001}, "maxReplicas"),
+        ({"minReplicas": 10001, "maxReplicas": 10001}, "minReplicas"),
+        ({"hangTimeoutSeconds": 0}, "hangTimeoutSeconds"),
+        ({"hangTimeoutSeconds": 86401}, "hangTimeoutSeconds"),
+        ({"hangTimeoutSeconds": "30s"}, "hangTimeoutSeconds"),
     ],
 )
 def test_bad_single_fields_are_refused_by_name(over: dict[str, Any], field: str) -> None:
@@ -189,6 +196,49 @@ def test_rdzv_tls_names_the_secret_for_a_users_etcd() -> None:
         assert s.model_dump(mode="json", exclude_none=True)["rdzvTLS"] == {
             "secretName": "etcd-client"
         }
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "field"),
+    [
+        ("containers.0.env", -2, "env"),
+        ("containers.0.env", [{"value": "1"}], "name"),
+        ("containers.0.env", ["A=1"], "env"),
+        ("containers.0.command", "python train.py", "command"),
+        ("containers.0.volumeMounts", {"name": "x"}, "volumeMounts"),
+        ("containers.0.ports", [8080], "ports"),
+        ("volumes", "shm", "volumes"),
+        ("tolerations", {"key": "x"}, "tolerations"),
+        ("initContainers", [{"name": "init"}], "image"),
+        ("hostIPC", "maybe", "hostIPC"),
+    ],
+)
+def test_template_parts_the_operator_extends_must_have_their_kubernetes_types(
+    path: str, value: Any, field: str
+) -> None:
+    # Found by tests/e2e/test_hostile_input.py: env: -2 passed the CRD and then broke
+    # every round of the operator (TypeError building the pod), so the job never ran.
+    raw = spec()
+    node: Any = raw["replicaSpecs"]["Worker"]["template"]["spec"]
+    *parents, last = path.split(".")
+    for key in parents:
+        node = node[int(key)] if key.isdigit() else node[key]
+    node[last] = value
+    assert field in refused(raw)
+
+
+def test_template_labels_must_be_strings() -> None:
+    raw = spec()
+    raw["replicaSpecs"]["Worker"]["template"]["metadata"] = {"labels": ["a"]}
+    assert "labels" in refused(raw)
+
+
+def test_host_ipc_keeps_its_kubernetes_spelling() -> None:
+    raw = spec()
+    raw["replicaSpecs"]["Worker"]["template"]["spec"]["hostIPC"] = True
+    parsed = models.ElasticJobSpec.model_validate(raw)
+    dumped = parsed.worker.template.spec.model_dump(mode="json", by_alias=True)
+    assert dumped["hostIPC"] is True
 
 
 def test_nproc_per_node_accepts_numbers_and_torchrun_words() -> None:

@@ -42,7 +42,7 @@ from elasticjob_operator.reconcile import (
     reconcile,
 )
 from elasticjob_operator.workers import worker_context
-from elasticjob_runtime.records import MemoryFallback, Progress, encode_progress
+from elasticjob_runtime.records import Hang, MemoryFallback, Progress, encode_progress
 
 REF = JobRef(name="train", namespace="ml", uid="uid-1")
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
@@ -572,6 +572,23 @@ def test_ttl_after_finished_deletes_the_job() -> None:
     assert "TTLExpired" in reasons(d)
 
 
+INT64_MAX = 2**63 - 1  # the API server accepts any int64 for these
+
+
+def test_an_int64_deadline_or_ttl_is_never_reached_and_never_breaks_a_round() -> None:
+    # They used to be added to a datetime, which overflowed: every round raised and the
+    # job was never reconciled again.
+    w = running_world(activeDeadlineSeconds=INT64_MAX, ttlSecondsAfterFinished=INT64_MAX)
+    w.advance(10**6)
+    assert w.round().status.phase == "Running"
+    w.set(0, "Succeeded", code=0)
+    w.set(1, "Succeeded", code=0)
+    d = w.round()
+    assert d.status.phase == "Succeeded" and not d.delete_job
+    w.advance(10**6)
+    assert not w.round().delete_job
+
+
 def test_no_ttl_keeps_the_job() -> None:
     w = running_world()
     w.set(0, "Succeeded", code=0)
@@ -1079,3 +1096,21 @@ def test_the_below_min_clock_runs_only_while_below_min() -> None:
         (C.SCALING, False),
         (C.RUNNING, True),
     ]
+
+
+# -- hangs -----------------------------------------------------------------------------
+
+
+def test_a_hang_the_agents_recorded_is_one_warning_event_and_counted() -> None:
+    w = running_world(hangTimeoutSeconds=30)
+    record = Hang(
+        round=4, pod="train-worker-1", step=99, stalled_seconds=30.5, timeout_seconds=30, updated=0
+    )
+    for expected in (1, 0, 0):  # every resync reads the record again: said once
+        d = reconcile(
+            REF, 1, w.spec, w.status, replace(w.observed(), hangs=(record,)), w.now, w.config
+        )
+        w.status = d.status
+        hangs = [e for e in d.events if e.type == "Warning" and e.reason == "HangDetected"]
+        assert len(hangs) == expected
+        assert w.status.hangs is not None and w.status.hangs.count == 1

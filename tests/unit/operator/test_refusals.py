@@ -65,3 +65,25 @@ def test_the_condition_clears_once_a_round_creates_what_it_asks() -> None:
     assert failure is not None and failure.status == "False" and failure.reason == "Created"
     untouched = running_status()
     assert refusals.created_status(untouched, T0) is untouched  # never refused: no condition
+
+
+def test_an_invalid_child_is_one_line_naming_the_spec_field_and_the_api_servers_reason() -> None:
+    body = json.dumps(
+        {
+            "kind": "Status",
+            "message": 'Pod "j-worker-0" is invalid: spec.containers[0].name: Invalid value:\n'
+            '"Ab": a lowercase RFC 1123 label must consist of ...',
+            "reason": "Invalid",
+        }
+    )
+    assert refusals.invalid_message("Pod", "j-worker-0", body, "Unprocessable Entity") == (
+        "spec.replicaSpecs.Worker.template: the API server refused the Pod j-worker-0: "
+        'Pod "j-worker-0" is invalid: spec.containers[0].name: Invalid value: "Ab": a '
+        "lowercase RFC 1123 label must consist of ...; fix spec.replicaSpecs.Worker.template"
+    )
+    # no Status body: the HTTP reason; an enormous one is cut to fit an event
+    assert refusals.invalid_message("Deployment", "j-etcd", "<html>", "Bad Request").startswith(
+        "spec.etcd: the API server refused the Deployment j-etcd: Bad Request;"
+    )
+    long = refusals.invalid_message("Pod", "p", json.dumps({"message": "x" * 10_000}), None)
+    assert len(long) < 1200 and "\n" not in long
