@@ -310,11 +310,13 @@ def test_a_pod_without_the_jobs_client_certificate_cannot_read_or_write_its_etcd
         "metadata": {"name": "intruder", "labels": {"app": "intruder"}},
         "spec": {
             "restartPolicy": "Never",
+            "securityContext": RESTRICTED_POD,  # the job namespace enforces it
             "containers": [
                 {
                     "name": "intruder",
                     "image": RUNTIME_IMAGE,
                     "command": INTRUDE,
+                    "securityContext": RESTRICTED_CONTAINER,
                     "env": [
                         {"name": "TARGET", "value": target},
                         {"name": "TARGET_CA", "value": base64.b64decode(ca).decode()},
