@@ -35,6 +35,10 @@ ETCD_TLS_VOLUME: Final = "elasticjob-etcd-tls"
 TLS_CA: Final = "ca.crt"
 TLS_CERT: Final = "tls.crt"
 TLS_KEY: Final = "tls.key"
+# the CA's key, in the server Secret only, and never mounted: the operator issues a new
+# client certificate with it (elasticjob_operator.etcd_secrets)
+TLS_CA_KEY: Final = "ca.key"
+ETCD_MOUNTED_KEYS: Final = (TLS_CA, TLS_CERT, TLS_KEY)
 # /health without a client certificate, for the readiness probe (serves no keys)
 ETCD_METRICS_PORT: Final = 2381
 SHM_VOLUME: Final = "elasticjob-shm"
@@ -383,7 +387,7 @@ def etcd_deployment(ref: JobRef, spec: models.ElasticJobSpec) -> Obj:
 
     Recreate strategy: two members with one data dir would not be a cluster. Clients
     speak mutual TLS: only a certificate from the job's own CA (the workers' client
-    Secret) is accepted; the server Secret is mounted here only.
+    Secret) is accepted; the server Secret is mounted here only, without its CA key.
     """
     settings = spec.etcd or models.EtcdSpec()
     name = etcd_name(ref.name)
@@ -452,7 +456,11 @@ def etcd_deployment(ref: JobRef, spec: models.ElasticJobSpec) -> Obj:
                         {"name": "data", "emptyDir": {}},
                         {
                             "name": "tls",
-                            "secret": {"secretName": etcd_server_secret_name(ref.name)},
+                            "secret": {
+                                "secretName": etcd_server_secret_name(ref.name),
+                                # what etcd reads; the Secret's ca.key stays out of the pod
+                                "items": [{"key": k, "path": k} for k in ETCD_MOUNTED_KEYS],
+                            },
                         },
                     ],
                 },

@@ -4,13 +4,14 @@ Pure (the clock is a parameter): what the operator stores in the job's two Secre
 (:mod:`elasticjob_operator.etcd_secrets`). Each job gets a CA of its own, so a worker's
 client certificate opens only its own job's etcd, never another job's.
 
-The CA's private key is discarded once both certificates are signed: no one, neither a
-later operator nor anyone who can read a Secret, can mint another certificate the job's
-etcd would trust. Nothing ever needs to: the Secrets live as long as the job (owner
-reference), a restarted operator reuses them and a replacement etcd pod mounts the same
-server Secret. The price is that the certificates cannot be renewed, hence the long
-:data:`VALIDITY`: a job's etcd must never start refusing its workers mid-run, and its
-certificates are trusted by that one etcd only and deleted with the job.
+The CA's private key is kept, in the job's server Secret only (never mounted into a
+pod): with it a later operator issues the workers a new client certificate
+(:func:`issue_client`) when the client Secret is gone (deleted mid-job, or the operator
+stopped between the two creates), and the job's etcd trusts it, being of the same CA.
+Keeping it costs nothing: whoever can read the job's Secrets can read the client key
+already, which is all the etcd asks of a client. The certificates are never renewed,
+hence the long :data:`VALIDITY`: a job's etcd must never start refusing its workers
+mid-run, and its CA is trusted by that one etcd only and deleted with the job.
 
 ECDSA P-256 keys: quick to generate (once per job, inside a reconcile round) and what
 etcd, gRPC and Go's TLS all accept.
@@ -24,6 +25,7 @@ from datetime import datetime, timedelta
 from typing import Final
 
 from cryptography import x509
+from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
@@ -37,14 +39,27 @@ ORGANIZATION: Final = "elasticjob"
 
 
 @dataclass(frozen=True)
+class ClientCert:
+    """PEM bytes of the workers' client certificate and its key."""
+
+    cert: bytes
+    key: bytes
+
+
+@dataclass(frozen=True)
 class IssuedCerts:
-    """PEM bytes of one job's etcd certificates; the CA key is not among them."""
+    """PEM bytes of one job's etcd certificates and of its CA's key."""
 
     ca_cert: bytes
+    ca_key: bytes
     server_cert: bytes
     server_key: bytes
     client_cert: bytes
     client_key: bytes
+
+    @property
+    def client(self) -> ClientCert:
+        return ClientCert(self.client_cert, self.client_key)
 
 
 def server_names(namespace: str, service: str) -> tuple[str, ...]:
@@ -178,20 +193,50 @@ def issue(job: str, namespace: str, service: str, workers: str, now: datetime) -
         now,
         san,
     )
-    client_key = ec.generate_private_key(ec.SECP256R1())
-    client = _leaf(
+    client = _client(job, namespace, workers, ca, ca_key, now)
+    return IssuedCerts(
+        ca_cert=_pem_cert(ca),
+        ca_key=_pem_key(ca_key),
+        server_cert=_pem_cert(server),
+        server_key=_pem_key(server_key),
+        client_cert=client.cert,
+        client_key=client.key,
+    )
+
+
+def _client(
+    job: str,
+    namespace: str,
+    workers: str,
+    ca: x509.Certificate,
+    ca_key: ec.EllipticCurvePrivateKey,
+    now: datetime,
+) -> ClientCert:
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = _leaf(
         f"workers of {namespace}/{job}",
-        client_key,
+        key,
         ca,
         ca_key,
         [ExtendedKeyUsageOID.CLIENT_AUTH],
         now,
         x509.SubjectAlternativeName([x509.DNSName(f"{workers}.{namespace}.svc")]),
     )
-    return IssuedCerts(
-        ca_cert=_pem_cert(ca),
-        server_cert=_pem_cert(server),
-        server_key=_pem_key(server_key),
-        client_cert=_pem_cert(client),
-        client_key=_pem_key(client_key),
-    )
+    return ClientCert(_pem_cert(cert), _pem_key(key))
+
+
+def issue_client(
+    job: str, namespace: str, workers: str, ca_cert: bytes, ca_key: bytes, now: datetime
+) -> ClientCert:
+    """A new client certificate for the workers of ``namespace/job``, signed by the job's
+    CA (``ca_cert``, ``ca_key``: PEM, as :func:`issue` made them), so the job's etcd
+    trusts it as it trusts the first one. ValueError if the two are not a CA and its key.
+    """
+    try:
+        ca = x509.load_pem_x509_certificate(ca_cert)
+        key = serialization.load_pem_private_key(ca_key, None)
+    except (ValueError, TypeError, UnsupportedAlgorithm):
+        raise ValueError("the CA certificate or key is not PEM as the operator writes it") from None
+    if not isinstance(key, ec.EllipticCurvePrivateKey) or key.public_key() != ca.public_key():
+        raise ValueError("the CA key is not the key of the CA certificate")
+    return _client(job, namespace, workers, ca, key, now)

@@ -1,15 +1,19 @@
 """The Secrets that hold a job's etcd certificates: built, created once, read back.
 
 Two Secrets per job, both owned by the ElasticJob (the garbage collector deletes them
-with it): ``<job>-etcd-server-tls`` (CA, server certificate and key), mounted only into
-the job's etcd pod, and ``<job>-etcd-client-tls`` (CA, client certificate and key),
-mounted only into its worker pods and read by the operator to read the job's progress.
+with it): ``<job>-etcd-server-tls`` (CA certificate and key, server certificate and key),
+mounted only into the job's etcd pod and without the CA key (the volume's ``items``), and
+``<job>-etcd-client-tls`` (CA, client certificate and key), mounted only into its worker
+pods and read by the operator to read the job's progress.
 
-Issued once per job (:mod:`elasticjob_operator.etcd_certs`): an operator restarted
-mid-job, and an etcd pod replaced mid-job, find the Secrets and use them as they are.
-The client Secret is created first, so a server Secret never exists without its client
-Secret; a client Secret alone is the trace of an operator that stopped in between, and
-since no etcd can have started without the server Secret, it is replaced.
+Created, never changed (the operator may only get and create Secrets): the server Secret
+first, then the client Secret. An operator restarted mid-job, and an etcd pod replaced
+mid-job, find them and use them as they are. A server Secret without its client Secret
+(an operator that stopped between the two creates, or a client Secret deleted mid-job)
+gets a new client certificate from the CA key it holds; the job's etcd trusts it, and the
+running workers keep their mounted copies, which are as good. A client Secret without
+its server Secret means the server Secret was deleted: with it went the only CA key the
+workers' certificates chain to, so that job must be created again.
 
 Nothing here logs or raises with a Secret's content: errors name the Secret and the API
 status only.
@@ -60,29 +64,43 @@ def _secret(ref: builders.JobRef, name: str, data: dict[str, bytes]) -> Obj:
 
 
 def server_secret(ref: builders.JobRef, issued: etcd_certs.IssuedCerts) -> Obj:
-    """The etcd pod's Secret: what it serves with and the CA its clients must come from."""
+    """The etcd pod's Secret: what it serves with, the CA its clients must come from, and
+    that CA's key (which the etcd pod does not mount) to issue clients again."""
     return _secret(
         ref,
         builders.etcd_server_secret_name(ref.name),
         {
             builders.TLS_CA: issued.ca_cert,
+            builders.TLS_CA_KEY: issued.ca_key,
             builders.TLS_CERT: issued.server_cert,
             builders.TLS_KEY: issued.server_key,
         },
     )
 
 
-def client_secret(ref: builders.JobRef, issued: etcd_certs.IssuedCerts) -> Obj:
+def client_secret(ref: builders.JobRef, ca_cert: bytes, client: etcd_certs.ClientCert) -> Obj:
     """The workers' Secret: the CA that signed etcd's certificate and their own."""
     return _secret(
         ref,
         builders.etcd_client_secret_name(ref.name),
         {
-            builders.TLS_CA: issued.ca_cert,
-            builders.TLS_CERT: issued.client_cert,
-            builders.TLS_KEY: issued.client_key,
+            builders.TLS_CA: ca_cert,
+            builders.TLS_CERT: client.cert,
+            builders.TLS_KEY: client.key,
         },
     )
+
+
+def ca_of(secret: Obj, name: str) -> tuple[bytes, bytes]:
+    """The CA certificate and key in server Secret ``secret`` (keys ca.crt, ca.key)."""
+    data = secret.get("data") or {}
+    missing = [k for k in (builders.TLS_CA, builders.TLS_CA_KEY) if k not in data]
+    if missing:
+        raise SecretsNotReady(
+            f"Secret {name} has no {', '.join(missing)}, so no client certificate can be "
+            "issued for the job's etcd: delete the ElasticJob and create it again"
+        )
+    return base64.b64decode(data[builders.TLS_CA]), base64.b64decode(data[builders.TLS_CA_KEY])
 
 
 def owner_uid(secret: Obj) -> str | None:
@@ -114,7 +132,7 @@ def _api_error(what: str, exc: ApiException) -> SecretsNotReady:
 
 class EtcdSecrets:
     """Creates and reads the jobs' certificate Secrets through the Kubernetes API (verbs:
-    get, create, update); remembers the jobs whose Secrets are in place and the operator's
+    get and create only); remembers the jobs whose Secrets are in place and the operator's
     own client credentials, which never change while a job exists."""
 
     def __init__(
@@ -137,23 +155,15 @@ class EtcdSecrets:
             raise _api_error(f"reading Secret {namespace}/{name}", exc) from None
         return cast(Obj, json.loads(resp.data))
 
-    def _create(self, obj: Obj, replace: bool = False) -> bool:
-        """Create ``obj``; False if its name is taken (and ``replace`` is not asked)."""
+    def _create(self, obj: Obj) -> bool:
+        """Create ``obj``; False if its name is taken."""
         meta = obj["metadata"]
         try:
             self.core.create_namespaced_secret(meta["namespace"], cast(Any, obj))
-            return True
         except ApiException as exc:
-            if exc.status != 409:
-                raise _api_error(
-                    f"creating Secret {meta['namespace']}/{meta['name']}", exc
-                ) from None
-        if not replace:
-            return False
-        try:
-            self.core.replace_namespaced_secret(meta["name"], meta["namespace"], cast(Any, obj))
-        except ApiException as exc:
-            raise _api_error(f"replacing Secret {meta['namespace']}/{meta['name']}", exc) from None
+            if exc.status == 409:
+                return False
+            raise _api_error(f"creating Secret {meta['namespace']}/{meta['name']}", exc) from None
         return True
 
     def _owned(self, ref: builders.JobRef, secret: Obj | None, name: str) -> Obj | None:
@@ -164,44 +174,52 @@ class EtcdSecrets:
             )
         return secret
 
-    def ensure(self, ref: builders.JobRef) -> None:
-        """The job's two Secrets exist, issued now if they did not; never re-issued."""
+    def ensure(self, ref: builders.JobRef, recheck: bool = False) -> None:
+        """The job's two Secrets exist: issued now if neither did, a new client certificate
+        if only the client Secret is gone. Looked up once per job, and again when
+        ``recheck`` (a pod that mounts them is about to be created)."""
         with self._lock:
-            if ref.uid in self._ready:
+            if ref.uid in self._ready and not recheck:
                 return
         ns = ref.namespace
         server_name = builders.etcd_server_secret_name(ref.name)
         client_name = builders.etcd_client_secret_name(ref.name)
         server = self._owned(ref, self._get(ns, server_name), server_name)
         client = self._owned(ref, self._get(ns, client_name), client_name)
-        if server is None:
-            issued = etcd_certs.issue(
-                ref.name,
-                ns,
-                builders.etcd_name(ref.name),
-                builders.worker_service_name(ref.name),
-                self._clock(),
-            )
-            # client first: a server Secret never exists without the client one
-            self._create(client_secret(ref, issued), replace=client is not None)
-            if not self._create(server_secret(ref, issued)):
-                raise SecretsNotReady(
-                    f"Secret {ns}/{server_name} appeared while this operator issued it (two "
-                    "operators at once?); trying again"
-                )
-            log.info(
-                "%s/%s: issued the etcd's certificates (Secrets %s, %s)",
-                ns,
-                ref.name,
-                server_name,
-                client_name,
-            )
-        elif client is None:
+        if server is None and client is not None:
             raise SecretsNotReady(
-                f"Secret {ns}/{client_name} was deleted while the job's etcd runs with "
-                f"certificates of its own CA; no new one can be issued for it: delete the "
-                f"ElasticJob and create it again"
+                f"Secret {ns}/{server_name} was deleted; it held the only key of the CA the "
+                f"job's certificates chain to, so no new one can be issued for its etcd: "
+                f"delete the ElasticJob and create it again"
             )
+        if client is None:
+            now = self._clock()
+            workers = builders.worker_service_name(ref.name)
+            if server is None:
+                issued = etcd_certs.issue(ref.name, ns, builders.etcd_name(ref.name), workers, now)
+                # server first: it holds the CA key a lost client Secret is issued from again
+                if not self._create(server_secret(ref, issued)):
+                    raise SecretsNotReady(
+                        f"Secret {ns}/{server_name} appeared while this operator issued it (two "
+                        "operators at once?); trying again"
+                    )
+                ca_cert, client_cert = issued.ca_cert, issued.client
+                said = f"issued the etcd's certificates (Secrets {server_name}, {client_name})"
+            else:
+                ca_cert, ca_key = ca_of(server, f"{ns}/{server_name}")
+                try:
+                    client_cert = etcd_certs.issue_client(
+                        ref.name, ns, workers, ca_cert, ca_key, now
+                    )
+                except ValueError as exc:
+                    raise SecretsNotReady(f"Secret {ns}/{server_name}: {exc}") from None
+                said = (
+                    f"Secret {client_name} was missing: issued a new client certificate from "
+                    f"the CA in Secret {server_name}"
+                )
+            # taken meanwhile: another operator's, from the same CA (the server Secret's)
+            self._create(client_secret(ref, ca_cert, client_cert))
+            log.info("%s/%s: %s", ns, ref.name, said)
         with self._lock:
             self._ready.add(ref.uid)
 

@@ -133,8 +133,6 @@ def _reconcile_locked(kube: Kube, namespace: str, name: str, read_progress: bool
         kube.apply(ref, job, invalid_spec(status, _validation_message(exc), now))
         return
     secrets = _secrets or etcd_secrets.EtcdSecrets(kube.core)
-    if spec.provisions_etcd and not status.finished:
-        secrets.ensure(ref)  # before the etcd and the workers that mount them are created
     seen: models.Progress | None = None
     fallbacks: tuple[MemoryFallback, ...] = ()
     hangs: tuple[Hang, ...] = ()
@@ -158,6 +156,11 @@ def _reconcile_locked(kube: Kube, namespace: str, name: str, read_progress: bool
         hangs = observe.hangs_of(records.hangs)
     observed = replace(kube.observe(ref, seen), memory_fallbacks=fallbacks, hangs=hangs)
     decision = reconcile(ref, meta.get("generation"), spec, status, observed, now, CONFIG)
+    if spec.provisions_etcd and not status.finished:
+        # before the etcd and the workers that mount them are created; looked at again
+        # then, so a client Secret deleted mid-job is issued again for the new pod
+        mounts = any(obj.get("kind") in ("Pod", "Deployment") for obj in decision.create)
+        secrets.ensure(ref, recheck=mounts)
     try:
         kube.apply(ref, job, decision)
     except InvalidChild as exc:  # a child the API server will never take: fail the job

@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cryptography import x509
+from cryptography.x509.verification import PolicyBuilder, Store
 from elasticjob_manifests import MALFORMED, RUNTIME_IMAGE, archived, job, malformed
 from kube_helpers import WAIT, Cluster, Obj, Operator, installed_operator, wait_for
 
@@ -125,10 +127,12 @@ def test_operator_runs_under_its_own_least_privilege_service_account(operator: C
     assert can("patch", "elasticjobs.elastic.pytorch.org", "--subresource=status", "-n", JOB_NS)
     assert can("create", "events", "-n", JOB_NS)
     assert not can("create", "pods", "-n", "default")  # only the watched namespace
-    # the jobs' etcd certificates: issued (create; update replaces a half-issued pair) and
-    # read back (get), in the watched namespace only; never listed, watched or deleted
+    # the jobs' etcd certificates: created and read back, in the watched namespace only;
+    # never changed, listed, watched or deleted
     assert can("create", "secrets", "-n", JOB_NS)
     assert can("get", "secrets", "-n", JOB_NS)
+    assert not can("update", "secrets", "-n", JOB_NS)
+    assert not can("patch", "secrets", "-n", JOB_NS)
     assert not can("list", "secrets", "-n", JOB_NS)
     assert not can("watch", "secrets", "-n", JOB_NS)
     assert not can("delete", "secrets", "-n", JOB_NS)
@@ -306,11 +310,13 @@ def test_a_pod_without_the_jobs_client_certificate_cannot_read_or_write_its_etcd
         "metadata": {"name": "intruder", "labels": {"app": "intruder"}},
         "spec": {
             "restartPolicy": "Never",
+            "securityContext": RESTRICTED_POD,  # the job namespace enforces it
             "containers": [
                 {
                     "name": "intruder",
                     "image": RUNTIME_IMAGE,
                     "command": INTRUDE,
+                    "securityContext": RESTRICTED_CONTAINER,
                     "env": [
                         {"name": "TARGET", "value": target},
                         {"name": "TARGET_CA", "value": base64.b64decode(ca).decode()},
@@ -393,6 +399,81 @@ def test_rdzv_tls_takes_a_job_to_a_users_etcd_with_the_named_secret(
     for name in (f"{guest}-etcd-server-tls", f"{guest}-etcd-client-tls"):
         found = c.core.list_namespaced_secret(ns, field_selector=f"metadata.name={name}").items
         assert not found  # nothing issued for a job that brings its etcd
+
+
+# Each worker that starts adds one to the step in the job's etcd (over mutual TLS, with
+# the certificate mounted from the client Secret) and says the step it wrote.
+COUNT_STARTS_AND_SLEEP = [
+    "python",
+    "-c",
+    "import os, time\n"
+    "from elasticjob_runtime import contract, records\n"
+    "from elasticjob_runtime.etcd_tls import connect\n"
+    "key = contract.progress_key(os.environ['PET_RDZV_ID'])\n"
+    "while True:\n"
+    "    try:\n"
+    "        e = connect(os.environ['PET_RDZV_ENDPOINT'])\n"
+    "        old = e.get(key)\n"
+    "        step = records.decode_progress(old.value).step + 1 if old else 1\n"
+    "        e.put(key, records.encode_progress(records.Progress(\n"
+    "            step=step, world_size=1, samples_per_second=1.0, restart_count=0,\n"
+    "            updated=time.time())))\n"
+    "        break\n"
+    "    except Exception as exc:\n"
+    "        print('etcd not ready:', exc, flush=True); time.sleep(0.5)\n"
+    "print('wrote step', step, flush=True)\n"
+    "time.sleep(3600)\n",
+]
+
+
+def test_a_deleted_client_certificate_secret_is_issued_again_from_the_jobs_ca(
+    operator: Cluster, ns: str
+) -> None:
+    """The CA key kept in the server Secret: a new client certificate, from the same CA,
+    for the worker that replaces a deleted one; the job's etcd (not restarted) trusts it."""
+    c = operator
+    name = start_job(c, ns, job("reissue", COUNT_STARTS_AND_SLEEP, replicas=1))
+    secret, pod = f"{name}-etcd-client-tls", f"{name}-worker-0"
+    wait_for(
+        "step 1 from the first worker",
+        lambda: c.status(ns, name).get("progress", {}).get("step") == 1,
+    )
+    uid = c.job(ns, name)["metadata"]["uid"]
+    first = c.core.read_namespaced_secret(secret, ns)
+    etcd_selector = f"elastic.pytorch.org/job-name={name},elastic.pytorch.org/replica-type=etcd"
+    etcd_pods = [
+        p.metadata.uid for p in c.core.list_namespaced_pod(ns, label_selector=etcd_selector).items
+    ]
+    assert len(etcd_pods) == 1
+    old_pod = c.core.read_namespaced_pod(pod, ns).metadata.uid
+    c.kubectl("-n", ns, "delete", "secret", secret)
+    c.kubectl("-n", ns, "delete", "pod", pod, "--wait=false")
+    again = wait_for(
+        "the client Secret issued again",
+        lambda: c.core.list_namespaced_secret(ns, field_selector=f"metadata.name={secret}").items,
+    )[0]
+    owner = again.metadata.owner_references[0]
+    assert (owner.uid, owner.controller) == (uid, True)
+    data = {k: base64.b64decode(v) for k, v in again.data.items()}
+    assert set(data) == {"ca.crt", "tls.crt", "tls.key"}  # never the CA key
+    assert data["ca.crt"] == base64.b64decode(first.data["ca.crt"])
+    assert data["tls.crt"] != base64.b64decode(first.data["tls.crt"])
+    ca = x509.load_pem_x509_certificate(data["ca.crt"])
+    verified = (
+        PolicyBuilder()
+        .store(Store([ca]))
+        .build_client_verifier()
+        .verify(x509.load_pem_x509_certificate(data["tls.crt"]), [])
+    )
+    assert verified.chain[-1] == ca
+    # the replacement worker mounts it and reaches the same etcd, which has not restarted
+    wait_for(
+        "step 2 from the replacement worker",
+        lambda: c.status(ns, name).get("progress", {}).get("step") == 2,
+    )
+    assert c.core.read_namespaced_pod(pod, ns).metadata.uid != old_pod
+    etcd_now = c.core.list_namespaced_pod(ns, label_selector=etcd_selector).items
+    assert [p.metadata.uid for p in etcd_now] == etcd_pods
 
 
 def test_no_certificate_or_key_in_the_operators_log_or_the_jobs_events_or_status(

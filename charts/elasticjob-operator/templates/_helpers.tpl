@@ -45,7 +45,7 @@ log; docs/operator.md says why each is needed). */}}
   verbs: [list, create, delete]
 - apiGroups: [""]
   resources: [secrets]
-  verbs: [get, create, update]
+  verbs: [get, create]
 - apiGroups: [apps]
   resources: [deployments]
   verbs: [list, create, delete]

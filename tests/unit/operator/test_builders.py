@@ -403,7 +403,14 @@ def test_the_provisioned_etcd_serves_mutual_tls_from_its_server_secret_only() ->
     assert "--cert-file=/etc/etcd/tls/tls.crt" in args
     assert "--key-file=/etc/etcd/tls/tls.key" in args
     assert not [a for a in args if "client-urls=http://" in a]  # no plain-text client port
-    assert pod["volumes"][1] == {"name": "tls", "secret": {"secretName": "train-etcd-server-tls"}}
+    # the three files etcd reads; the Secret's CA key is not mounted
+    assert pod["volumes"][1] == {
+        "name": "tls",
+        "secret": {
+            "secretName": "train-etcd-server-tls",
+            "items": [{"key": k, "path": k} for k in ("ca.crt", "tls.crt", "tls.key")],
+        },
+    }
     assert {"name": "tls", "mountPath": "/etc/etcd/tls", "readOnly": True} in container[
         "volumeMounts"
     ]

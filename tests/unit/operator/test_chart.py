@@ -86,9 +86,10 @@ def test_cluster_wide_install_uses_one_least_privilege_cluster_role() -> None:
     assert ("elastic.pytorch.org", "elasticjobs/status", "patch") in granted
     assert ("apps", "deployments", "delete") in granted
     assert not any(r in ("configmaps", "nodes", "*") for _, r, _ in granted)
-    # the jobs' etcd certificates: issued once (create; update replaces a half-issued
-    # pair), read back (get); never listed, watched or deleted (the garbage collector does)
-    assert {v for _, r, v in granted if r == "secrets"} == {"get", "create", "update"}
+    # the jobs' etcd certificates: created (a lost client Secret is created again from the
+    # CA key in the server Secret) and read back (get); never changed, listed, watched or
+    # deleted (the garbage collector does)
+    assert {v for _, r, v in granted if r == "secrets"} == {"get", "create"}
     assert not any(v == "*" for _, _, v in granted)
     assert ("elastic.pytorch.org", "elasticjobs", "create") not in granted
     # a status is merge-patched, never replaced (tests/e2e/test_security.py proves the rest)

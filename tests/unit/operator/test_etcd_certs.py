@@ -105,17 +105,50 @@ def test_key_usages_keep_clients_from_serving(issued: etcd_certs.IssuedCerts) ->
         assert usage.digital_signature and not usage.key_cert_sign
 
 
-def test_keys_match_their_certificates_and_the_ca_key_is_not_kept(
-    issued: etcd_certs.IssuedCerts,
-) -> None:
+def test_keys_match_their_certificates(issued: etcd_certs.IssuedCerts) -> None:
     for cert_pem, key_pem in (
+        (issued.ca_cert, issued.ca_key),
         (issued.server_cert, issued.server_key),
         (issued.client_cert, issued.client_key),
     ):
         key = load_pem_private_key(key_pem, None)
         assert isinstance(key, ec.EllipticCurvePrivateKey)
         assert key.public_key() == cert(cert_pem).public_key()
-    assert sum(b"PRIVATE KEY" in getattr(issued, f) for f in vars(issued)) == 2
+
+
+def test_a_client_certificate_issued_later_from_the_stored_ca_is_trusted_like_the_first(
+    issued: etcd_certs.IssuedCerts, other_job: etcd_certs.IssuedCerts
+) -> None:
+    later = NOW + timedelta(days=30)
+    again = etcd_certs.issue_client(
+        "train", "ml", "train-worker", issued.ca_cert, issued.ca_key, later
+    )
+    client = cert(again.cert)
+    verified = verifier(issued.ca_cert, later).build_client_verifier().verify(client, [])
+    assert verified.chain[-1] == cert(issued.ca_cert)  # the same CA: the same etcd trusts it
+    with pytest.raises(VerificationError):
+        verifier(other_job.ca_cert, later).build_client_verifier().verify(client, [])
+    key = load_pem_private_key(again.key, None)
+    assert isinstance(key, ec.EllipticCurvePrivateKey)
+    assert key.public_key() == client.public_key() != cert(issued.client_cert).public_key()
+    first = cert(issued.client_cert)
+    for ext in (x509.ExtendedKeyUsage, x509.SubjectAlternativeName, x509.KeyUsage):
+        assert client.extensions.get_extension_for_class(ext) == (
+            first.extensions.get_extension_for_class(ext)
+        )
+    assert client.subject == first.subject
+    assert client.not_valid_after_utc == later + etcd_certs.VALIDITY
+
+
+def test_a_client_certificate_needs_the_cas_own_key(
+    issued: etcd_certs.IssuedCerts, other_job: etcd_certs.IssuedCerts
+) -> None:
+    with pytest.raises(ValueError, match=r"^the CA key is not the key of the CA certificate$"):
+        etcd_certs.issue_client(
+            "train", "ml", "train-worker", issued.ca_cert, other_job.ca_key, NOW
+        )
+    with pytest.raises(ValueError, match=r"^the CA certificate or key is not PEM"):
+        etcd_certs.issue_client("train", "ml", "train-worker", issued.ca_cert, b"x", NOW)
 
 
 def test_validity_starts_a_little_before_issuing_and_outlasts_any_job(
