@@ -5,8 +5,6 @@ and per-step sample records (``elasticjob_examples.sample_audit``)."""
 
 from __future__ import annotations
 
-import subprocess
-import threading
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -14,6 +12,8 @@ from typing import Any
 import yaml
 from elasticjob_examples import sample_audit
 from kube_helpers import REPO, RUNTIME_IMAGE, Cluster, Obj, wait_for
+
+from bench.pod_logs import PodLogs
 
 MANIFEST = REPO / "examples" / "manifests" / "elastic.yaml"
 JOB_LABEL = "elastic.pytorch.org/job-name"
@@ -50,96 +50,13 @@ class Resume:
     t: float
 
 
-class Logs:
-    """Every line of every worker pod of a job, followed with `kubectl logs -f` from the
-    moment each pod (by uid) runs, so the lines of deleted pods are kept. A follow that
-    breaks while its pod runs (the API server restarted) is resumed, skipping the lines
-    already read."""
-
-    RETRIES = 20  # follows of one pod, so a pod whose log cannot be read is not polled forever
+class Logs(PodLogs):
+    """Every line of every worker pod of a job (bench.pod_logs), read back as the
+    example's steps, resumes and sample records."""
 
     def __init__(self, c: Cluster, ns: str, job: str) -> None:
-        self.c, self.ns, self.job = c, ns, job
-        self.lines: list[tuple[str, str]] = []  # (pod, line)
-        self.lock = threading.Lock()
-        self.followers: dict[str, subprocess.Popen[str]] = {}  # pod uid -> kubectl
-        self.readers: dict[str, threading.Thread] = {}  # pod uid -> its reading thread
-        self.read: dict[str, int] = {}  # pod uid -> lines read
-        self.follows: dict[str, int] = {}  # pod uid -> follows started
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._watch, daemon=True)
-        self.thread.start()
-
-    def _watch(self) -> None:
-        sel = f"{JOB_LABEL}={self.job},{ROLE_LABEL}=worker"
-        while not self.stop.wait(1.0):
-            try:
-                pods = self.c.core.list_namespaced_pod(self.ns, label_selector=sel).items
-            except Exception:
-                continue
-            for pod in pods:
-                uid, phase = pod.metadata.uid, pod.status.phase
-                if phase not in ("Running", "Succeeded", "Failed") or not self._due(uid, phase):
-                    continue
-                proc = subprocess.Popen(
-                    [
-                        "kubectl",
-                        f"--kubeconfig={self.c.kubeconfig}",
-                        "-n",
-                        self.ns,
-                        "logs",
-                        "-f",
-                        f"pod/{pod.metadata.name}",
-                    ],
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.DEVNULL,
-                    text=True,
-                )
-                self.followers[uid] = proc
-                self.follows[uid] = self.follows.get(uid, 0) + 1
-                reader = threading.Thread(
-                    target=self._read, args=(pod.metadata.name, uid, proc), daemon=True
-                )
-                self.readers[uid] = reader
-                reader.start()
-
-    def _due(self, uid: str, phase: str) -> bool:
-        """Whether to (re)start following this pod: never followed and running or done,
-        or its follow broke (still running, or it ended with an error) and is all read."""
-        proc = self.followers.get(uid)
-        if proc is None:
-            return phase != "Failed"
-        if proc.poll() is None or self.readers[uid].is_alive():
-            return False
-        broke = phase == "Running" or proc.returncode != 0
-        return broke and self.follows.get(uid, 0) < self.RETRIES
-
-    def _read(self, pod: str, uid: str, proc: subprocess.Popen[str]) -> None:
-        assert proc.stdout is not None
-        skip = self.read.get(uid, 0)
-        for line in proc.stdout:
-            if skip:
-                skip -= 1
-                continue
-            with self.lock:
-                self.lines.append((pod, line.rstrip("\n")))
-                self.read[uid] = self.read.get(uid, 0) + 1
-
-    def close(self) -> None:
-        self.stop.set()
-        self.thread.join(timeout=10)
-        for proc in self.followers.values():
-            if proc.poll() is None:
-                proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-    def text(self) -> list[str]:
-        with self.lock:
-            return [line for _, line in self.lines]
+        self.c, self.job = c, job
+        super().__init__(c.kubeconfig, c.core, ns, f"{JOB_LABEL}={job},{ROLE_LABEL}=worker")
 
     def steps(self) -> list[Step]:
         out = []
@@ -163,10 +80,6 @@ class Logs:
 
     def last_step(self) -> int:
         return max((s.step for s in self.steps()), default=0)
-
-    def tail(self, n: int = 60) -> str:
-        with self.lock:
-            return "\n".join(f"{pod}: {line}" for pod, line in self.lines[-n:])
 
 
 def manifest(name: str, replicas: int = 2, **env: Any) -> Obj:
