@@ -333,6 +333,7 @@ class Soak:
             faults.kill_worker_process(self.dev.dir, self.ns, fault.pod)
         else:
             self.losses += 1
+            self.spared.add(fault.node)  # lost for good: its pods may still show Running
             faults.lose_node(self.dev.dir, fault.node)
             new = f"soak-node-{self.losses}"
             self.dev.add_node(new)

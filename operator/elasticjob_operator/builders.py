@@ -355,6 +355,10 @@ def etcd_deployment(ref: JobRef, spec: models.ElasticJobSpec) -> Obj:
     }
     if settings.resources:
         container["resources"] = settings.resources
+    pod_spec: Obj = {"containers": [container], "volumes": [{"name": "data", "emptyDir": {}}]}
+    # as the workers: on a lost node the default 300 s would keep the job without its
+    # etcd (no regroup, no join) for five minutes before the ReplicaSet replaced it
+    add_node_lost_tolerations(pod_spec)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -365,10 +369,7 @@ def etcd_deployment(ref: JobRef, spec: models.ElasticJobSpec) -> Obj:
             "selector": {"matchLabels": etcd_selector(ref.name)},
             "template": {
                 "metadata": {"labels": {**etcd_selector(ref.name), LABEL_MANAGED_BY: MANAGER}},
-                "spec": {
-                    "containers": [container],
-                    "volumes": [{"name": "data", "emptyDir": {}}],
-                },
+                "spec": pod_spec,
             },
         },
     }
