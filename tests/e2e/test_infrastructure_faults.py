@@ -264,14 +264,17 @@ def test_a_pod_cut_off_for_10s_comes_back_and_the_job_trains_at_full_size(
 ) -> None:
     """A worker's network goes down for 10 s (both ends of its link, so etcd, its peers
     and the API server are all out of reach): its lease runs out and the survivor trains
-    on alone; once the link is back the cut worker rejoins (or is replaced) by itself and
-    the job trains at full size again."""
+    on alone; once the link is back the cut worker's agent, which kept retrying etcd,
+    rejoins by itself (the same pod, nothing replaced) and the job trains at full size
+    again."""
     dev = needs_devcluster(devcluster)
     c = cluster
     name = unique("cut")
     logs = start(long_job(name))
     wait_step(logs, 6, world=2)
     pod = f"{name}-worker-1"
+    uid = c.core.read_namespaced_pod(pod, ns).metadata.uid
+    restarts = c.status(ns, name).get("restartCount", 0)
     cut_at = time.time()
     faults.cut_network(dev.dir, ns, pod)
     try:
@@ -291,11 +294,13 @@ def test_a_pod_cut_off_for_10s_comes_back_and_the_job_trains_at_full_size(
     )
     assert back.step > alone.step
     wait_step(logs, back.step + 10, world=2)  # and on
+    # it rejoined: the same pod, its agent regrouped in place, nothing replaced
     workers = c.running_workers(ns, name)
     assert sorted(workers) == [f"{name}-worker-0", pod], sorted(workers)
+    assert workers[pod].metadata.uid == uid
     status = wait_for(
         "the status to show 2 of 2 training",
         lambda: settled(c, ns, name, 2, back.step),
         CATCH_UP,
     )
-    print("restartCount after the cut:", status.get("restartCount"))
+    assert status.get("restartCount", 0) == restarts
