@@ -25,6 +25,7 @@ class PodLogs:
         self.readers: dict[str, threading.Thread] = {}  # pod uid -> its reading thread
         self.read: dict[str, int] = {}  # pod uid -> lines read
         self.follows: dict[str, int] = {}  # pod uid -> follows started
+        self.torn = 0  # follows that broke mid-line (that line is read again, whole)
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._watch, daemon=True)
         self.thread.start()
@@ -76,6 +77,9 @@ class PodLogs:
         assert proc.stdout is not None
         skip = self.read.get(uid, 0)
         for line in proc.stdout:
+            if not line.endswith("\n"):
+                self.torn += 1  # the stream broke mid-line: the next follow reads it whole
+                break
             if skip:
                 skip -= 1
                 continue

@@ -181,9 +181,15 @@ class Soak:
     through the devcluster's agents."""
 
     def __init__(
-        self, kubeconfig: Path, namespace: str, cfg: SoakConfig, dev: DevCluster | None
+        self,
+        kubeconfig: Path,
+        namespace: str,
+        cfg: SoakConfig,
+        dev: DevCluster | None,
+        log_dir: Path | None = None,
     ) -> None:
         self.kubeconfig, self.ns, self.cfg, self.dev = kubeconfig, namespace, cfg, dev
+        self.log_dir = log_dir  # each job's worker lines go to <log_dir>/<job>.log
         api = config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
@@ -272,6 +278,9 @@ class Soak:
         record.finished = time.monotonic()
         record.phase, record.restarts = phase, int(status.get("restartCount", 0))
         lines = record.logs.text()
+        if self.log_dir is not None:  # the pods are gone after this: keep what they said
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            (self.log_dir / f"{name}.log").write_text(record.logs.tail(len(lines)) + "\n")
         record.steps = int(result_of(lines).get("steps", 0))
         found = sample_audit.audit(sample_audit.parse_all(lines), self.cfg.samples, self.cfg.steps)
         record.problems += found.problems
@@ -410,15 +419,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=4, help="jobs training at once")
     parser.add_argument("--steps", type=int, default=300, help="training steps per job")
     parser.add_argument("--nodes", type=int, default=3)
+    parser.add_argument(
+        "--faults",
+        default=",".join(FaultKind),
+        help=f"the kinds to draw from, comma-separated (default: all of {', '.join(FaultKind)})",
+    )
     parser.add_argument("--dir", type=Path, default=REPO / ".devcluster-soak")
     args = parser.parse_args(argv)
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "big")
+    try:
+        kinds = tuple(FaultKind(k.strip()) for k in args.faults.split(",") if k.strip())
+    except ValueError as e:
+        parser.error(f"--faults: {e}; use some of {', '.join(FaultKind)}")
     cfg = SoakConfig(
         seed=seed,
         jobs=args.jobs,
         minutes=args.minutes,
         concurrency=args.concurrency,
         steps=args.steps,
+        kinds=kinds,
     )
     print(f"soak seed {seed} (repeat with: make soak SOAK_ARGS='--seed {seed}')", flush=True)
     print(f"soak config: {cfg}", flush=True)
@@ -428,10 +447,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cluster.up(tuple(f"node-{i}" for i in range(1, args.nodes + 1)))
         install_operator(cluster.kubeconfig, "soak")
-        soak = Soak(cluster.kubeconfig, "soak", cfg, cluster)
+        soak = Soak(cluster.kubeconfig, "soak", cfg, cluster, args.dir / "soak-logs")
         records = soak.run(operator_nodes(soak.core, OPERATOR_NAMESPACE))
         print(f"\n== soak summary (seed {seed}, {soak.faults} faults) ==")
         print(table(records))
+        print(f"every job's worker log lines: {args.dir / 'soak-logs'}/<job>.log")
     except KeyboardInterrupt:
         print("\ninterrupted; stopping everything", file=sys.stderr)
         return 130
