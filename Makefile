@@ -7,8 +7,9 @@ VENV := $(CACHE)/venv
 export PATH := $(VENV)/bin:$(CACHE)/tools:$(PATH)
 DEVCLUSTER_DIR := $(CURDIR)/.devcluster
 PYTEST_ARGS ?=
+SOAK_ARGS ?=
 
-.PHONY: setup lint format test test-unit test-integration test-e2e cluster cluster-down crds demo bench kind-e2e
+.PHONY: setup lint format test test-unit test-integration test-e2e cluster cluster-down crds demo bench soak kind-e2e
 
 setup:
 	@scripts/bootstrap.sh
@@ -50,6 +51,10 @@ demo: setup
 
 bench: setup
 	python -m bench.run
+
+# 20 jobs through 10 minutes of random faults; not part of `make test` (a smoke of it is).
+soak: setup
+	python -m bench.soak $(SOAK_ARGS)
 
 kind-e2e:
 	scripts/kind-e2e.sh

@@ -48,6 +48,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "devcluster" / "build-binaries.sh"
 SERVICE_CIDR = "10.96.0.0/16"
 POD_CIDR_PREFIX = "10.244"
+APISERVER = "kube-apiserver"  # its process record's name and its log's
 
 
 class ClusterError(RuntimeError):
@@ -351,13 +352,13 @@ class DevCluster:
             logs / "etcd.log",
         )
         (self.dir / "audit-policy.yaml").write_text(yaml.safe_dump(AUDIT_POLICY, sort_keys=False))
-        self._start("kube-apiserver", apiserver_args(cfg, self.pki), logs)
+        self._start(APISERVER, apiserver_args(cfg, self.pki), logs)
         ctx = _admin_ssl_context(self.pki)
         _wait(
-            "kube-apiserver",
+            APISERVER,
             lambda: _http_ok(f"{cfg.server}/readyz", ctx),
             timeout,
-            logs / "kube-apiserver.log",
+            logs / f"{APISERVER}.log",
         )
         write_kubeconfig(self.kubeconfig, cfg.server, self.pki.ca.cert, "admin", self.pki.admin)
         cm_kubeconfig = self.dir / "kubeconfig-controller-manager"
@@ -420,6 +421,25 @@ class DevCluster:
         )
         just_this = replace(cfg, nodes={node: cfg.nodes[node]})
         _wait(f"node {node} (Ready)", lambda: self._nodes_ready(just_this), timeout, logs)
+
+    def restart_apiserver(self, timeout: float = 120.0) -> None:
+        """Stop the kube-apiserver by its recorded pid and start it again with the same
+        arguments (its etcd keeps the cluster's state), so tests can prove clients ride
+        out an API-server restart. Returns once it answers /readyz again; the new process
+        takes the old one's place in the records, so ``down`` still stops it in order."""
+        cfg = self.config()
+        if cfg is None or not self.is_running():
+            raise ClusterError(f"no running devcluster in {self.dir}; run `up` first")
+        records = self.records()
+        old = next((r for r in records if r.name == APISERVER), None)
+        if old is None:
+            raise ClusterError(f"no {APISERVER} in {self._records_path}; was `up` run here?")
+        procs.stop([old], grace_seconds=15)
+        log = self.dir / "logs" / f"{APISERVER}.log"
+        _, new = procs.spawn(APISERVER, apiserver_args(cfg, self.pki), log)
+        procs.save_records(self._records_path, procs.replaced(self.records(), old, new))
+        ctx = _admin_ssl_context(self.pki)
+        _wait(APISERVER, lambda: _http_ok(f"{cfg.server}/readyz", ctx), timeout, log)
 
     def _kubectl_json(self, *args: str) -> dict[str, object] | None:
         out = subprocess.run(

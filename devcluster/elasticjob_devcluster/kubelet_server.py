@@ -20,6 +20,9 @@ from pathlib import Path
 
 from elasticjob_devcluster import logs
 
+# `-f`: how long a piece of a line waits for its end before it is sent as it is
+PIECE_WAIT_S = 1.0
+
 
 @dataclass(frozen=True)
 class LogSource:
@@ -90,12 +93,12 @@ class _Handler(BaseHTTPRequestHandler):
             raw = b""
         cut = raw.rfind(b"\n") + 1
         pos, pending = cut, raw[cut:]
-        out = logs.render(
-            logs.parse(raw[:cut]),
-            timestamps=timestamps,
-            tail_lines=_int(q, "tailLines"),
-            since=since,
-            limit_bytes=limit,
+        lines, partial = logs.assemble(logs.parse(raw[:cut]))
+        if not follow:  # the log so far, a line still being written included
+            lines, partial = lines + logs.unfinished(partial), {}
+        tail = _int(q, "tailLines")
+        out = logs.format_lines(
+            lines, timestamps=timestamps, tail_lines=tail, since=since, limit_bytes=limit
         )
         sent = len(out)
         self.wfile.write(out)
@@ -112,16 +115,24 @@ class _Handler(BaseHTTPRequestHandler):
             data = pending + more
             cut = data.rfind(b"\n") + 1
             pending = data[cut:]
-            if cut:
-                chunk = logs.render(logs.parse(data[:cut]), timestamps=timestamps, since=since)
+            # whole lines, each stream rebuilt on its own: a piece waits for its end, for
+            # a moment (output that does not end its line, a progress bar, still shows)
+            lines, partial = logs.assemble(logs.parse(data[:cut]), partial)
+            waited = {k: v for k, v in partial.items() if time.time() - v.time > PIECE_WAIT_S}
+            if not cut and not running:
+                waited = partial
+            lines += logs.unfinished(waited)
+            partial = {k: v for k, v in partial.items() if k not in waited}
+            if lines:
+                chunk = logs.format_lines(lines, timestamps=timestamps, since=since)
                 if limit is not None:
                     chunk = chunk[: limit - sent]
                 sent += len(chunk)
                 self.wfile.write(chunk)
                 self.wfile.flush()
-            elif not running:
+            if not cut and not running:
                 break
-            else:
+            if not cut:
                 time.sleep(0.2)
 
 

@@ -75,6 +75,48 @@ def parse(raw: bytes) -> list[Entry]:
     return out
 
 
+@dataclass(frozen=True)
+class Line:
+    """One line rebuilt from its pieces: the time of its first piece; ``full`` once its
+    end arrived."""
+
+    stamp: str
+    time: float
+    stream: str
+    content: bytes
+    full: bool
+
+
+def assemble(
+    entries: Iterable[Entry], partial: dict[str, Line] | None = None
+) -> tuple[list[Line], dict[str, Line]]:
+    """The complete lines among ``entries`` (in the order they ended), and the pieces
+    still waiting for their end, per stream. Each stream is rebuilt on its own: a piece
+    of stdout continues with the next stdout entry, never with a stderr line written
+    between its pieces (a worker printing while its launcher logs). ``partial`` carries
+    the waiting pieces over from the previous call (``kubectl logs -f``)."""
+    waiting = dict(partial or {})
+    lines = []
+    for e in entries:
+        start = waiting.pop(e.stream, None)
+        line = (
+            Line(start.stamp, start.time, e.stream, start.content + e.content, e.full)
+            if start is not None
+            else Line(e.stamp, e.time, e.stream, e.content, e.full)
+        )
+        if e.full:
+            lines.append(line)
+        else:
+            waiting[e.stream] = line
+    return lines, waiting
+
+
+def unfinished(partial: dict[str, Line]) -> list[Line]:
+    """The waiting pieces as lines without their end, oldest first (what a log that
+    stops mid-line shows last)."""
+    return sorted(partial.values(), key=lambda line: line.time)
+
+
 def render(
     entries: Iterable[Entry],
     *,
@@ -84,27 +126,34 @@ def render(
     limit_bytes: int | None = None,
 ) -> bytes:
     """What `kubectl logs` prints: lines rebuilt from pieces, then filtered and cut."""
-    lines: list[tuple[str, float, bytes, bool]] = []
-    pending: tuple[str, float, bytearray] | None = None
-    for e in entries:
-        if pending is None:
-            pending = (e.stamp, e.time, bytearray())
-        pending[2].extend(e.content)
-        if e.full:
-            lines.append((pending[0], pending[1], bytes(pending[2]), True))
-            pending = None
-    if pending is not None:
-        lines.append((pending[0], pending[1], bytes(pending[2]), False))
+    lines, partial = assemble(entries)
+    return format_lines(
+        lines + unfinished(partial),
+        timestamps=timestamps,
+        tail_lines=tail_lines,
+        since=since,
+        limit_bytes=limit_bytes,
+    )
+
+
+def format_lines(
+    lines: list[Line],
+    *,
+    timestamps: bool = False,
+    tail_lines: int | None = None,
+    since: float | None = None,
+    limit_bytes: int | None = None,
+) -> bytes:
     if since is not None:
-        lines = [ln for ln in lines if ln[1] >= since]
+        lines = [ln for ln in lines if ln.time >= since]
     if tail_lines is not None:
         lines = lines[-tail_lines:] if tail_lines > 0 else []
     out = bytearray()
-    for stamp, _, content, full in lines:
+    for line in lines:
         if timestamps:
-            out += stamp.encode() + b" "
-        out += content
-        if full:
+            out += line.stamp.encode() + b" "
+        out += line.content
+        if line.full:
             out += b"\n"
     if limit_bytes is not None:
         return bytes(out[:limit_bytes])

@@ -172,11 +172,15 @@ def delete_node_pods_netns(node_state_dir: Path, cluster: str) -> list[str]:
     return removed
 
 
-def set_pod_network(cluster: str, uid: str, up: bool) -> None:
-    """Cut (both veth ends down) or restore a pod's network."""
-    state = "up" if up else "down"
-    _ip("-n", pod_netns_name(uid), "link", "set", "eth0", state)
+def set_pod_network(cluster: str, uid: str, up: bool, service_cidr: str = "") -> None:
+    """Cut (both veth ends down) or restore a pod's network. The kernel drops a link's
+    routes when it goes down, so a restore routes the service CIDR again (without it the
+    pod would reach pods but never a clusterIP: its etcd, the API server)."""
+    ns, state = pod_netns_name(uid), "up" if up else "down"
+    _ip("-n", ns, "link", "set", "eth0", state)
     _ip("-n", cluster, "link", "set", host_veth_name(uid), state)
+    if up and service_cidr:
+        _ip("-n", ns, "route", "replace", service_cidr, "via", BRIDGE_IP, "dev", "eth0")
 
 
 def list_pod_netns() -> list[str]:

@@ -416,7 +416,7 @@ class Agent:
         except containers.ContainerError as e:
             return Reply(ok=False, node=node, error=str(e))
         if req.op == Op.NETWORK:
-            network.set_pod_network(self.ctx.cluster, rt.uid, req.up)
+            network.set_pod_network(self.ctx.cluster, rt.uid, req.up, self.ctx.service_cidr)
             rt.network_cut = not req.up
             return Reply(ok=True, node=node)
         return Reply(ok=False, node=node, error=f"op {req.op.value!r} is not handled")

@@ -105,6 +105,16 @@ def load_records(path: Path) -> list[ProcessRecord]:
         return []
 
 
+def replaced(
+    records: Sequence[ProcessRecord], old: ProcessRecord, new: ProcessRecord
+) -> list[ProcessRecord]:
+    """``records`` with ``old`` swapped for ``new`` in its place: a restarted process keeps
+    its position, since ``down`` stops the control plane in reverse start order."""
+    if old not in records:
+        raise ValueError(f"{old.name} (pid {old.pid}) is not among the records to replace")
+    return [new if r == old else r for r in records]
+
+
 def group_exists(record: ProcessRecord) -> bool:
     """The recorded process (not a reuse of its pid) or its process group still exists."""
     if _leader_reused(record):

@@ -439,6 +439,24 @@ def etcd_deployment(ref: JobRef, spec: models.ElasticJobSpec) -> Obj:
     }
     if settings.resources:
         container["resources"] = settings.resources
+    pod_spec: Obj = {
+        "securityContext": dict(pod_security.ETCD_POD_SECURITY),
+        "containers": [container],
+        "volumes": [
+            {"name": "data", "emptyDir": {}},
+            {
+                "name": "tls",
+                "secret": {
+                    "secretName": etcd_server_secret_name(ref.name),
+                    # what etcd reads; the Secret's ca.key stays out of the pod
+                    "items": [{"key": k, "path": k} for k in ETCD_MOUNTED_KEYS],
+                },
+            },
+        ],
+    }
+    # as the workers: on a lost node the default 300 s would keep the job without its
+    # etcd (no regroup, no join) for five minutes before the ReplicaSet replaced it
+    add_node_lost_tolerations(pod_spec)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -449,21 +467,7 @@ def etcd_deployment(ref: JobRef, spec: models.ElasticJobSpec) -> Obj:
             "selector": {"matchLabels": etcd_selector(ref.name)},
             "template": {
                 "metadata": {"labels": {**etcd_selector(ref.name), LABEL_MANAGED_BY: MANAGER}},
-                "spec": {
-                    "securityContext": dict(pod_security.ETCD_POD_SECURITY),
-                    "containers": [container],
-                    "volumes": [
-                        {"name": "data", "emptyDir": {}},
-                        {
-                            "name": "tls",
-                            "secret": {
-                                "secretName": etcd_server_secret_name(ref.name),
-                                # what etcd reads; the Secret's ca.key stays out of the pod
-                                "items": [{"key": k, "path": k} for k in ETCD_MOUNTED_KEYS],
-                            },
-                        },
-                    ],
-                },
+                "spec": pod_spec,
             },
         },
     }

@@ -16,178 +16,21 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import threading
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-from kube_helpers import REPO, RUNTIME_IMAGE, Cluster, Obj, Operator, installed_operator, wait_for
+from elasticjob_examples import sample_audit
+from kube_helpers import Cluster, Obj, Operator, installed_operator, wait_for
+from training_logs import JOB_LABEL, ROLE_LABEL, TRAIN, Logs, Step, manifest, unique, wait_step
 
 from elasticjob_devcluster import faults
 from elasticjob_devcluster.controlplane import DevCluster
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
-
-MANIFEST = REPO / "examples" / "manifests" / "elastic.yaml"
-JOB_LABEL = "elastic.pytorch.org/job-name"
-ROLE_LABEL = "elastic.pytorch.org/replica-type"
-TRAIN = 300.0  # generous bound for training phases (2 busy cores)
-
-
-# -- what the example logs ----------------------------------------------------------------
-
-
-def fields(line: str) -> dict[str, str]:
-    return dict(tok.split("=", 1) for tok in line.split() if "=" in tok)
-
-
-@dataclass(frozen=True)
-class Step:
-    """``step=N epoch=E loss=L world=W rank=R ... t=T`` (rank 0, every TRAIN_LOG_EVERY)."""
-
-    step: int
-    world: int
-    loss: float
-    t: float
-
-
-@dataclass(frozen=True)
-class Resume:
-    """Rank 0 goes on after a change of the group: ``resumed from step N (...)`` or
-    ``starting fresh`` when its process (re)started, ``regrouped at step N (...)`` when it
-    stayed alive and regrouped in place. Which of the two rank 0 logs after a fault
-    depends on which agent opened the next round (its worker gets rank 0)."""
-
-    step: int
-    world: int
-    t: float
-
-
-@dataclass(frozen=True)
-class Samples:
-    """``samples step=N epoch=E world=W rank=R idx=...`` (every rank, TRAIN_LOG_SAMPLES=1)."""
-
-    step: int
-    epoch: int
-    world: int
-    rank: int
-    idx: tuple[int, ...]
-    t: float
-
-
-class Logs:
-    """Every line of every worker pod of a job, followed with `kubectl logs -f` from the
-    moment each pod (by uid) runs, so the lines of deleted pods are kept."""
-
-    def __init__(self, c: Cluster, ns: str, job: str) -> None:
-        self.c, self.ns, self.job = c, ns, job
-        self.lines: list[tuple[str, str]] = []  # (pod, line)
-        self.lock = threading.Lock()
-        self.followers: dict[str, subprocess.Popen[str]] = {}  # pod uid -> kubectl
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._watch, daemon=True)
-        self.thread.start()
-
-    def _watch(self) -> None:
-        sel = f"{JOB_LABEL}={self.job},{ROLE_LABEL}=worker"
-        while not self.stop.wait(1.0):
-            try:
-                pods = self.c.core.list_namespaced_pod(self.ns, label_selector=sel).items
-            except Exception:
-                continue
-            for pod in pods:
-                uid = pod.metadata.uid
-                if uid in self.followers or pod.status.phase not in ("Running", "Succeeded"):
-                    continue
-                proc = subprocess.Popen(
-                    [
-                        "kubectl",
-                        f"--kubeconfig={self.c.kubeconfig}",
-                        "-n",
-                        self.ns,
-                        "logs",
-                        "-f",
-                        f"pod/{pod.metadata.name}",
-                    ],
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.DEVNULL,
-                    text=True,
-                )
-                self.followers[uid] = proc
-                threading.Thread(
-                    target=self._read, args=(pod.metadata.name, proc), daemon=True
-                ).start()
-
-    def _read(self, pod: str, proc: subprocess.Popen[str]) -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            with self.lock:
-                self.lines.append((pod, line.rstrip("\n")))
-
-    def close(self) -> None:
-        self.stop.set()
-        self.thread.join(timeout=10)
-        for proc in self.followers.values():
-            if proc.poll() is None:
-                proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-    def text(self) -> list[str]:
-        with self.lock:
-            return [line for _, line in self.lines]
-
-    def steps(self) -> list[Step]:
-        out = []
-        for line in self.text():
-            if line.startswith("step="):
-                f = fields(line)
-                out.append(Step(int(f["step"]), int(f["world"]), float(f["loss"]), float(f["t"])))
-        return sorted(out, key=lambda s: s.t)
-
-    def resumes(self) -> list[Resume]:
-        out = []
-        for line in self.text():
-            if line.startswith(("resumed from step", "regrouped at step", "starting fresh")):
-                f = fields(line)
-                step = 0 if line.startswith("starting") else int(line.split()[3])
-                out.append(Resume(step, int(f["world"]), float(f["t"])))
-        return sorted(out, key=lambda r: r.t)
-
-    def samples(self) -> list[Samples]:
-        out = []
-        for line in self.text():
-            if line.startswith("samples step="):
-                f = fields(line)
-                idx = tuple(int(i) for i in f["idx"].split(",") if i)
-                out.append(
-                    Samples(
-                        int(f["step"]),
-                        int(f["epoch"]),
-                        int(f["world"]),
-                        int(f["rank"]),
-                        idx,
-                        float(f["t"]),
-                    )
-                )
-        return sorted(out, key=lambda s: s.t)
-
-    def last_step(self) -> int:
-        return max((s.step for s in self.steps()), default=0)
-
-    def tail(self, n: int = 60) -> str:
-        with self.lock:
-            return "\n".join(f"{pod}: {line}" for pod, line in self.lines[-n:])
-
 
 # -- fixtures -----------------------------------------------------------------------------
 
@@ -217,24 +60,6 @@ def ns(installed: Operator) -> Iterator[str]:
     )
 
 
-def manifest(name: str, replicas: int = 2, **env: Any) -> Obj:
-    """examples/manifests/elastic.yaml, renamed, with these TRAIN_* values."""
-    doc: Obj = yaml.safe_load(MANIFEST.read_text())
-    doc["metadata"] = {"name": name}
-    worker = doc["spec"]["replicaSpecs"]["Worker"]
-    worker["replicas"] = replicas
-    container = worker["template"]["spec"]["containers"][0]
-    container["image"] = RUNTIME_IMAGE
-    merged = {e["name"]: e["value"] for e in container.get("env", [])}
-    merged["TRAIN_EPOCHS"] = "1000"  # TRAIN_STEPS decides the end
-    merged.update({k: str(v) for k, v in env.items()})
-    container["env"] = [{"name": k, "value": v} for k, v in merged.items()]
-    # a node-local checkpoint per pod is the example's point; one request keeps a pod
-    # per node schedulable on small clusters (kind)
-    container["resources"] = {"requests": {"cpu": "100m", "memory": "256Mi"}}
-    return doc
-
-
 @pytest.fixture
 def start(cluster: Cluster, ns: str) -> Iterator[Any]:
     """Apply a job and follow its workers' logs; the followers stop after the test."""
@@ -250,25 +75,6 @@ def start(cluster: Cluster, ns: str) -> Iterator[Any]:
     for logs in followed:
         logs.close()
         print(f"--- {logs.job} log tail ---\n{logs.tail()}")
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:4]}"
-
-
-def wait_step(logs: Logs, step: int, timeout: float = TRAIN, world: int | None = None) -> Step:
-    """The first logged step >= ``step`` (at this world size, if given)."""
-
-    def reached() -> Step | None:
-        for s in logs.steps():
-            if s.step >= step and (world is None or s.world == world):
-                return s
-        return None
-
-    try:
-        return wait_for(f"{logs.job} to log step {step} (world {world})", reached, timeout)
-    except AssertionError as e:
-        raise AssertionError(f"{e}\n{logs.tail()}") from None
 
 
 def kill_worker_process(c: Cluster, dev: DevCluster | None, ns: str, pod: str) -> None:
@@ -578,20 +384,6 @@ def test_a_frozen_agent_fails_its_liveness_probe_and_its_pod_is_replaced(
     assert f"worker {pod} failed with exit code 137" in events.stdout, events.stdout
 
 
-def final_attempts(records: list[Samples]) -> dict[int, list[Samples]]:
-    """Per step, the records of the attempt that counted: a step redone after a restart
-    from a checkpoint replaces the earlier attempt (its ranks log within moments of each
-    other; attempts are a restart apart)."""
-    by_step: dict[int, list[Samples]] = {}
-    for r in records:
-        by_step.setdefault(r.step, []).append(r)
-    final = {}
-    for step, recs in by_step.items():
-        last = max(r.t for r in recs)
-        final[step] = [r for r in recs if r.t > last - 1.0]
-    return final
-
-
 def test_kubectl_scale_2_4_2_world_follows_and_no_sample_repeats_within_an_epoch(
     cluster: Cluster, ns: str, start: Any
 ) -> None:
@@ -632,27 +424,9 @@ def test_kubectl_scale_2_4_2_world_follows_and_no_sample_repeats_within_an_epoch
     changes = [w for i, w in enumerate(worlds) if i == 0 or w != worlds[i - 1]]
     assert changes == [2, 4, 2], changes
 
-    final = final_attempts(logs.samples())
-    assert sorted(final) == list(range(1, steps + 1)), "a step has no complete record"
-    by_epoch: dict[int, list[int]] = {}
-    resized_in_epoch = set()
-    for step in sorted(final):
-        recs = final[step]
-        world = recs[0].world
-        assert sorted(r.rank for r in recs) == list(range(world)), (step, recs)
-        assert {r.world for r in recs} == {world}
-        epoch = recs[0].epoch
-        seen = by_epoch.setdefault(epoch, [])
-        for r in recs:
-            seen += r.idx
-        if step > 1 and final[step - 1][0].world != world and final[step - 1][0].epoch == epoch:
-            resized_in_epoch.add(epoch)
-    for epoch, seen in by_epoch.items():
-        repeated = len(seen) - len(set(seen))
-        assert repeated == 0, f"epoch {epoch}: {repeated} samples repeated"
-        if epoch < max(by_epoch):
-            assert sorted(seen) == list(range(samples)), f"epoch {epoch} skipped samples"
-    assert resized_in_epoch, "no resize landed inside an epoch; the check proved nothing"
+    found = sample_audit.audit(logs.samples(), samples, steps)
+    assert not found.problems, found.problems
+    assert found.resized_in_epoch, "no resize landed inside an epoch; the check proved nothing"
 
 
 def test_deleting_the_jobs_etcd_pod_is_survived(cluster: Cluster, ns: str, start: Any) -> None:

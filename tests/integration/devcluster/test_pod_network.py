@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 import threading
 import uuid
 from collections.abc import Iterator
@@ -83,6 +84,27 @@ def test_cut_network_stops_traffic_and_restore_brings_it_back(cluster: str) -> N
     finally:
         network.delete_pod_netns(a, cluster)
         network.delete_pod_netns(b, cluster)
+
+
+def test_restore_routes_the_service_cidr_again(cluster: str) -> None:
+    """Taking eth0 down drops its routes: a restored pod must reach clusterIPs again."""
+    a = str(uuid.uuid4())
+    cidr = "10.96.0.0/16"
+    try:
+        ns_a = network.create_pod_netns(cluster, a, "10.244.1.2", cidr)
+        network.set_pod_network(cluster, a, up=False, service_cidr=cidr)
+        gone = subprocess.run(["ip", "-n", ns_a, "route", "get", "10.96.0.10"], check=False)
+        assert gone.returncode != 0  # no route while cut
+        network.set_pod_network(cluster, a, up=True, service_cidr=cidr)
+        route = subprocess.run(
+            ["ip", "-n", ns_a, "route", "get", "10.96.0.10"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert f"via {network.BRIDGE_IP} dev eth0" in route.stdout, route.stdout
+    finally:
+        network.delete_pod_netns(a, cluster)
 
 
 def test_cluster_ips_reach_pods_and_the_host_without_taking_pod_ports(cluster: str) -> None:

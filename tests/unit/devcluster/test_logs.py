@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from elasticjob_devcluster.logs import encode_chunk, parse, parse_time, render, timestamp
+from elasticjob_devcluster.logs import assemble, encode_chunk, parse, parse_time, render, timestamp
 
 
 def test_timestamp_round_trips_to_the_microsecond() -> None:
@@ -35,3 +35,22 @@ def test_partial_line_joins_with_its_end() -> None:
     raw = encode_chunk(b"progress 1", "stdout", 1.0) + encode_chunk(b"0%\nnext\n", "stdout", 2.0)
     assert render(parse(raw), tail_lines=1) == b"next\n"
     assert render(parse(raw)) == b"progress 10%\nnext\n"
+
+
+def test_a_line_split_across_reads_is_not_joined_with_the_other_stream() -> None:
+    """A worker's stdout line whose end comes in a second read, with its launcher's
+    stderr line written in between: both lines come back whole."""
+    raw = (
+        encode_chunk(b"samples step=3 idx=1,2", "stdout", 100.0)
+        + encode_chunk(b"agent: regrouping\n", "stderr", 100.1)
+        + encode_chunk(b",3 t=5\n", "stdout", 100.2)
+    )
+    assert render(parse(raw)) == b"agent: regrouping\nsamples step=3 idx=1,2,3 t=5\n"
+
+
+def test_assemble_carries_a_piece_over_to_the_next_call() -> None:
+    first, waiting = assemble(parse(encode_chunk(b"half", "stdout", 1.0)))
+    assert first == [] and list(waiting) == ["stdout"]
+    rest, waiting = assemble(parse(encode_chunk(b" done\n", "stdout", 2.0)), waiting)
+    assert [(line.content, line.time, line.full) for line in rest] == [(b"half done", 1.0, True)]
+    assert waiting == {}

@@ -277,6 +277,20 @@ def test_the_jobs_etcd_grants_the_runtimes_one_second_leases() -> None:
     assert -(-min_ttl_ms // 1000) == 1
 
 
+def test_the_jobs_etcd_leaves_a_lost_node_as_soon_as_the_workers_do() -> None:
+    """Kubernetes' default 300 s would leave the job without its rendezvous that long."""
+    pod = builders.etcd_deployment(REF, make_spec())["spec"]["template"]
+    assert pod["spec"]["tolerations"] == [
+        {
+            "key": key,
+            "operator": "Exists",
+            "effect": "NoExecute",
+            "tolerationSeconds": builders.NODE_LOST_TOLERATION_SECONDS,
+        }
+        for key in builders.NODE_LOST_TAINTS
+    ]
+
+
 # -- probes on the runtime's health server ----------------------------------------------
 
 
