@@ -25,7 +25,18 @@ from typing import Any
 import pytest
 from elasticjob_examples import sample_audit
 from kube_helpers import Cluster, Obj, Operator, installed_operator, wait_for
-from training_logs import JOB_LABEL, ROLE_LABEL, TRAIN, Logs, Step, manifest, unique, wait_step
+from training_logs import (
+    JOB_LABEL,
+    ROLE_LABEL,
+    TRAIN,
+    Logs,
+    Step,
+    delete_jobs,
+    job_starter,
+    manifest,
+    unique,
+    wait_step,
+)
 
 from elasticjob_devcluster import faults
 from elasticjob_devcluster.controlplane import DevCluster
@@ -50,31 +61,15 @@ def installed(cluster: Cluster) -> Iterator[Operator]:
 def ns(installed: Operator) -> Iterator[str]:
     """The watched namespace; the jobs a test started are deleted after it (freeing the
     cores for the next test)."""
-    c, job_ns = installed.cluster, installed.job_namespace
-    yield job_ns
-    for j in c.list_jobs(job_ns):
-        c.kubectl("-n", job_ns, "delete", "elasticjob", j["metadata"]["name"], "--wait=false")
-    wait_for(
-        "the previous jobs' pods to be gone",
-        lambda: not c.core.list_namespaced_pod(job_ns, label_selector=JOB_LABEL).items,
-    )
+    yield installed.job_namespace
+    delete_jobs(installed.cluster, installed.job_namespace)
 
 
 @pytest.fixture
 def start(cluster: Cluster, ns: str) -> Iterator[Any]:
     """Apply a job and follow its workers' logs; the followers stop after the test."""
-    followed: list[Logs] = []
-
-    def start_job(doc: Obj) -> Logs:
-        cluster.apply(ns, doc)
-        logs = Logs(cluster, ns, doc["metadata"]["name"])
-        followed.append(logs)
-        return logs
-
-    yield start_job
-    for logs in followed:
-        logs.close()
-        print(f"--- {logs.job} log tail ---\n{logs.tail()}")
+    with job_starter(cluster, ns) as start_job:
+        yield start_job
 
 
 def kill_worker_process(c: Cluster, dev: DevCluster | None, ns: str, pod: str) -> None:

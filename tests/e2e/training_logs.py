@@ -6,6 +6,8 @@ and per-step sample records (``elasticjob_examples.sample_audit``)."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -117,3 +119,37 @@ def wait_step(logs: Logs, step: int, timeout: float = TRAIN, world: int | None =
         return wait_for(f"{logs.job} to log step {step} (world {world})", reached, timeout)
     except AssertionError as e:
         raise AssertionError(f"{e}\n{logs.tail()}") from None
+
+
+# -- a test's jobs ------------------------------------------------------------------------
+
+
+def delete_jobs(c: Cluster, job_ns: str) -> None:
+    """Delete every job in ``job_ns`` and wait for their pods to go (freeing the cores)."""
+    for j in c.list_jobs(job_ns):
+        c.kubectl("-n", job_ns, "delete", "elasticjob", j["metadata"]["name"], "--wait=false")
+    wait_for(
+        "the previous jobs' pods to be gone",
+        lambda: not c.core.list_namespaced_pod(job_ns, label_selector=JOB_LABEL).items,
+    )
+
+
+@contextmanager
+def job_starter(c: Cluster, ns: str, tail: int | None = None) -> Iterator[Callable[[Obj], Logs]]:
+    """Apply a job and follow its workers' logs; the followers stop (and their tails are
+    printed) when the block ends."""
+    followed: list[Logs] = []
+
+    def start_job(doc: Obj) -> Logs:
+        c.apply(ns, doc)
+        logs = Logs(c, ns, doc["metadata"]["name"])
+        followed.append(logs)
+        return logs
+
+    try:
+        yield start_job
+    finally:
+        for logs in followed:
+            logs.close()
+            text = logs.tail() if tail is None else logs.tail(tail)
+            print(f"--- {logs.job} log tail ---\n{text}")
