@@ -285,6 +285,27 @@ def start(
     return proc
 
 
+def run_all(commands: list[list[str]], env: dict[str, str], timeout: float) -> list[str]:
+    """Run the commands at once, each in its own session, and wait for all of them (bounded);
+    any left after an error is killed by its group. Each must exit 0; returns their output."""
+    procs = [
+        subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+        for cmd in commands
+    ]
+    try:
+        outs = [p.communicate(timeout=timeout)[0].decode() for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    for p, out in zip(procs, outs, strict=True):
+        assert p.returncode == 0, out[-3000:]
+    return outs
+
+
 def still_running(pids: Iterable[int]) -> list[int]:
     """Those of ``pids`` that exist and have not exited (a zombie has)."""
     running = []

@@ -20,7 +20,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import EtcdServer, launcher_argv
+from conftest import EtcdServer, launcher_argv, run_all
 
 from elasticjob_runtime.job_identity import directory_name
 
@@ -167,25 +167,11 @@ def test_rank_with_empty_node_local_directory_receives_newest_checkpoint(tmp_pat
     node0.save({"model": saved}, 4)
     node0.save({"model": saved}, 9)
     env = {**os.environ, "LOCAL_RANK": "0", "GLOO_SOCKET_IFNAME": "lo"}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, __file__, "peer", str(tmp_path), str(rank)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
-        for rank in (0, 1)
-    ]
-    try:
-        outs = [p.communicate(timeout=BOUND_S)[0].decode() for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
-    for p, out in zip(procs, outs, strict=True):
-        assert p.returncode == 0, out[-3000:]
+    outs = run_all(
+        [[sys.executable, __file__, "peer", str(tmp_path), str(rank)] for rank in (0, 1)],
+        env,
+        BOUND_S,
+    )
     results = [json.loads((tmp_path / f"restored-{r}.json").read_text()) for r in (0, 1)]
     assert [r["step"] for r in results] == [9, 9]
     assert all(r["sum"] == pytest.approx(param_sum(saved), abs=1e-6) for r in results)

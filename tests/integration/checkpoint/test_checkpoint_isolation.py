@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import EtcdServer, launcher_argv, start_etcd
+from conftest import EtcdServer, launcher_argv, run_all, start_etcd
 
 from elasticjob_runtime.job_identity import directory_name
 
@@ -184,25 +184,11 @@ def test_bytes_received_from_a_peer_that_would_run_code_are_refused(tmp_path: Pa
     node0 = CheckpointManager(tmp_path / "node0", memory=False, writer=True)
     node0.save({"w": torch.ones(3), "evil": RunsCodeOnLoad(mark)}, 6)
     env = {**os.environ, "LOCAL_RANK": "0", "GLOO_SOCKET_IFNAME": "lo"}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, __file__, "peer", str(tmp_path), str(rank)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
-        for rank in (0, 1)
-    ]
-    try:
-        outs = [p.communicate(timeout=BOUND_S)[0].decode() for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
-    for p, out in zip(procs, outs, strict=True):
-        assert p.returncode == 0, out[-3000:]
+    run_all(
+        [[sys.executable, __file__, "peer", str(tmp_path), str(rank)] for rank in (0, 1)],
+        env,
+        BOUND_S,
+    )
     trusting, receiving = (json.loads((tmp_path / f"restored-{r}.json").read_text()) for r in "01")
     assert trusting == {"step": 6, "refused": None}
     assert receiving["step"] is None

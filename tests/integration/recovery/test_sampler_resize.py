@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
+from conftest import run_all
 
 pytestmark = pytest.mark.integration
 
@@ -80,25 +79,14 @@ def worker(kind: str, workdir: str, rank: int, world: int, phase: int, max_steps
 
 def run_phase(work: Path, kind: str, world: int, phase: int, max_steps: int) -> None:
     env = {**os.environ, "ELASTICJOB_CHECKPOINT_MEMORY_DIR": "off", "GLOO_SOCKET_IFNAME": "lo"}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, __file__, kind, str(work), *map(str, (r, world, phase, max_steps))],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
-        for r in range(world)
-    ]
-    try:
-        outputs = [p.communicate(timeout=BOUND_S)[0].decode() for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
-    for p, out in zip(procs, outputs, strict=True):
-        assert p.returncode == 0, out[-3000:]
+    run_all(
+        [
+            [sys.executable, __file__, kind, str(work), *map(str, (r, world, phase, max_steps))]
+            for r in range(world)
+        ],
+        env,
+        BOUND_S,
+    )
 
 
 def run_scenario(tmp_path: Path, kind: str) -> Counter[int]:
