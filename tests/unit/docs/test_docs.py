@@ -68,3 +68,24 @@ def test_no_file_refers_to_the_design_brief_outside_the_repository() -> None:
     ]
     offenders = [str(p.relative_to(REPO)) for p in tracked if "DESIGN.md" in p.read_text()]
     assert not offenders, f"these refer to a DESIGN.md outside the repo: {offenders}"
+
+
+# `e2e/test_x.py` or `e2e/test_x.py::test_name` (paths under tests/), as README and
+# docs/faults.md name the proof of each promise
+TEST_REF = re.compile(r"`((?:unit|integration|e2e)/[\w/]+\.py|test_\w+\.py)(?:::(test_\w+))?")
+
+
+def test_every_test_a_guarantee_names_exists() -> None:
+    """A renamed or deleted test must take its promise with it, or say what proves it now."""
+    texts = [(REPO / "README.md").read_text(), (REPO / "docs" / "faults.md").read_text()]
+    named = {m.groups() for text in texts for m in TEST_REF.finditer(text)}
+    assert len(named) >= 20, "the Guarantees section and docs/faults.md name their tests"
+    missing = []
+    for path, name in sorted(named, key=str):
+        files = [REPO / "tests" / path] if "/" in path else list(REPO.glob(f"tests/**/{path}"))
+        found = [f for f in files if f.is_file()]
+        if not found:
+            missing.append(path)
+        elif name and not any(f"def {name}(" in f.read_text() for f in found):
+            missing.append(f"{path}::{name}")
+    assert not missing, f"named as proof but not found: {missing}"
