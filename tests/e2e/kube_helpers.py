@@ -37,6 +37,14 @@ HELM_ARGS = tuple(shlex.split(os.environ.get("ELASTICJOB_E2E_HELM_ARGS", "")))
 # Pod Security admission at its strictest, for the operator's namespace and the jobs':
 # every e2e test proves the chart's and the operator's pods pass it.
 RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted"}
+# What a test's own pod needs in such a namespace; the user id because the images these
+# pods name run as root by default.
+RESTRICTED_POD = {
+    "runAsNonRoot": True,
+    "runAsUser": 65532,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+RESTRICTED_CONTAINER = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
 
 
 def wait_for(

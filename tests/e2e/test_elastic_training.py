@@ -24,7 +24,15 @@ from typing import Any
 
 import pytest
 from elasticjob_examples import sample_audit
-from kube_helpers import Cluster, Obj, Operator, installed_operator, wait_for
+from kube_helpers import (
+    RESTRICTED_CONTAINER,
+    RESTRICTED_POD,
+    Cluster,
+    Obj,
+    Operator,
+    installed_operator,
+    wait_for,
+)
 from training_logs import (
     JOB_LABEL,
     ROLE_LABEL,
@@ -121,8 +129,14 @@ def scrape_operator_metrics(c: Cluster, op: Operator, ns: str) -> str:
         "metadata": {"name": name},
         "spec": {
             "restartPolicy": "Never",
+            "securityContext": RESTRICTED_POD,  # the job namespace enforces it
             "containers": [
-                {"name": "scrape", "image": "python:3.11-slim", "command": ["python", "-c", code]}
+                {
+                    "name": "scrape",
+                    "image": "python:3.11-slim",
+                    "command": ["python", "-c", code],
+                    "securityContext": RESTRICTED_CONTAINER,
+                }
             ],
         },
     }

@@ -19,7 +19,15 @@ from typing import Any
 
 import pytest
 from conftest import E2E_NODES
-from kube_helpers import Cluster, Obj, Operator, installed_operator, wait_for
+from kube_helpers import (
+    RESTRICTED_CONTAINER,
+    RESTRICTED_POD,
+    Cluster,
+    Obj,
+    Operator,
+    installed_operator,
+    wait_for,
+)
 from training_logs import (
     JOB_LABEL,
     ROLE_LABEL,
@@ -125,9 +133,15 @@ def test_restart_apiserver_keeps_the_clusters_state_and_its_process_records(
     sleeper: Obj = {
         "metadata": {"name": "before"},
         "spec": {
+            "securityContext": RESTRICTED_POD,  # the job namespace enforces it
             "containers": [
-                {"name": "main", "image": "python", "command": ["sleep", "3600"]},
-            ]
+                {
+                    "name": "main",
+                    "image": "python",
+                    "command": ["sleep", "3600"],
+                    "securityContext": RESTRICTED_CONTAINER,
+                },
+            ],
         },
     }
     c.core.create_namespaced_pod(ns, sleeper)

@@ -23,7 +23,16 @@ import pytest
 from cryptography import x509
 from cryptography.x509.verification import PolicyBuilder, Store
 from elasticjob_manifests import MALFORMED, RUNTIME_IMAGE, archived, job, malformed
-from kube_helpers import WAIT, Cluster, Obj, Operator, installed_operator, wait_for
+from kube_helpers import (
+    RESTRICTED_CONTAINER,
+    RESTRICTED_POD,
+    WAIT,
+    Cluster,
+    Obj,
+    Operator,
+    installed_operator,
+    wait_for,
+)
 
 from elasticjob_runtime import contract
 
@@ -36,14 +45,6 @@ RELEASE = OP_NS = f"ejop-{SUFFIX}"
 JOB_NS = f"ejjobs-{SUFFIX}"
 FULLNAME = f"{RELEASE}-elasticjob-operator"  # the chart's name for its objects
 BELOW_MIN_GRACE = 15  # seconds a job may run below minReplicas (chart value)
-# What a pod of ours needs in a namespace enforcing the restricted Pod Security Standard
-# (kube_helpers.RESTRICTED); the user id because these images run as root by default.
-RESTRICTED_POD = {
-    "runAsNonRoot": True,
-    "runAsUser": 65532,
-    "seccompProfile": {"type": "RuntimeDefault"},
-}
-RESTRICTED_CONTAINER = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
 
 PRINT_ENV_AND_SLEEP = [
     "python",
