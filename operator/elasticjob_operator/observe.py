@@ -8,13 +8,15 @@ the records the runtime publishes in the run's etcd (decoded by
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from elasticjob_operator import builders, models
 from elasticjob_runtime import records
+
+R = TypeVar("R")
 
 log = logging.getLogger(__name__)
 
@@ -156,26 +158,25 @@ def progress_of(raw: bytes | None) -> models.Progress | None:
         return None
 
 
-def memory_fallbacks_of(raws: Iterable[bytes]) -> tuple[records.MemoryFallback, ...]:
-    """The stored node-memory reports; a malformed one is skipped."""
+def _decoded(raws: Iterable[bytes], decode: Callable[[bytes], R], what: str) -> tuple[R, ...]:
+    """The stored records ``decode`` reads; a malformed one is skipped (and logged)."""
     out = []
     for raw in raws:
         try:
-            out.append(records.decode_memory_fallback(raw))
+            out.append(decode(raw))
         except ValueError as exc:
-            _malformed("node-memory report", exc)
+            _malformed(what, exc)
     return tuple(out)
+
+
+def memory_fallbacks_of(raws: Iterable[bytes]) -> tuple[records.MemoryFallback, ...]:
+    """The stored node-memory reports; a malformed one is skipped."""
+    return _decoded(raws, records.decode_memory_fallback, "node-memory report")
 
 
 def hangs_of(raws: Iterable[bytes]) -> tuple[records.Hang, ...]:
     """The stored hang records; a malformed one is skipped."""
-    out = []
-    for raw in raws:
-        try:
-            out.append(records.decode_hang(raw))
-        except ValueError as exc:
-            _malformed("hang record", exc)
-    return tuple(out)
+    return _decoded(raws, records.decode_hang, "hang record")
 
 
 _said: set[str] = set()
