@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from conftest import WORKERS, EtcdServer, start, still_running, wait_for
 
+from bench.harness import wait_for as poll
 from elasticjob_runtime import contract
 from elasticjob_runtime.etcd_client import EtcdClient, parse_endpoints
 from elasticjob_runtime.records import decode_hang
@@ -85,8 +86,13 @@ def test_a_frozen_training_process_restarts_the_group_and_training_goes_on(
     os.kill(frozen, signal.SIGSTOP)  # the training process, not its agent
     frozen_at = max(step for step, pid in steps_of(workers_of("b")) if pid == frozen)
 
+    try:
+        for proc in procs:
+            poll("the job to finish", lambda p=proc: p.poll(), 300)
+    except TimeoutError as exc:  # both agents' and node b's workers' side: a stall has two
+        sides = "\n".join(f"--- {log.name}\n{log.read_text()[-3000:]}" for log in logs)
+        pytest.fail(f"{exc}\n{sides}\n--- node b's workers\n{workers_of('b')[-3000:]}")
     for proc, log in zip(procs, logs, strict=True):
-        wait_for("the job to finish", lambda p=proc: p.poll(), 300, log)
         assert proc.returncode == 0, log.read_text()[-4000:]
     agent_logs = "\n".join(log.read_text() for log in logs)
     assert re.search(r"hang 1: no training step for \d+ s \(hang timeout 5 s\)", agent_logs), (
