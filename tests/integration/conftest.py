@@ -285,6 +285,22 @@ def start(
     return proc
 
 
+def run_logged(cmd: list[str], env: dict[str, str], log: Path, timeout: float) -> int | None:
+    """Run ``cmd`` in its own session with its output in ``log``; its exit code, or None if
+    it outlived ``timeout`` (then its whole group is killed)."""
+    proc = subprocess.Popen(
+        cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env, start_new_session=True
+    )
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
 def run_all(commands: list[list[str]], env: dict[str, str], timeout: float) -> list[str]:
     """Run the commands at once, each in its own session, and wait for all of them (bounded);
     any left after an error is killed by its group. Each must exit 0; returns their output."""

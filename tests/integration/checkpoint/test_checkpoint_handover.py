@@ -13,14 +13,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import uuid
 from pathlib import Path
 
 import pytest
-from conftest import EtcdServer, launcher_argv, run_all
+from conftest import EtcdServer, launcher_argv, run_all, run_logged
 
 from elasticjob_runtime.job_identity import directory_name
 
@@ -107,17 +105,9 @@ def test_restarted_worker_group_reloads_from_node_memory_without_disk(
     }
     env.pop("ELASTICJOB_CHECKPOINT_MEMORY_DIR", None)
     log = tmp_path / "agent.log"
-    proc = subprocess.Popen(
-        cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env, start_new_session=True
-    )
     try:
-        code = proc.wait(timeout=BOUND_S)
-    except subprocess.TimeoutExpired:
-        code = None
+        code = run_logged(cmd, env, log, BOUND_S)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
         # keyed by the job: run id and the agent's rendezvous endpoint (job_identity.py)
         memory = MEMORY_ROOT / "elasticjob" / directory_name(f"torchrun/{run_id}@{etcd.endpoint}")
         kept = sorted(p.name for p in memory.rglob("*")) if memory.exists() else []

@@ -15,15 +15,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import stat
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import EtcdServer, launcher_argv, run_all, start_etcd
+from conftest import EtcdServer, launcher_argv, run_all, run_logged, start_etcd
 
 from elasticjob_runtime.job_identity import directory_name
 
@@ -82,17 +80,7 @@ def run_job(etcd: EtcdServer, out: Path, tag: str, steps: int, shm: Path) -> lis
     for name in ("PET_RDZV_ENDPOINT", "PET_RDZV_ID", "ELASTICJOB_JOB_UID"):
         env.pop(name, None)
     log = out / "agent.log"
-    proc = subprocess.Popen(
-        cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env, start_new_session=True
-    )
-    try:
-        code = proc.wait(timeout=BOUND_S)
-    except subprocess.TimeoutExpired:
-        code = None
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    code = run_logged(cmd, env, log, BOUND_S)
     text = log.read_text(errors="replace")
     assert code == 0, text[-3000:]
     reports = [json.loads(line) for line in (out / "report.jsonl").read_text().splitlines()]
