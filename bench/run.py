@@ -52,6 +52,7 @@ from bench.harness import (
     wait_for,
 )
 from bench.plot import plot_goodput
+from bench.report import render
 
 RESULTS = REPO / "bench" / "results"
 SCENARIOS = ("worker-kill", "node-kill", "scale-up", "goodput", "node-freeze")
@@ -347,19 +348,14 @@ def table(
                 steps = cell.get("steps_redone") or []
                 redone.append(f"{statistics.median(steps):g}" if steps else "-")
             rows += [pause, split, redone]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = [
-        "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |" for r in rows
-    ]
     if goodputs:
         by = {g.launcher: g for g in goodputs}
         row = [f"goodput, a worker SIGKILLed every {GOODPUT_INTERVAL:.0f} s"]
         for lch in launchers:
             g = by.get(lch)
             row.append("-" if g is None or g.goodput is None else f"{g.goodput:.1%}")
-        lines.append("| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |")
-    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    return "\n".join(lines)
+        rows.append(row)
+    return render(rows)
 
 
 def source_state() -> dict[str, Any]:
