@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc  # type: ignore[import-untyped]
+import pyetcd.events
 import pyetcd.exceptions
 from pyetcd.client import Endpoint as _PyEndpoint
 from pyetcd.client import MultiEndpointEtcd3Client
@@ -100,6 +101,18 @@ class Snapshot:
 
     revision: int
     items: dict[str, KeyValue]
+
+
+@dataclass(frozen=True)
+class Change:
+    """One key a watch saw change: put (``deleted`` False) or deleted."""
+
+    key: str
+    deleted: bool
+
+
+def _text(key: bytes | str) -> str:
+    return key.decode() if isinstance(key, bytes) else key
 
 
 def _kv(raw: Any) -> KeyValue:
@@ -295,9 +308,15 @@ class EtcdClient:
             raise self._fail(f"put {key}", exc) from exc
 
     def compare_and_set(
-        self, key: str, value: bytes, mod_revision: int | None, lease: int | None = None
+        self,
+        key: str,
+        value: bytes,
+        mod_revision: int | None,
+        lease: int | None = None,
+        also: Mapping[str, bytes] | None = None,
     ) -> tuple[bool, KeyValue | None]:
-        """Write ``value`` only if ``key`` is still at ``mod_revision`` (None: absent).
+        """Write ``value`` only if ``key`` is still at ``mod_revision`` (None: absent),
+        and with it every key in ``also`` (under the same lease).
 
         One transaction: on success returns the key as written, on failure the
         key as it is now (None if it does not exist), so a loser never needs a
@@ -305,9 +324,12 @@ class EtcdClient:
         """
         t = self._client.transactions
         cond = t.create(key) == 0 if mod_revision is None else t.mod(key) == mod_revision
+        puts = [t.put(k, v, lease) for k, v in (also or {}).items()]
         try:
             ok, responses = self._client.transaction(
-                compare=[cond], success=[t.put(key, value, lease), t.get(key)], failure=[t.get(key)]
+                compare=[cond],
+                success=[*puts, t.put(key, value, lease), t.get(key)],
+                failure=[t.get(key)],
             )
         except (pyetcd.exceptions.Etcd3Exception, grpc.RpcError) as exc:
             raise self._fail(f"compare-and-set {key}", exc) from exc
@@ -340,20 +362,6 @@ class EtcdClient:
             )
         except (pyetcd.exceptions.Etcd3Exception, grpc.RpcError) as exc:
             raise self._fail(f"delete {start}..{end}", exc) from exc
-
-    def delete_unless_all_equal(self, expected: Mapping[str, bytes], key: str) -> bool:
-        """True if every key in ``expected`` holds its value; otherwise delete ``key``.
-
-        One transaction, so no other client can see all the values in place after
-        this call has decided they were not (a missing key counts as not equal).
-        """
-        t = self._client.transactions
-        compare = [t.value(k) == v for k, v in expected.items()]
-        try:
-            ok, _ = self._client.transaction(compare=compare, success=[], failure=[t.delete(key)])
-        except (pyetcd.exceptions.Etcd3Exception, grpc.RpcError) as exc:
-            raise self._fail(f"check-or-delete {key}", exc) from exc
-        return bool(ok)
 
     def grant(self, ttl: int) -> int:
         """Grant a lease; keys put with it vanish ``ttl`` seconds after the last refresh."""
@@ -388,8 +396,10 @@ class EtcdClient:
         start_revision: int,
         on_change: Callable[[], None],
         on_error: Callable[[], None] | None = None,
+        on_keys: Callable[[list[Change]], None] | None = None,
     ) -> Callable[[], None]:
-        """Call ``on_change`` on every change under ``prefix`` from ``start_revision``.
+        """Call ``on_change`` on every change under ``prefix`` from ``start_revision``,
+        after ``on_keys`` (if given) with the keys that changed.
 
         Errors (a lost stream, a compacted revision) end the watch: they call
         ``on_error`` and then ``on_change``, so callers re-read (and watch again)
@@ -397,8 +407,16 @@ class EtcdClient:
         """
 
         def callback(response: object) -> None:
-            if (response is None or isinstance(response, BaseException)) and on_error:
-                on_error()
+            if response is None or isinstance(response, BaseException):
+                if on_error:
+                    on_error()
+            elif on_keys is not None:
+                on_keys(
+                    [
+                        Change(_text(e.key), isinstance(e, pyetcd.events.DeleteEvent))
+                        for e in getattr(response, "events", ())
+                    ]
+                )
             on_change()
 
         try:
@@ -414,19 +432,24 @@ class EtcdClient:
 
         return cancel
 
-    def wait_for_change(self, prefix: str, after_revision: int, timeout: float) -> bool:
-        """Block until something under ``prefix`` changes after ``after_revision``.
+    def wait_for_change(
+        self, prefixes: str | Sequence[str], after_revision: int, timeout: float
+    ) -> bool:
+        """Block until something under any of ``prefixes`` changes after ``after_revision``.
 
         Returns after at most :data:`RECHECK_AFTER` seconds even if nothing did:
         every caller re-reads the state when this returns, so a watch event that
         never arrives (a stalled stream) costs a few seconds, not the whole timeout.
         """
         changed = threading.Event()
-        cancel = self.watch_prefix(prefix, after_revision + 1, changed.set)
+        cancels: list[Callable[[], None]] = []
         try:
+            for prefix in [prefixes] if isinstance(prefixes, str) else prefixes:
+                cancels.append(self.watch_prefix(prefix, after_revision + 1, changed.set))
             return changed.wait(min(max(timeout, 0.0), RECHECK_AFTER))
         finally:
-            cancel()
+            for cancel in cancels:
+                cancel()
 
     def close(self) -> None:
         # Closing a broken channel must not mask the error that got us here.

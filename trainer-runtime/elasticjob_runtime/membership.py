@@ -1,30 +1,46 @@
-"""Pure rendezvous decisions: given a round and the live nodes, what does a node do next.
+"""Pure rendezvous decisions: given a round and what a node knows, what does it do next.
 
 No I/O here, so every rule is tested directly (tests/unit). The etcd-v3 handler
-(:mod:`elasticjob_runtime.rendezvous`) reads the round and the live set in one
-snapshot, calls these functions, and writes the result back with a
-compare-and-set, retrying from the new snapshot when another node won.
+(:mod:`elasticjob_runtime.rendezvous`) reads, calls these functions, and writes the
+result back.
 
-A node is *live* while its etcd lease holds its member key; that is how a round
-learns of a lost peer within the lease TTL instead of heartbeat timeouts, and why
-a round can close as soon as every live node has joined (no last call to sit out).
+How a round forms, and why it costs each node O(1) etcd requests:
+
+* One node *opens* round n with a compare-and-set on the round key; it is the round's
+  *leader*. Everyone else *enters* by putting a key of its own (``rounds/n/joins/<node>``,
+  on its member lease): no compare-and-set, so N nodes never fight over one key.
+* Only the leader reads the joins and the live nodes; it *seals* the round (the round
+  key and a ``rounds/n/sealed`` record, in one transaction) once every live node has
+  entered, or ``max`` have, or the last call has run out with at least ``min``. The
+  others wait on the round key alone. If the leader's lease goes, the earliest live
+  entrant leads instead.
+* A sealed round is binding: every participant runs it, even one that reads it only
+  after a newer round has opened (it finds itself in the sealed record), and then
+  restarts into the newer one. A newer round opens only over a sealed one, so rounds
+  never supersede each other while forming: the livelock in which latecomers kept
+  re-opening rounds that were still being confirmed cannot happen.
+
+A node is *live* while its etcd lease holds its member key; that is how a round learns
+of a lost peer within the lease TTL instead of heartbeat timeouts.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
 class Round:
-    """One rendezvous round: who is in it, in rank order, and whether it is sealed."""
+    """One rendezvous round: its number, whether it is sealed, and who is in it (in rank
+    order, once sealed). ``leader`` opened it and seals it while its lease holds."""
 
     number: int
     participants: tuple[str, ...] = ()
     complete: bool = False
     closed: bool = False
-    last_call: float | None = None  # wall-clock deadline once min nodes have joined
+    leader: str = ""
 
     def encode(self) -> bytes:
         return json.dumps(
@@ -33,7 +49,7 @@ class Round:
                 "participants": list(self.participants),
                 "complete": self.complete,
                 "closed": self.closed,
-                "last_call": self.last_call,
+                "leader": self.leader,
             },
             sort_keys=True,
         ).encode()
@@ -43,23 +59,32 @@ class Round:
         data = json.loads(raw)
         return Round(
             number=int(data["number"]),
-            participants=tuple(str(p) for p in data["participants"]),
-            complete=bool(data["complete"]),
-            closed=bool(data["closed"]),
-            last_call=None if data.get("last_call") is None else float(data["last_call"]),
+            participants=tuple(str(p) for p in data.get("participants", ())),
+            complete=bool(data.get("complete", False)),
+            closed=bool(data.get("closed", False)),
+            leader=str(data.get("leader", "")),
         )
+
+
+def encode_participants(participants: Sequence[str]) -> bytes:
+    """The sealed record of a round: who is in it, in rank order."""
+    return json.dumps(list(participants)).encode()
+
+
+def decode_participants(raw: bytes) -> tuple[str, ...]:
+    return tuple(str(p) for p in json.loads(raw))
 
 
 @dataclass(frozen=True)
 class Limits:
     min_nodes: int
     max_nodes: int
-    last_call: float  # seconds to wait for live nodes that have not joined yet
+    last_call: float  # seconds to wait for live nodes that have not entered yet
 
 
 @dataclass(frozen=True)
 class Joined:
-    """``me`` is in sealed round ``number``; it still has to confirm it (see :func:`confirm`)."""
+    """``me`` is rank ``rank`` of sealed round ``number``: start it."""
 
     number: int
     participants: tuple[str, ...]
@@ -71,11 +96,49 @@ class Joined:
 
 
 @dataclass(frozen=True)
-class Write:
-    """Compare-and-set the round to this value, then decide again."""
+class Open:
+    """Compare-and-set the round key to this new, forming round (led by ``me``)."""
 
     round: Round
     why: str
+
+
+@dataclass(frozen=True)
+class Enter:
+    """Put this node's join key for forming round ``number``."""
+
+    number: int
+
+
+@dataclass(frozen=True)
+class Lead:
+    """``me`` leads forming round ``number``: read its joins and the live nodes, then
+    :func:`decide_seal`."""
+
+    number: int
+
+
+@dataclass(frozen=True)
+class Follow:
+    """Wait for ``leader`` to seal round ``number``; now and then check that it lives."""
+
+    number: int
+    leader: str
+
+
+@dataclass(frozen=True)
+class Standby:
+    """The sealed round is full and ``me`` is not in it: read the live nodes and
+    :func:`decide_standby`."""
+
+    round: Round
+
+
+@dataclass(frozen=True)
+class Seal:
+    """Seal the round with these participants, in rank order."""
+
+    participants: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -92,102 +155,91 @@ class Closed:
     pass
 
 
-Decision = Joined | Write | Wait | Closed
+Decision = Joined | Open | Enter | Lead | Follow | Standby | Closed
 
 
-def lost_participants(participants: tuple[str, ...], live: frozenset[str]) -> list[str]:
+def lost_participants(participants: Sequence[str], live: frozenset[str]) -> list[str]:
     """The participants whose member lease is gone, in rank order."""
     return [p for p in participants if p not in live]
 
 
 def decide_join(
-    current: Round | None,
-    live: frozenset[str],
-    me: str,
-    limits: Limits,
-    last_joined: int,
-    now: float,
+    current: Round | None, me: str, limits: Limits, last_joined: int, entered: int | None
 ) -> Decision:
-    """Next step for ``me``, which wants a round newer than ``last_joined``."""
+    """Next step for ``me``, which wants a round newer than ``last_joined`` and has put
+    its join key for round ``entered`` (None: for none yet).
+
+    Reads only the round key: the live nodes matter only to a leader and to a node
+    standing by, which read them themselves.
+    """
     if current is None:
-        return Write(Round(number=last_joined + 1, participants=(me,)), "first node opens a round")
+        return Open(Round(number=last_joined + 1, leader=me), "first node opens a round")
     if current.closed:
         return Closed()
     if current.complete:
         if me in current.participants and current.number > last_joined:
             return Joined(current.number, current.participants, current.participants.index(me))
-        lost = lost_participants(current.participants, live)
-        if me in current.participants or lost or len(current.participants) < limits.max_nodes:
-            why = (
-                f"lost {', '.join(lost)}"
-                if lost
-                else "restarting after a local failure"
-                if me in current.participants
-                else "joining a round with room"
-            )
-            return Write(Round(number=current.number + 1, participants=(me,)), why)
-        return Wait(
-            None, f"round {current.number} is full ({limits.max_nodes} nodes); standing by", True
-        )
-    # The round is still forming: drop members whose lease is gone, then join it.
-    members = tuple(p for p in current.participants if p in live)
-    if me not in members:
-        if len(members) >= limits.max_nodes:
-            return Wait(None, f"round {current.number} is full; standing by", True)
-        members = (*members, me)
-    last_call = current.last_call
-    if len(members) < limits.min_nodes:
-        last_call = None
-    elif last_call is None:
-        last_call = now + limits.last_call
-    everyone_here = live <= set(members)
-    if len(members) >= limits.min_nodes and (
-        len(members) >= limits.max_nodes
-        or everyone_here
-        or (last_call is not None and now >= last_call)
-    ):
-        sealed = replace(current, participants=members, complete=True, last_call=None)
-        return Write(sealed, f"sealing round {current.number} with {len(members)} nodes")
-    if members != current.participants or last_call != current.last_call:
-        return Write(replace(current, participants=members, last_call=last_call), "joining")
-    if len(members) < limits.min_nodes:
-        why = f"{len(members)} of at least {limits.min_nodes} nodes have joined"
-    else:
-        why = "waiting for live nodes that have not joined yet"
-    return Wait(last_call, why)
+        nxt = Round(number=current.number + 1, leader=me)
+        if me in current.participants:
+            return Open(nxt, "restarting after a local failure")
+        if len(current.participants) < limits.max_nodes:
+            return Open(nxt, "joining a round with room")
+        return Standby(current)
+    if entered != current.number:
+        return Enter(current.number)
+    if current.leader == me:
+        return Lead(current.number)
+    return Follow(current.number, current.leader)
 
 
-def confirm(
-    joined: Joined, current: Round | None, live: frozenset[str], acked: frozenset[str]
-) -> str:
-    """After joining a round: "ready" once every participant has confirmed it, "wait"
-    while some have not, "withdraw" if it was superseded or lost a participant first.
+def decide_standby(current: Round, me: str, live: frozenset[str]) -> Open | Wait:
+    """A node beyond ``max``: open the next round once a participant is lost, else wait."""
+    lost = lost_participants(current.participants, live)
+    if lost:
+        return Open(Round(number=current.number + 1, leader=me), f"lost {', '.join(lost)}")
+    return Wait(
+        None,
+        f"round {current.number} is full ({len(current.participants)} nodes); standing by",
+        standby=True,
+    )
 
-    A participant that read the state only after a newer round opened never takes
-    part in the sealed one; without confirmations the others would wait for it in
-    the round's store until the store timeout. "ready" holds even once a newer round
-    has opened: every participant has committed to this one, so all of them run it
-    (and then restart into the newer one). A node withdraws only with a transaction
-    that fails if all have confirmed, so no node is left alone in a round its peers
-    abandoned.
+
+def leader_of(opener: str, joins: Sequence[str], live: frozenset[str]) -> str | None:
+    """Who seals a forming round: its opener while live, else the earliest live entrant."""
+    if opener in live:
+        return opener
+    return next((j for j in joins if j in live), None)
+
+
+def decide_seal(
+    joins: Sequence[str], live: frozenset[str], limits: Limits, deadline: float | None, now: float
+) -> Seal | Wait:
+    """The leader's rule. ``joins`` in the order they were put; ``deadline``: the last
+    call, as the previous :class:`Wait` set it (None until ``min`` nodes were in).
+
+    Seal once ``min`` live nodes have entered and either every live node has, or ``max``
+    have, or the last call ran out; never below ``min``.
     """
-    if set(joined.participants) <= acked:
-        return "ready"
-    superseded = current is None or current.number != joined.number or not current.complete
-    if superseded or lost_participants(joined.participants, live):
-        return "withdraw"
-    return "wait"
+    members = [j for j in dict.fromkeys(joins) if j in live]
+    if len(members) < limits.min_nodes:
+        return Wait(None, f"{len(members)} of at least {limits.min_nodes} nodes have joined")
+    if deadline is None:
+        deadline = now + limits.last_call
+    everyone_here = live <= set(members)
+    if len(members) >= limits.max_nodes or everyone_here or now >= deadline:
+        return Seal(tuple(members[: limits.max_nodes]))
+    return Wait(deadline, "waiting for live nodes that have not joined yet")
 
 
-def restart_reason(current: Round | None, live: frozenset[str], my_round: int) -> str | None:
-    """Why a node running round ``my_round`` must restart its workers, or None to keep going."""
+def restart_reason(current: Round | None, lost: Sequence[str], my_round: int) -> str | None:
+    """Why a node running round ``my_round`` must restart its workers, or None to keep
+    going. ``lost``: its round's participants whose member lease is gone."""
     if current is None:
         return "the rendezvous state is gone"
     if current.closed:
         return None
     if current.number != my_round:
         return f"round {current.number} has opened (a node joined or left)"
-    lost = lost_participants(current.participants, live)
     if lost:
         return f"lost peer(s) {', '.join(lost)}"
     return None

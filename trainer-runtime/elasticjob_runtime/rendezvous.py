@@ -29,12 +29,14 @@ import json
 import logging
 import math
 import os
+import random
 import socket
 import threading
 import time
 import uuid
 import weakref
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 # The .api submodule, not the package: torch loads this entry point while the
@@ -52,7 +54,7 @@ from torch.distributed.elastic.rendezvous.api import (
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import RendezvousBackend
 
 from elasticjob_runtime import contract
-from elasticjob_runtime.etcd_client import EtcdClient, EtcdError, KeyValue
+from elasticjob_runtime.etcd_client import Change, EtcdClient, EtcdError, KeyValue
 from elasticjob_runtime.etcd_store import EtcdV3Store, RoundAbandoned
 from elasticjob_runtime.etcd_tls import connect
 from elasticjob_runtime.leases import (
@@ -64,12 +66,20 @@ from elasticjob_runtime.leases import (
 )
 from elasticjob_runtime.membership import (
     Closed,
+    Enter,
+    Follow,
     Joined,
     Limits,
+    Open,
     Round,
-    Write,
-    confirm,
+    Seal,
+    Standby,
     decide_join,
+    decide_seal,
+    decide_standby,
+    decode_participants,
+    encode_participants,
+    leader_of,
     lost_participants,
     restart_reason,
 )
@@ -149,7 +159,7 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
         self._lease_ttl = lease_ttl
         self._prefix = contract.run_prefix(run_id) + "rdzv/"
         self._members = members_prefix(run_id)
-        self._acks = contract.run_prefix(run_id) + "rdzv/acks/"
+        self._rounds = contract.run_prefix(run_id) + "rounds/"
         self._state_key = state_key(run_id)
         self.node = f"{self._addr}_{os.getpid()}_{uuid.uuid4().hex[:6]}"
         self._job_ttl = job_ttl
@@ -170,6 +180,11 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
         self._changed = threading.Event()
         self._watch_broken = threading.Event()
         self._restart_why: str | None = None
+        self._entered: int | None = None  # the round whose join key this node put last
+        self._leading: int | None = None  # a round this node leads since its leader went
+        self._changes_lock = threading.Lock()
+        self._state_changed = False  # the watch saw the round key change
+        self._gone: set[str] = set()  # nodes whose member key the watch saw deleted
         self._cancel_watch: Callable[[], None] | None = None
         self._stop = threading.Event()
 
@@ -268,33 +283,55 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
     # -- reading ------------------------------------------------------------------
 
     def _read(self) -> tuple[int, Round | None, KeyValue | None, frozenset[str]]:
-        revision, current, kv, live, _ = self._read_all()
-        return revision, current, kv, live
-
-    def _read_all(
-        self,
-    ) -> tuple[int, Round | None, KeyValue | None, frozenset[str], dict[str, int]]:
-        """One snapshot: revision, round, its key, live nodes, and each node's confirmed round."""
+        """One snapshot of ``rdzv/``: revision, round, its key, and the live nodes. O(N):
+        only for the rare paths (a broken watch, a failure, a node standing by)."""
         snap = self._client.snapshot(self._prefix)
         kv = snap.items.get(self._state_key)
         current = Round.decode(kv.value) if kv is not None else None
         live = frozenset(k[len(self._members) :] for k in snap.items if k.startswith(self._members))
-        acks = {
-            k[len(self._acks) :]: int(v.value)
-            for k, v in snap.items.items()
-            if k.startswith(self._acks) and v.value.isdigit()
-        }
-        return snap.revision, current, kv, live, acks
+        return snap.revision, current, kv, live
+
+    def _read_state(self) -> tuple[int, Round | None, KeyValue | None]:
+        """The round key alone, with the revision it was read at: O(1)."""
+        snap = self._client.snapshot(self._state_key)
+        kv = snap.items.get(self._state_key)
+        return snap.revision, (Round.decode(kv.value) if kv is not None else None), kv
+
+    def _live(self) -> tuple[int, frozenset[str]]:
+        snap = self._client.snapshot(self._members)
+        return snap.revision, frozenset(k[len(self._members) :] for k in snap.items)
+
+    def _joins(self, number: int) -> tuple[int, list[str]]:
+        """Who has entered round ``number``, in the order they entered."""
+        prefix = self._joins_prefix(number)
+        snap = self._client.snapshot(prefix)
+        ordered = sorted(snap.items.values(), key=lambda kv: kv.mod_revision)
+        return snap.revision, [kv.key[len(prefix) :] for kv in ordered]
+
+    def _round_prefix(self, number: int) -> str:
+        # Zero-padded so that a key range covers exactly the older rounds.
+        return f"{self._rounds}{number:010d}/"
+
+    def _joins_prefix(self, number: int) -> str:
+        return self._round_prefix(number) + "joins/"
+
+    def _sealed_key(self, number: int) -> str:
+        return self._round_prefix(number) + "sealed"
 
     def _watch(self, revision: int) -> None:
-        """(Re)start the watch on the run's prefix from just after ``revision``."""
+        """(Re)start the watch on ``rdzv/`` (the round key and the members) from just
+        after ``revision``; the changed keys go to :meth:`_note_changes`."""
         if self._cancel_watch is not None:
             self._cancel_watch()
         self._cancel_watch = None
         self._watch_broken.clear()
         try:
             self._cancel_watch = self._client.watch_prefix(
-                self._prefix, revision + 1, self._changed.set, self._watch_broken.set
+                self._prefix,
+                revision + 1,
+                self._changed.set,
+                self._watch_broken.set,
+                on_keys=self._note_changes,
             )
         except EtcdError:
             # Right after etcd comes back, gRPC may refuse the new stream even though a
@@ -302,6 +339,15 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
             # believing a watch exists and never hearing of a change.
             self._watch_broken.set()
             raise
+
+    def _note_changes(self, changes: list[Change]) -> None:
+        """From the watch thread: which keys changed, for the next membership check."""
+        with self._changes_lock:
+            for change in changes:
+                if change.key == self._state_key:
+                    self._state_changed = True
+                elif change.deleted and change.key.startswith(self._members):
+                    self._gone.add(change.key[len(self._members) :])
 
     def _write(self, new: Round, kv: KeyValue | None) -> bool:
         result = self._backend.set_state(new.encode(), None if kv is None else kv.mod_revision)
@@ -333,24 +379,27 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
         self._restart_why = None
         deadline = time.monotonic() + self._join_timeout
         while True:
-            self._changed.clear()
-            joined, revision = self._join(deadline)
+            joined, sealed_at = self._join(deadline)
             try:
                 self._round = joined.number
                 self._participants = joined.participants
+                with self._changes_lock:
+                    # The first check reads the round key (one key): a newer round may
+                    # have opened before the watch below has delivered its first events.
+                    self._state_changed, self._gone = True, set()
                 try:
-                    self._watch(revision)
+                    # From the seal on: a peer lost or a newer round opened since then,
+                    # even before this node read the round, is in the watch's events.
+                    self._watch(sealed_at)
                 except EtcdError as exc:  # the first membership check watches again
                     log.warning("etcd-v3: %s: cannot watch yet (%s); retrying", self.node, exc)
-                # A round every participant confirmed still runs when a newer one has
-                # opened meanwhile; the first membership check must see that at once.
-                self._changed.set()
+                self._changed.set()  # the first membership check looks at once
                 store = EtcdV3Store(
                     self._client, self._store_prefix(joined.number), self._job_lease
                 )
                 if joined.rank == 0 and joined.number > 2:
                     self._drop_rounds_before(joined.number - 1)
-                store.give_up = functools.partial(self._lost_peers, joined)
+                store.give_up = functools.partial(self._rank_zero_lost, joined)
                 bootstrap = RendezvousStoreInfo.build(joined.rank, store, local_addr=self._addr)
                 store.give_up = None
             except RoundAbandoned as exc:
@@ -374,127 +423,209 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
         workers so before it stops them (see ``MembershipAwareAgent._stop_workers``).
         """
         try:
-            _, _, _, live = self._read()
+            _, live = self._live()
         except EtcdError as exc:
             log.warning("etcd-v3: cannot read the live nodes: %s", exc)
             return []
         return lost_participants(self._participants, live)
 
-    def _lost_peers(self, joined: Joined) -> str | None:
-        """Why ``joined`` cannot start (a participant's lease is gone), or None."""
-        _, _, _, live = self._read()
-        lost = lost_participants(joined.participants, live)
-        return f"lost {', '.join(lost)}" if lost else None
+    def _rank_zero_lost(self, joined: Joined) -> str | None:
+        """Why ``joined`` cannot start, or None: the other ranks wait in its store for
+        rank 0's address, so rank 0's lease is the one that matters (one key read)."""
+        first = joined.participants[0]
+        if first == self.node or self._client.get(self._members + first) is not None:
+            return None
+        return f"lost {first}"
 
     def _join(self, deadline: float) -> tuple[Joined, int]:
         """Act on :func:`decide_join` until this node is in a sealed round.
 
-        Returns the round and the etcd revision it was read at. An etcd outage
+        Returns the round and the etcd revision it was sealed at. An etcd outage
         (a restart, a failover) is ridden out until the join deadline.
         """
-        why = "no round yet"
+        last_call: float | None = None  # the leader's last-call deadline
         while True:
             try:
-                revision, current, kv, live = self._read()
-                if self.node not in live:
-                    self._announce()
-                    continue
-                decision = decide_join(
-                    current, live, self.node, self._limits, self._round, time.time()
-                )
+                revision, current, kv = self._read_state()
+                if (
+                    self._entered is not None
+                    and current is not None
+                    and current.number > self._entered > self._round
+                ):
+                    # The round this node entered was sealed and a newer one opened before
+                    # this node read it: if it is in the sealed record, that round is binding.
+                    found = self._sealed_with_me(self._entered)
+                    self._entered = None
+                    if found is not None:
+                        return found
+                decision = decide_join(current, self.node, self._limits, self._round, self._entered)
                 if isinstance(decision, Joined):
-                    confirmed = self._confirm(decision, deadline)
-                    if confirmed is not None:
-                        return decision, confirmed
-                    self._round = decision.number  # superseded: join the next one
-                    continue
+                    self._entered = None
+                    assert kv is not None  # a sealed round came from its key
+                    return decision, kv.mod_revision
                 if isinstance(decision, Closed):
                     raise RendezvousClosedError(
                         f"the rendezvous of run {self._run_id} is closed (the job finished); "
                         "a new run needs a new --rdzv-id"
                     )
-                if isinstance(decision, Write):
-                    if self._write(decision.round, kv):
-                        log.info("etcd-v3: %s: %s", self.node, decision.why)
-                    continue
-                why = decision.why
-                if decision.standby:
+                if isinstance(decision, Standby):
+                    live_at, live = self._live()
+                    step = decide_standby(decision.round, self.node, live)
+                    if isinstance(step, Open):
+                        self._open(step, kv)
+                        continue
                     deadline = time.monotonic() + self._join_timeout
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise RendezvousTimeoutError(
-                        f"no rendezvous within {self._join_timeout:.0f}s for run "
-                        f"{self._run_id}: {why}"
-                    )
-                if decision.until is not None:
-                    left = min(left, max(decision.until - time.time(), 0.0) + 0.05)
-                self._client.wait_for_change(self._prefix, revision, left)
+                    self._client.wait_for_change(self._prefix, live_at, self._join_timeout)
+                    continue
+                if isinstance(decision, Open):
+                    self._open(decision, kv)
+                    continue
+                if isinstance(decision, Enter):
+                    self._enter(decision.number)
+                    continue
+                if isinstance(decision, Follow) and self._leading != decision.number:
+                    self._follow(decision, revision, deadline)
+                    continue
+                assert kv is not None and current is not None  # a forming round's key
+                last_call = self._lead(current, kv, last_call, deadline)
             except (EtcdError, RendezvousConnectionError) as exc:
                 if time.monotonic() > deadline:
                     raise RendezvousConnectionError(str(exc)) from exc
                 log.warning("etcd-v3: %s: %s; retrying", self.node, exc)
                 time.sleep(0.5)
 
-    def _confirm(self, joined: Joined, deadline: float) -> int | None:
-        """Confirm ``joined`` and wait for its other participants to do the same.
+    def _open(self, step: Open, kv: KeyValue | None) -> None:
+        """Open the next round (if no other node just did) and enter it."""
+        if self._write(step.round, kv):
+            log.info("etcd-v3: %s: opened round %d: %s", self.node, step.round.number, step.why)
+            self._enter(step.round.number)
 
-        Returns the revision read when all had, or None once this node has withdrawn
-        its confirmation because the round was superseded or lost a participant first.
-        """
-        ack = self._acks + self.node
-        number = str(joined.number).encode()
-        self._client.put(ack, number, self._member_lease)
-        while True:
-            revision, current, _, live, acks = self._read_all()
-            acked = frozenset(node for node, n in acks.items() if n == joined.number)
-            verdict = confirm(joined, current, live, acked)
-            if verdict == "ready":
-                return revision
-            if verdict == "withdraw":
-                everyone = {self._acks + p: number for p in joined.participants}
-                if self._client.delete_unless_all_equal(everyone, ack):
-                    # The last confirmation landed after our read: the round stands.
-                    # Watching from that read is safe; the caller re-checks at once.
-                    return revision
+    def _enter(self, number: int) -> None:
+        """Put this node's join key for round ``number``, on its member lease: it vanishes
+        with the node, so a leader never waits for a node that died after entering."""
+        self._client.put(self._joins_prefix(number) + self.node, b"", lease=self._member_lease)
+        self._entered = number
+
+    def _sealed_with_me(self, number: int) -> tuple[Joined, int] | None:
+        kv = self._client.get(self._sealed_key(number))
+        if kv is None:
+            return None
+        participants = decode_participants(kv.value)
+        if self.node not in participants:
+            return None
+        log.info("etcd-v3: %s: round %d, sealed with it, is binding", self.node, number)
+        return Joined(number, participants, participants.index(self.node)), kv.mod_revision
+
+    def _follow(self, decision: Follow, revision: int, deadline: float) -> None:
+        """Wait for the leader to seal the round; on a quiet spell, check that the leader
+        and this node's own join key are still there (a lease can run out)."""
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise RendezvousTimeoutError(
+                f"no rendezvous within {self._join_timeout:.0f}s for run {self._run_id}: "
+                f"round {decision.number} was not sealed by {decision.leader}"
+            )
+        recheck = max(self._granted_ttl, 1) + 1.0 + random.uniform(0, 0.5)
+        if self._client.wait_for_change(self._state_key, revision, min(left, recheck)):
+            return
+        if self._client.get(self._joins_prefix(decision.number) + self.node) is None:
+            self._entered = None  # its lease ran out and was taken again: enter again
+        if self._client.get(self._members + decision.leader) is not None:
+            return
+        _, live = self._live()
+        _, joins = self._joins(decision.number)
+        if leader_of(decision.leader, joins, live) == self.node:
+            log.info(
+                "etcd-v3: %s: leader %s of round %d is gone; leading it",
+                self.node,
+                decision.leader,
+                decision.number,
+            )
+            self._leading = decision.number
+
+    def _lead(
+        self, current: Round, kv: KeyValue, last_call: float | None, deadline: float
+    ) -> float | None:
+        """Seal the forming round once :func:`decide_seal` says so, else wait for a join,
+        a lost node or the last call. Returns the last-call deadline to keep."""
+        live_at, live = self._live()
+        if self.node not in live:
+            self._announce()  # its lease ran out: a new one, and enter again under it
+            self._entered = None
+            return last_call
+        joins_at, joins = self._joins(current.number)
+        verdict = decide_seal(joins, live, self._limits, last_call, time.time())
+        if isinstance(verdict, Seal):
+            sealed = Round(current.number, verdict.participants, True, leader=current.leader)
+            ok, _ = self._client.compare_and_set(
+                self._state_key,
+                sealed.encode(),
+                kv.mod_revision,
+                self._job_lease,
+                also={self._sealed_key(current.number): encode_participants(verdict.participants)},
+            )
+            if ok:
                 log.info(
-                    "etcd-v3: %s: withdrew from round %d (superseded or a participant left)",
+                    "etcd-v3: %s: sealed round %d with %d nodes",
                     self.node,
-                    joined.number,
+                    current.number,
+                    len(verdict.participants),
                 )
-                return None
-            if time.monotonic() > deadline:
-                raise RendezvousTimeoutError(
-                    f"round {joined.number} of run {self._run_id} was not confirmed by all "
-                    f"of its nodes within {self._join_timeout:.0f}s"
-                )
-            self._client.wait_for_change(self._prefix, revision, deadline - time.monotonic())
+            return None
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise RendezvousTimeoutError(
+                f"no rendezvous within {self._join_timeout:.0f}s for run {self._run_id}: "
+                f"{verdict.why}"
+            )
+        if verdict.until is not None:
+            left = min(left, max(verdict.until - time.time(), 0.0) + 0.05)
+        watched = [self._state_key, self._members, self._joins_prefix(current.number)]
+        self._client.wait_for_change(watched, min(live_at, joins_at), left)
+        return verdict.until
 
     def _drop_rounds_before(self, number: int) -> None:
-        """Finished rounds' store keys are no use to anyone; keep etcd small."""
+        """Finished rounds' keys are no use to anyone; keep etcd small."""
         try:
             self._client.delete_range(self._store_prefix(0), self._store_prefix(number))
+            self._client.delete_range(self._round_prefix(0), self._round_prefix(number))
         except EtcdError as exc:
             log.warning("etcd-v3: could not drop old rounds' keys: %s", exc)
 
     def num_nodes_waiting(self) -> int:
-        """Non-zero when this node must restart into a new round (a peer left or came)."""
+        """Non-zero when this node must restart into a new round (a peer left or came).
+
+        Driven by the watch's events: a member key deleted is a lost peer, a change of
+        the round key is read (one key). Only a broken watch costs a full re-read.
+        """
         if self._restart_why is not None:
             return 1
         if not self._changed.is_set():
             return 0
         self._changed.clear()
+        with self._changes_lock:
+            state_changed, gone = self._state_changed, set(self._gone)
+            self._state_changed = False
         try:
-            revision, current, _, live = self._read()
             if self._watch_broken.is_set():
                 # The stream died (etcd restarted, a member failed over): watch again.
                 # Comparing state, not counting events, means nothing in between is lost.
+                revision, current, _, live = self._read()
                 log.info("etcd-v3: %s: watch lost; watching again", self.node)
                 self._watch(revision)
+                lost = lost_participants(self._participants, live)
+            else:
+                lost = [p for p in self._participants if p in gone]
+                if not state_changed and not lost:
+                    return 0
+                _, current, _ = self._read_state()
         except EtcdError as exc:
             log.warning("etcd-v3: cannot check membership: %s", exc)
+            with self._changes_lock:
+                self._state_changed = self._state_changed or state_changed
             self._changed.set()
             return 0
-        self._restart_why = restart_reason(current, live, self._round)
+        self._restart_why = restart_reason(current, lost, self._round)
         if self._restart_why is None:
             return 0
         log.info("etcd-v3: %s restarts its workers: %s", self.node, self._restart_why)
@@ -530,7 +661,7 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
 
     def is_closed(self) -> bool:
         try:
-            _, current, _, _ = self._read()
+            _, current, _ = self._read_state()
         except EtcdError as exc:
             raise RendezvousConnectionError(str(exc)) from exc
         return current is not None and current.closed
@@ -539,11 +670,11 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
         try:
             self.register()  # the round is written under the run's lease
             while True:
-                _, current, kv, _ = self._read()
+                _, current, kv = self._read_state()
                 if current is not None and current.closed:
                     return
                 base = current if current is not None else Round(number=self._round)
-                if self._write(Round(base.number, base.participants, base.complete, True), kv):
+                if self._write(replace(base, closed=True), kv):
                     return
         except EtcdError as exc:
             raise RendezvousConnectionError(str(exc)) from exc

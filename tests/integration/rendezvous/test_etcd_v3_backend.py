@@ -11,7 +11,7 @@ import torch.distributed as dist
 from conftest import EtcdServer
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 
-from elasticjob_runtime.etcd_client import EtcdClient, parse_endpoints
+from elasticjob_runtime.etcd_client import Change, EtcdClient, parse_endpoints
 from elasticjob_runtime.etcd_store import EtcdV3Store
 from elasticjob_runtime.rendezvous import EtcdV3RendezvousBackend, state_key
 
@@ -96,25 +96,42 @@ def test_wait_for_change_wakes_on_a_change_and_never_sleeps_out_a_long_timeout(
     assert time.monotonic() - started < 60
 
 
-def test_delete_unless_all_equal_is_one_decision(
+def test_compare_and_set_writes_its_extra_keys_only_when_it_wins(
+    etcd_any: EtcdServer, request: pytest.FixtureRequest
+) -> None:
+    # The leader seals a round and writes its sealed record in one transaction: a
+    # record without the seal (or the reverse) would let nodes disagree on the round.
+    client = client_for(etcd_any)
+    base = f"cas-{request.node.name}/"
+    ok, kv = client.compare_and_set(base + "state", b"1", None, also={base + "sealed/1": b"a"})
+    assert ok and kv is not None and client.get(base + "sealed/1") is not None
+    stale = kv.mod_revision
+    client.put(base + "state", b"2")
+    ok, now = client.compare_and_set(base + "state", b"3", stale, also={base + "sealed/2": b"b"})
+    assert not ok and now is not None and now.value == b"2"
+    assert client.get(base + "sealed/2") is None
+
+
+def test_a_wait_wakes_on_a_change_under_any_of_its_prefixes_and_a_watch_names_the_keys(
     etcd_any: EtcdServer, request: pytest.FixtureRequest
 ) -> None:
     client = client_for(etcd_any)
-    base = f"txn-{request.node.name}/"
-    client.put(base + "a", b"1")
-    client.put(base + "mine", b"1")
-    everyone = {base + "a": b"1", base + "mine": b"1"}
-    assert client.delete_unless_all_equal(everyone, base + "mine")
-    assert client.get(base + "mine") is not None
+    base = f"multi-{request.node.name}/"
+    revision = client.snapshot(base).revision
+    client.put(base + "joins/a", b"")
+    assert client.wait_for_change([base + "state", base + "joins/"], revision, 60)
 
-    client.put(base + "a", b"2")  # a peer moved on: withdraw
-    assert not client.delete_unless_all_equal(everyone, base + "mine")
-    assert client.get(base + "mine") is None
-
-    client.put(base + "mine", b"1")
-    client.delete(base + "a")  # a missing key is not equal either
-    assert not client.delete_unless_all_equal(everyone, base + "mine")
-    assert client.get(base + "mine") is None
+    seen: list[Change] = []
+    got = threading.Event()
+    cancel = client.watch_prefix(
+        base, client.snapshot(base).revision + 1, got.set, on_keys=seen.extend
+    )
+    try:
+        client.delete(base + "joins/a")
+        assert got.wait(30)
+    finally:
+        cancel()
+    assert Change(base + "joins/a", deleted=True) in seen
 
 
 def test_backend_state_lives_under_the_run_prefix_and_goes_with_its_lease(

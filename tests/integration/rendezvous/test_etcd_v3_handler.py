@@ -25,7 +25,7 @@ from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
 from elasticjob_runtime import contract
 from elasticjob_runtime.etcd_client import EtcdClient, EtcdError, parse_endpoints
-from elasticjob_runtime.membership import Limits, Round
+from elasticjob_runtime.membership import Limits, Round, encode_participants
 from elasticjob_runtime.rendezvous import (
     EtcdV3RendezvousBackend,
     EtcdV3RendezvousHandler,
@@ -123,19 +123,6 @@ def round_number(client: EtcdClient, run_id: str) -> int | None:
     return None if kv is None else Round.decode(kv.value).number
 
 
-def ack_key(handler: EtcdV3RendezvousHandler) -> str:
-    return contract.run_prefix(handler.get_run_id()) + "rdzv/acks/" + handler.node
-
-
-def ack_for(handler: EtcdV3RendezvousHandler, client: EtcdClient, number: int) -> None:
-    """Confirm round ``number`` as ``handler`` would, under its member lease."""
-    client.put(ack_key(handler), str(number).encode(), handler._member_lease)
-
-
-def acked(handler: EtcdV3RendezvousHandler, client: EtcdClient) -> bool:
-    return client.get(ack_key(handler)) is not None
-
-
 def wait_until(check: Callable[[], bool], timeout: float) -> float:
     started = time.monotonic()
     while time.monotonic() - started < timeout:
@@ -229,68 +216,53 @@ def test_a_crashed_peer_is_reported_within_the_lease_ttl_and_the_next_round_excl
     assert (info.rank, info.world_size) == (0, 1)
 
 
-def test_a_node_whose_sealed_round_was_superseded_joins_the_newer_one(handlers: Factory) -> None:
-    # b finds itself in a sealed round {a, b}, but a only reads the state after c has
-    # opened a newer round. b must not wait for a inside the stale round.
-    a, client = handlers()
-    b, _ = handlers()
-    c, _ = handlers()
-    seal_round(client, a, b)
-    b_joins, b_result = join_in_background(b)
-    wait_until(lambda: acked(b, client), 30)
-    c_joins, c_result = join_in_background(c)
-    wait_until(lambda: round_number(client, a.get_run_id()) == 2, 30)
-    result = join_all(a)
-    for thread in (b_joins, c_joins):
-        thread.join(timeout=60)
-    result += b_result + c_result
-    assert len(result) == 3, "a node never finished joining"
-    assert {info.world_size for info in result} == {3}
-    assert sorted(info.rank for info in result) == [0, 1, 2]
-
-
-def test_a_round_every_participant_confirmed_runs_even_after_a_newer_one_opened(
+def test_a_round_sealed_with_a_node_binds_it_even_once_a_newer_round_has_opened(
     handlers: Factory,
 ) -> None:
-    # a confirmed {a, b} and waits for b. In one step b confirms and c opens a newer
-    # round. b will run round 1 (it saw everyone confirmed), so a must run it too
-    # rather than strand b there, and then restart into round 2.
+    # a and b entered round 1 and a sealed it with both; c opened round 2 before either
+    # read the round key again. Both must still run round 1 together (neither may wait
+    # for the other in it alone), then restart into round 2 at once.
     a, client = handlers()
     b, _ = handlers()
     c, _ = handlers()
-    seal_round(client, a, b)
-    a_joins, result = join_in_background(a)
-    wait_until(lambda: acked(a, client), 30)
-
-    raw = client._client
-    newer = Round(number=2, participants=(c.node,))
-    raw.transaction(
-        compare=[],
-        success=[
-            raw.transactions.put(ack_key(b), b"1", b._member_lease),
-            raw.transactions.put(state_key(a.get_run_id()), newer.encode()),
-        ],
-        failure=[],
+    run = a.get_run_id()
+    backend = EtcdV3RendezvousBackend(client, run)
+    assert backend.set_state(Round(1, leader=a.node).encode()) is not None
+    a._enter(1)
+    b._enter(1)
+    sealed = Round(1, (a.node, b.node), complete=True, leader=a.node)
+    kv = client.get(state_key(run))
+    assert kv is not None
+    sealed_record = contract.run_prefix(run) + f"rounds/{1:010d}/sealed"
+    ok, kv = client.compare_and_set(
+        state_key(run),
+        sealed.encode(),
+        kv.mod_revision,
+        also={sealed_record: encode_participants(sealed.participants)},
     )
-    a_joins.join(timeout=60)
-    assert result, "a never finished joining"
-    assert (result[0].rank, result[0].world_size) == (0, 2)
-    assert a.num_nodes_waiting() > 0, "a must restart into round 2 at once"
+    assert ok and kv is not None
+    ok, _ = client.compare_and_set(
+        state_key(run), Round(2, leader=c.node).encode(), kv.mod_revision
+    )
+    assert ok
+
+    infos = join_all(a, b)
+    assert sorted((i.rank, i.world_size) for i in infos) == [(0, 2), (1, 2)]
+    assert a.round_number == b.round_number == 1
+    assert a.num_nodes_waiting() > 0 and b.num_nodes_waiting() > 0
 
 
 def test_a_peer_lost_before_it_published_its_address_breaks_the_round_up(
     handlers: Factory, caplog: pytest.LogCaptureFixture
 ) -> None:
-    # a (rank 0) confirmed and died before writing the master address: b gives up on
+    # a (rank 0) was sealed in and died before writing the master address: b gives up on
     # the round once a's lease is gone, not after the store's 300 s timeout.
     caplog.set_level("INFO", logger="elasticjob_runtime.rendezvous")
     a, client = handlers(lo=1, hi=2)
     b, _ = handlers(lo=1, hi=2)
     seal_round(client, a, b)
-    ack_for(a, client, 1)
     b_joins, result = join_in_background(b)
-    wait_until(lambda: "broke up" in caplog.text or bool(result) or acked(b, client), 30)
-    time.sleep(1.0)  # b is now waiting for a's address in round 1's store
+    time.sleep(1.5)  # b is now waiting for a's address in round 1's store
     a._leave()
     b_joins.join(timeout=60)
     assert result, "b never finished joining"
