@@ -53,9 +53,9 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import copy
 import ctypes
 import errno
+import hashlib
 import io
 import logging
 import os
@@ -87,6 +87,7 @@ from elasticjob_runtime.checkpoint_files import (
 from elasticjob_runtime.hang import StepReporter
 from elasticjob_runtime.job_identity import current_job
 from elasticjob_runtime.records import MemoryFallback
+from elasticjob_runtime.snapshot import Snapshots
 
 log = logging.getLogger(__name__)
 
@@ -130,19 +131,6 @@ def state_to_save(state: Mapping[str, Any]) -> dict[str, Any]:
         method = getattr(inner, "state_dict", None)
         out[key] = method() if callable(method) else value
     return out
-
-
-def snapshot(obj: Any) -> Any:
-    """A deep copy with every tensor copied to CPU, so training can change the original."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu", copy=True)
-    if isinstance(obj, dict):
-        return type(obj)((k, snapshot(v)) for k, v in obj.items())
-    if isinstance(obj, list):
-        return [snapshot(v) for v in obj]
-    if isinstance(obj, tuple):
-        return tuple(snapshot(v) for v in obj)
-    return copy.deepcopy(obj)
 
 
 def serialize(state: Mapping[str, Any]) -> bytes:
@@ -304,6 +292,7 @@ class CheckpointManager:
         self.writer = writer
         self.memory_writer = local_rank == 0 if memory_writer is None else memory_writer
         self._pending: threading.Thread | None = None
+        self._snapshots = Snapshots()  # an async save's CPU copy, reused by the next one
         self._pending_step = -1
         self._error: BaseException | None = None
         self._memory_warned = False
@@ -331,8 +320,11 @@ class CheckpointManager:
         """Save ``state`` as ``step``; asynchronous unless ``blocking`` (or the manager's default).
 
         An asynchronous save first copies every tensor to CPU, so the caller may
-        change the model at once. One save is in flight at a time: this call waits
-        for the previous one and raises its error, if it had one.
+        change the model at once; that copy is all it waits for (serialising, hashing and
+        writing run in a thread). The copy goes into the previous async save's CPU
+        buffers, kept between saves (:mod:`elasticjob_runtime.snapshot`). One save is in
+        flight at a time: this call waits for the previous one and raises its error, if
+        it had one.
         """
         self.wait()
         checkpoint_name(step)  # validates the step
@@ -352,7 +344,7 @@ class CheckpointManager:
                     f"saving checkpoint step {step} to {self.directory} failed: {exc}"
                 ) from exc
             return
-        snap = snapshot(saved)
+        snap = self._snapshots.take(saved)
         self._pending_step = step
         self._pending = threading.Thread(
             target=self._write_catching, args=(snap, step), name=f"checkpoint-{step}", daemon=True
@@ -374,10 +366,12 @@ class CheckpointManager:
         """
         data = serialize(state)
         to_memory = self.memory_writer and self.memory_dir is not None
+        # hashed once for both copies (a GB takes seconds)
+        digest = hashlib.sha256(data).hexdigest() if to_disk or to_memory else None
         saved = False
         if to_disk:
             try:
-                commit(self.directory, step, data, job=self.job)
+                commit(self.directory, step, data, job=self.job, digest=digest)
             except OSError as exc:
                 if exc.errno not in WRITE_FAULTS:
                     raise
@@ -400,6 +394,7 @@ class CheckpointManager:
                     job=self.job,
                     private=True,
                     shared=self._memory_shared,
+                    digest=digest,
                 )
                 prune(self.memory_dir, 1, protect=step)
                 saved = True
@@ -477,10 +472,12 @@ class CheckpointManager:
             ) from error
 
     def close(self) -> None:
-        """Finish the save in flight (raising its error) and put back the SIGTERM handler."""
+        """Finish the save in flight (raising its error), free the async saves' CPU
+        buffers and put back the SIGTERM handler."""
         try:
             self.wait()
         finally:
+            self._snapshots.release()
             if self._old_handler is not None:
                 signal.signal(signal.SIGTERM, self._old_handler)
                 self._old_handler = None

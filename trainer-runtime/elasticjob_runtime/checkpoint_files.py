@@ -114,12 +114,14 @@ def commit(
     job: str = "",
     private: bool = False,
     shared: Path | None = None,
+    digest: str | None = None,
 ) -> Path:
     """Write one checkpoint: data file, then its marker. Returns the data file's path.
 
     ``private`` creates missing directories as :func:`make_private_dirs` does. When the
     marker cannot be written the data file goes too (it would only hold the space a full
-    filesystem lacks).
+    filesystem lacks). ``digest``: the SHA-256 of ``data`` when the caller has it already
+    (the same bytes go to disk and node memory; hashing a GB takes seconds).
     """
     if private:
         make_private_dirs(directory, shared)
@@ -127,7 +129,7 @@ def commit(
         directory.mkdir(parents=True, exist_ok=True)
     name = checkpoint_name(step)
     path = write_atomic(directory, name, data)
-    record = CommitRecord(step, name, len(data), hashlib.sha256(data).hexdigest(), job)
+    record = CommitRecord(step, name, len(data), digest or hashlib.sha256(data).hexdigest(), job)
     try:
         write_atomic(directory, name + MARKER_SUFFIX, record.to_bytes())
     except BaseException:

@@ -16,7 +16,7 @@ from elasticjob_runtime.checkpoint import (
     deserialize,
     serialize,
 )
-from elasticjob_runtime.checkpoint_files import checkpoint_name, committed_steps
+from elasticjob_runtime.checkpoint_files import checkpoint_name, committed_steps, read_verified
 from elasticjob_runtime.progress import memory_fallback_reporter_from_env
 from elasticjob_runtime.records import MemoryFallback
 from elasticjob_runtime.sampler import ElasticSampler
@@ -185,6 +185,24 @@ def test_async_save_snapshots_so_training_can_go_on(tmp_path: Path) -> None:
     assert ckpt is not None and ckpt.step == 1
     assert all(torch.equal(at_save[k], v) for k, v in ckpt.state["model"].items())
     assert not same_params(model, make_model())  # the model did move on
+
+
+def test_async_saves_in_reused_buffers_each_hold_their_own_step(tmp_path: Path) -> None:
+    model = make_model()
+    opt = torch.optim.Adam(model.parameters(), lr=0.5)
+    train_step(model, opt)
+    mgr = manager(tmp_path, async_save=True, keep=3)
+    at_save = {}
+    for step in (1, 2, 3):  # the 2nd and 3rd copy into the 1st one's CPU buffers
+        at_save[step] = {k: v.clone() for k, v in model.state_dict().items()}
+        mgr.save({"model": model, "optim": opt}, step)
+        train_step(model, opt)
+    mgr.close()
+    for step, expected in at_save.items():
+        data, reason = read_verified(tmp_path / "ckpt", step)
+        assert data is not None, reason
+        saved = deserialize(data)["model"]
+        assert all(torch.equal(expected[k], v) for k, v in saved.items()), step
 
 
 def test_async_save_error_is_raised_on_the_next_call(tmp_path: Path) -> None:
