@@ -152,7 +152,9 @@ def test_a_joining_node_switches_the_running_group_without_restarting_it(
 ) -> None:
     run_id = f"join-{uuid.uuid4().hex[:8]}"
     first_log, second_log = tmp_path / "first.log", tmp_path / "second.log"
-    args = train_args(tmp_path / "ckpt", 1_000_000, "--sleep=0.05")
+    # Epochs without end: on a busy machine the newcomer's spares may take most of a
+    # minute to import torch, and the job must still be running when it arrives.
+    args = train_args(tmp_path / "ckpt", 1_000_000, "--sleep=0.05", "--epochs=1000")
     env = {
         "CRASH_AT_STEP": "-1",
         "ELASTICJOB_CHECKPOINT_MEMORY_DIR": "off",
