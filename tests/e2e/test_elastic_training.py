@@ -393,12 +393,36 @@ def test_a_frozen_agent_fails_its_liveness_probe_and_its_pod_is_replaced(
     assert f"worker {pod} failed with exit code 137" in events.stdout, events.stdout
 
 
+def wait_world(logs: Logs, world: int, after: float, step: int = 0) -> Step:
+    """The first step logged at ``world`` after ``after`` (unix time, at least ``step``);
+    fails at once, saying so, if training ended first: then that world can never come."""
+
+    def reached() -> Step | None:
+        found = next(
+            (s for s in logs.steps() if s.world == world and s.t > after and s.step >= step),
+            None,
+        )
+        if found is None and any(line.startswith("ELASTICJOB_RESULT ") for line in logs.text()):
+            last = logs.steps()[-1] if logs.steps() else None
+            raise AssertionError(
+                f"training ended ({last}) before world {world}: the job's step budget ran "
+                f"out before the resize reached the workers\n{logs.tail()}"
+            )
+        return found
+
+    return wait_for(f"{logs.job} to log a step at world {world}", reached, TRAIN)
+
+
 def test_kubectl_scale_2_4_2_world_follows_and_no_sample_repeats_within_an_epoch(
     cluster: Cluster, ns: str, start: Any
 ) -> None:
     c = cluster
     name = unique("scale")
-    samples, batch, steps = 2048, 32, 150
+    # Training must outlast both resizes. The group trains on (about 6 steps a second at
+    # world 2) while the two new pods import torch and warm their spares, which took
+    # 28-68 s on two busy cores: 150 steps ran out first, and the job finished at world
+    # 2, or at world 4 before the scale-down reached it (so no world 2 after it, ever).
+    samples, batch, steps = 2048, 32, 600
     logs = start(
         manifest(
             name,
@@ -414,15 +438,10 @@ def test_kubectl_scale_2_4_2_world_follows_and_no_sample_repeats_within_an_epoch
     )
     first = wait_step(logs, 6, world=2)
     c.kubectl("-n", ns, "scale", f"elasticjob/{name}", "--replicas=4")
-    four = wait_step(logs, first.step, world=4)
-    wait_step(logs, four.step + 8, world=4)
+    four = wait_world(logs, 4, first.t, first.step)
+    wait_world(logs, 4, four.t, four.step + 8)
     c.kubectl("-n", ns, "scale", f"elasticjob/{name}", "--replicas=2")
-    scaled_down = time.time()
-    wait_for(
-        "world 2 after the scale-down",
-        lambda: any(s.world == 2 and s.t > scaled_down for s in logs.steps()),
-        TRAIN,
-    )
+    wait_world(logs, 2, time.time())
     waited = c.kubectl(
         "-n", ns, "wait", f"elasticjob/{name}", "--for=condition=Succeeded", "--timeout=600s"
     )

@@ -25,6 +25,11 @@ restart, like a worker that exited: a hang that comes back every time must end i
 failed pod, not a loop) and recorded in the run's etcd for the operator
 (:mod:`elasticjob_runtime.hang` says when the clock runs and why).
 
+When its workers have finished, torch's agent waits in an exit barrier for every agent of
+the round (up to 300 s). A peer whose lease is gone (a scale-down that deleted its pod as
+training ended, a node lost after the last step) will never arrive, so this agent stops
+waiting for it at once instead of holding its pod, and the job's success, for minutes.
+
 The agent also says when its workers first ran in a round (``joined``, set then and
 never cleared): the pod's readiness probe (:mod:`elasticjob_runtime.health`). It stays
 set through later rendezvous on purpose: the node lifecycle controller marks a pod not
@@ -49,15 +54,18 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from torch.distributed.elastic.agent.server import api as agent_api
 from torch.distributed.elastic.agent.server import local_elastic_agent
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing.api import PContext
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+from torch.distributed.elastic.utils import store as store_util
 
 from elasticjob_runtime import contract
 from elasticjob_runtime.channel import AgentChannel
 from elasticjob_runtime.etcd_client import EtcdError
+from elasticjob_runtime.etcd_store import EtcdV3Store, RoundAbandoned
 from elasticjob_runtime.hang import StepClock, forget_steps, group_step, hang_message, read_steps
 from elasticjob_runtime.leases import notice_within
 from elasticjob_runtime.records import Hang, encode_hang
@@ -83,6 +91,15 @@ MEMBERSHIP_NOTICE_MARGIN_S = 0.5
 def local_fault(exitcodes: list[int]) -> bool:
     """A worker that died by a signal failed here; an exception may be a peer's doing."""
     return any(code < 0 for code in exitcodes)
+
+
+def gone_from_exit_barrier(lost: list[str]) -> str | None:
+    """Why the exit barrier cannot complete: participants of the round whose lease is gone
+    never reach it (their agent was stopped or died), so waiting for them only delays
+    this pod's exit, and the job's success, by the barrier's timeout. None: keep waiting."""
+    if not lost:
+        return None
+    return f"{', '.join(lost)} left the round and will not reach the exit barrier"
 
 
 class MembershipAwareAgent(LocalElasticAgent):
@@ -260,6 +277,32 @@ class MembershipAwareAgent(LocalElasticAgent):
         # HEALTHY sends torch's loop to its membership branch: num_nodes_waiting() > 0,
         # so it restarts the workers into the next round without spending a restart.
         return RunResult(state=WorkerState.HEALTHY)
+
+    def _exit_barrier(self) -> None:
+        """torch's exit barrier, except that it ends as soon as a participant's lease is
+        gone (:func:`gone_from_exit_barrier`); torch would wait its 300 s for it."""
+        handler = self._worker_group.spec.rdzv_handler
+        store = self._store
+        if not isinstance(handler, EtcdV3RendezvousHandler) or not isinstance(store, EtcdV3Store):
+            super()._exit_barrier()  # type: ignore[no-untyped-call]
+            return
+        started = time.monotonic()
+        store.give_up = lambda: gone_from_exit_barrier(handler.peers_lost())
+        self._in_exit_barrier = True  # torch's health check reads it
+        try:
+            store_util.barrier(
+                store=store,
+                world_size=self._worker_group.group_world_size,
+                key_prefix=agent_api._TERMINAL_STATE_SYNC_ID,
+                barrier_timeout=self._exit_barrier_timeout,
+            )
+        except RoundAbandoned as exc:
+            log.info("not waiting for the other agents to finish: %s", exc)
+        except Exception as exc:  # as torch's: a failed barrier only ends the wait
+            log.warning("exit barrier failed after %.1f s: %s", time.monotonic() - started, exc)
+        finally:
+            self._in_exit_barrier = False
+            store.give_up = None
 
     def _check_hang(self, worker_group: WorkerGroup) -> RunResult | None:
         """A failed round when the workers did no step for the hang timeout, else None."""

@@ -14,9 +14,11 @@ in a daemon thread is enough for probes; nothing here needs a framework.
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 from elasticjob_runtime import contract
 
@@ -43,6 +45,24 @@ def health_address(env: Mapping[str, str]) -> tuple[str, int]:
     return host, port
 
 
+def client_hung_up(exc: BaseException | None) -> bool:
+    """A request that failed because the client went away. Normal for probes: the
+    kubelet (and the devcluster's prober) reads the status line and closes, often before
+    the body is sent, so the reply meets a reset or a broken pipe."""
+    return isinstance(exc, (ConnectionResetError, BrokenPipeError, ConnectionAbortedError))
+
+
+class _ProbeServer(ThreadingHTTPServer):
+    """Says nothing about clients that hang up; anything else is printed as before."""
+
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if client_hung_up(sys.exc_info()[1]):
+            return
+        super().handle_error(request, client_address)
+
+
 class HealthServer:
     """A tiny HTTP server in a daemon thread; ``port=0`` picks a free port."""
 
@@ -54,8 +74,7 @@ class HealthServer:
         ready: Callable[[], bool],
     ) -> None:
         self.ready = ready
-        self._server = ThreadingHTTPServer((host, port), _handler_for(self))
-        self._server.daemon_threads = True
+        self._server = _ProbeServer((host, port), _handler_for(self))
         self._thread: threading.Thread | None = None
 
     @property
