@@ -19,6 +19,18 @@ defaults apart from ``--max-restarts=3`` and ``TORCH_DISABLE_SHARE_RDZV_TCP_STOR
 Every scenario has hard timeouts and ends by killing every process it started by its
 recorded process group. Results: a table on stdout, ``bench/results/latest.json`` and a
 dated copy beside it.
+
+The scale scenarios of their own modules run from here too, each figure beside its
+baseline from the same run (:mod:`bench.report`), written to ``bench/results/scale.json``
+and ``.md`` (and the rendezvous plot):
+
+* ``checkpoint-stall`` (:mod:`bench.checkpoint_stall`): an async save's stall beside a
+  synchronous ``torch.save``; ``--checkpoint-sizes``.
+* ``rdzv-round``, ``rdzv-lost``, ``rdzv-etcd-load`` (:mod:`bench.rdzv_scale`): N light
+  agents beside torch's c10d handler; ``--rdzv-sizes``.
+
+The default set stays under 15 minutes on 2 cores; ``--full`` runs every scenario at
+every size (under 45).
 """
 
 from __future__ import annotations
@@ -39,7 +51,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench import phases
+from bench import checkpoint_stall, phases, rdzv_scale
 from bench.goodput import Goodput, run_goodput
 from bench.harness import (
     LAUNCHERS,
@@ -52,11 +64,18 @@ from bench.harness import (
     wait_for,
 )
 from bench.plot import plot_goodput
-from bench.report import render
+from bench.report import Figure, render, write
 
 RESULTS = REPO / "bench" / "results"
 SCENARIOS = ("worker-kill", "node-kill", "scale-up", "goodput", "node-freeze")
-DEFAULT_SCENARIOS = SCENARIOS[:4]  # node-freeze costs torchrun its full --recover-timeout
+SCALE_SCENARIOS = ("checkpoint-stall", *rdzv_scale.SCENARIOS)
+# goodput (10 minutes) and node-freeze (torchrun's full --recover-timeout) only on demand
+DEFAULT_SCENARIOS = ("worker-kill", "node-kill", "scale-up", "checkpoint-stall", "rdzv-round")
+FULL = {
+    "scenarios": [*SCENARIOS[:4], *SCALE_SCENARIOS],
+    "rdzv_sizes": [64, 256, 1024],
+    "checkpoint_sizes": ["100MB", "1GB"],
+}
 DEFAULT_LAUNCHERS = ("elasticjob-run", "torchrun-c10d")
 CHECKPOINT_INTERVAL = 20
 WARMUP_STEPS = 2 * CHECKPOINT_INTERVAL  # a checkpoint exists before any fault
@@ -391,9 +410,17 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--scenarios",
         nargs="+",
         default=list(DEFAULT_SCENARIOS),
-        choices=SCENARIOS,
+        choices=(*SCENARIOS, *SCALE_SCENARIOS),
         help="node-freeze (a node that vanishes without closing its sockets) is not in the "
         "default set: torchrun sits in the collective until its timeout",
+    )
+    p.add_argument(
+        "--full", action="store_true", help=f"every scenario at every size: {FULL} (~45 min)"
+    )
+    p.add_argument("--rdzv-sizes", nargs="+", type=int, default=[64, 256], help="agents")
+    p.add_argument("--rdzv-timeout", type=float, default=120.0, help="seconds per phase")
+    p.add_argument(
+        "--checkpoint-sizes", nargs="+", default=["100MB"], help="model + optimizer state"
     )
     p.add_argument("--goodput-minutes", type=float, default=5.0, help="length of the goodput run")
     p.add_argument("--seed", type=int, default=0, help="seed of the goodput run's fault draws")
@@ -402,21 +429,34 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--out", type=Path, default=RESULTS, help="directory for the JSON results")
     p.add_argument("--keep", action="store_true", help="keep the logs' temp directory")
     args = p.parse_args(argv)
+    if args.full:
+        for key, value in FULL.items():
+            setattr(args, key, value)
     reps = 1 if args.quick else args.reps
     if reps < 1:
         p.error(f"--reps must be at least 1 (got {reps})")
+    for size in args.checkpoint_sizes:
+        try:
+            checkpoint_stall.parse_size(size)
+        except ValueError as exc:
+            p.error(f"--checkpoint-sizes {size!r}: {exc}")
+    if any(n < 2 for n in args.rdzv_sizes):
+        p.error(f"--rdzv-sizes must all be at least 2 (got {args.rdzv_sizes})")
     limits = Limits(args.start_timeout, args.recover_timeout)
+    recovery = [s for s in args.scenarios if s in SCENARIOS]
+    scale = [s for s in args.scenarios if s in SCALE_SCENARIOS]
 
     started = time.monotonic()
     info = machine()
     workdir = Path(tempfile.mkdtemp(prefix="elasticjob-bench-"))
     results: list[Result] = []
     goodputs: list[Goodput] = []
-    etcd = Etcd.start(workdir / "etcd")
+    figures: list[Figure] = []
+    etcd = Etcd.start(workdir / "etcd") if recovery else None
     try:
         for rep in range(reps):
-            for scenario in args.scenarios:
-                if scenario == "goodput":
+            for scenario in recovery:
+                if scenario == "goodput" or etcd is None:
                     continue
                 for launcher in args.launchers:
                     where = workdir / f"{scenario}-{launcher}-{rep}"
@@ -424,20 +464,33 @@ def main(argv: Sequence[str] | None = None) -> None:
                     shown = f"{r.seconds:.2f} s" if r.seconds is not None else f"FAILED: {r.error}"
                     print(f"{scenario:<12} {launcher:<17} rep {rep}: {shown}", flush=True)
                     results.append(r)
-        if "goodput" in args.scenarios:
+        if "goodput" in recovery and etcd is not None:
             for launcher in args.launchers:
                 where = workdir / f"goodput-{launcher}"
                 g = goodput_run(launcher, etcd, where, limits, args.goodput_minutes, args.seed)
                 shown = f"{g.goodput:.1%}" if g.goodput is not None else f"FAILED: {g.error}"
                 print(f"{'goodput':<12} {launcher:<17} {shown}", flush=True)
                 goodputs.append(g)
+        if "checkpoint-stall" in scale:
+            figures += checkpoint_stall.run(args.checkpoint_sizes, reps, workdir)
+        rdzv = [s for s in scale if s in rdzv_scale.SCENARIOS]
+        if rdzv:
+            figures += rdzv_scale.run(rdzv, args.rdzv_sizes, reps, args.rdzv_timeout, None, workdir)
     finally:
-        etcd.stop()
+        if etcd is not None:
+            etcd.stop()
         if args.keep:
             print(f"logs kept in {workdir}")
         else:
             shutil.rmtree(workdir, ignore_errors=True)
 
+    if figures:
+        scale_json = write(figures, args.out / "scale.json", {"machine": machine()})
+        png = rdzv_scale.plot_round_times(figures, args.out / "scale-rdzv.png")
+        print(f"\n{scale_json.with_suffix('.md').read_text()}")
+        print(f"written: {scale_json}" + (f", {png}" if png else ""))
+    if not recovery:
+        return
     summary = summarize(results)
     print()
     print(table(summary, args.launchers, goodputs))
