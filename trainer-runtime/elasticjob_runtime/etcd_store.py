@@ -16,7 +16,7 @@ from datetime import timedelta
 from torch._C._distributed_c10d import Store
 from torch.distributed import DistStoreError
 
-from elasticjob_runtime.etcd_client import EtcdClient, EtcdError
+from elasticjob_runtime.etcd_client import EtcdClient, EtcdError, EtcdTLSError
 
 
 def _bytes(value: str | bytes | Sequence[int]) -> bytes:
@@ -61,7 +61,22 @@ class EtcdV3Store(Store):
         super().set_timeout(timeout)
 
     def set(self, key: str, value: str | bytes) -> None:
-        self._client.put(self._key(key), _bytes(value), lease=self._lease)
+        """A put, tried again until the store's timeout while etcd fails it: an etcd that
+        is restarting, or too busy to apply writes in time ("request timed out", seen at
+        1024 agents on 2 cores), must not fail the round when rank 0 writes its address,
+        which every other rank waits for. A put is idempotent; a TLS mistake is not
+        waited out."""
+        deadline = time.monotonic() + self._timeout.total_seconds()
+        while True:
+            try:
+                self._client.put(self._key(key), _bytes(value), lease=self._lease)
+                return
+            except EtcdTLSError:
+                raise
+            except EtcdError:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.5)
 
     def get(self, key: str) -> bytes:
         return self._wait_all([key], self._timeout)[0]

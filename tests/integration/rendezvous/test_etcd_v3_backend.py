@@ -5,10 +5,11 @@ from __future__ import annotations
 import threading
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 import torch.distributed as dist
-from conftest import EtcdServer
+from conftest import EtcdServer, start_etcd
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 
 from elasticjob_runtime.etcd_client import Change, EtcdClient, parse_endpoints
@@ -186,6 +187,24 @@ def test_store_blocking_get_add_compare_set_and_timeouts(etcd_any: EtcdServer) -
     assert store.num_keys() == 5  # late, n, cs, m1, m2
     assert store.delete_key("m1") and not store.check(["m1"])
     client.close()
+
+
+def test_a_store_write_rides_out_an_etcd_that_is_down_for_a_moment(tmp_path: Path) -> None:
+    # Rank 0 writes the round's address into the store and every other rank waits for it:
+    # one failed put (a restart, an etcd too busy to apply it in time) stranded a round.
+    server = start_etcd("3.5", tmp_path / "etcd")
+    client = EtcdClient(parse_endpoints(server.endpoint), timeout=2, reconnect_within=0.5)
+    try:
+        store = EtcdV3Store(client, "/elasticjob/store-outage/", timeout=timedelta(seconds=60))
+        server.stop()
+        back = threading.Timer(2.0, server.restart)
+        back.start()
+        store.set("MASTER_ADDR", "10.0.0.1")
+        back.join()
+        assert client.get("/elasticjob/store-outage/MASTER_ADDR") is not None
+    finally:
+        client.close()
+        server.stop()
 
 
 def test_torch_dynamic_rendezvous_handler_runs_on_the_backend_and_store(
