@@ -132,11 +132,30 @@ class Countdown:
             self._done()
 
 
-def join_once(index: int, handler: RendezvousHandler, phase: str, after: Countdown) -> bool:
-    """One ``next_rendezvous()``, reported with its wall-clock start and end."""
+def join_once(
+    index: int,
+    handler: RendezvousHandler,
+    phase: str,
+    after: Countdown,
+    whole: int | None = None,
+    timeout: float = 0.0,
+) -> bool:
+    """One ``next_rendezvous()``, reported with its wall-clock start and end.
+
+    ``whole``: re-join, as torch's agent does when told nodes are waiting, until the round
+    has that many nodes (within ``timeout``). For a round that is only the set-up of a
+    later measurement: an agent starved of CPU past the last call lands in the next round.
+    """
     start = time.time()
     try:
         info = handler.next_rendezvous()
+        while whole is not None and info.world_size < whole:
+            if time.time() - start > timeout:
+                raise TimeoutError(f"no round of {whole} within {timeout:.0f}s")
+            if handler.num_nodes_waiting() > 0:
+                info = handler.next_rendezvous()
+            else:
+                time.sleep(0.1)
     except Exception as exc:
         emit("failed", a=index, phase=phase, t=time.time(), error=f"{type(exc).__name__}: {exc}")
         after.tick()
@@ -165,7 +184,8 @@ def agent(
 ) -> None:
     go.wait()
     time.sleep(max(0.0, start_at[0] - time.time()))
-    if not join_once(index, handler, "round", rounds[0]) or not s.lost:
+    whole = s.max_nodes if s.lost else None  # the lost run's first round is its set-up
+    if not join_once(index, handler, "round", rounds[0], whole, s.timeout) or not s.lost:
         return
     if isinstance(handler, EtcdV3RendezvousHandler):
         # ours: its own watch says when a peer's lease ran out (no hint from the bench)
