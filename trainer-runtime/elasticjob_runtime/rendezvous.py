@@ -35,7 +35,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -117,15 +117,18 @@ class EtcdV3RendezvousBackend(RendezvousBackend):
         kv = self._client.get(self._key)
         return None if kv is None else (kv.value, kv.mod_revision)
 
-    def set_state(self, state: bytes, token: Any | None = None) -> tuple[bytes, Any, bool] | None:
+    def set_state(
+        self, state: bytes, token: Any | None = None, also: Mapping[str, bytes] | None = None
+    ) -> tuple[bytes, Any, bool] | None:
         """Write ``state`` if nobody wrote since ``token``; return what is stored now.
 
         A token that is not one of ours (or None) means "only if the key is absent",
-        which is what a node that has never read the state wants.
+        which is what a node that has never read the state wants. ``also`` (not part of
+        torch's contract): keys written in the same transaction, only if ``state`` is.
         """
         revision = token if isinstance(token, int) and not isinstance(token, bool) else None
         try:
-            ok, kv = self._client.compare_and_set(self._key, state, revision, self.lease)
+            ok, kv = self._client.compare_and_set(self._key, state, revision, self.lease, also)
         except EtcdError as exc:
             raise RendezvousConnectionError(str(exc)) from exc
         if kv is None:
@@ -284,12 +287,11 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
 
     def _read(self) -> tuple[int, Round | None, KeyValue | None, frozenset[str]]:
         """One snapshot of ``rdzv/``: revision, round, its key, and the live nodes. O(N):
-        only for the rare paths (a broken watch, a failure, a node standing by)."""
+        only where the watch's events cannot be trusted (it broke)."""
         snap = self._client.snapshot(self._prefix)
         kv = snap.items.get(self._state_key)
         current = Round.decode(kv.value) if kv is not None else None
-        live = frozenset(k[len(self._members) :] for k in snap.items if k.startswith(self._members))
-        return snap.revision, current, kv, live
+        return snap.revision, current, kv, self._member_names(snap.items)
 
     def _read_state(self) -> tuple[int, Round | None, KeyValue | None]:
         """The round key alone, with the revision it was read at: O(1)."""
@@ -299,7 +301,11 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
 
     def _live(self) -> tuple[int, frozenset[str]]:
         snap = self._client.snapshot(self._members)
-        return snap.revision, frozenset(k[len(self._members) :] for k in snap.items)
+        return snap.revision, self._member_names(snap.items)
+
+    def _member_names(self, keys: Iterable[str]) -> frozenset[str]:
+        """The nodes whose member key is among ``keys``: the live nodes."""
+        return frozenset(k[len(self._members) :] for k in keys if k.startswith(self._members))
 
     def _joins(self, number: int) -> tuple[int, list[str]]:
         """Who has entered round ``number``, in the order they entered."""
@@ -349,8 +355,12 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
                 elif change.deleted and change.key.startswith(self._members):
                     self._gone.add(change.key[len(self._members) :])
 
-    def _write(self, new: Round, kv: KeyValue | None) -> bool:
-        result = self._backend.set_state(new.encode(), None if kv is None else kv.mod_revision)
+    def _write(
+        self, new: Round, kv: KeyValue | None, also: Mapping[str, bytes] | None = None
+    ) -> bool:
+        """Compare-and-set the round key (and ``also``, in the same transaction)."""
+        token = None if kv is None else kv.mod_revision
+        result = self._backend.set_state(new.encode(), token, also)
         return result is not None and result[2]
 
     def _store_prefix(self, number: int) -> str:
@@ -494,6 +504,15 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
                 log.warning("etcd-v3: %s: %s; retrying", self.node, exc)
                 time.sleep(0.5)
 
+    def _time_left(self, deadline: float, why: str) -> float:
+        """Seconds to the join deadline; past it, the timeout saying what was missing."""
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise RendezvousTimeoutError(
+                f"no rendezvous within {self._join_timeout:.0f}s for run {self._run_id}: {why}"
+            )
+        return left
+
     def _open(self, step: Open, kv: KeyValue | None) -> None:
         """Open the next round (if no other node just did) and enter it."""
         if self._write(step.round, kv):
@@ -519,12 +538,9 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
     def _follow(self, decision: Follow, revision: int, deadline: float) -> None:
         """Wait for the leader to seal the round; on a quiet spell, check that the leader
         and this node's own join key are still there (a lease can run out)."""
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise RendezvousTimeoutError(
-                f"no rendezvous within {self._join_timeout:.0f}s for run {self._run_id}: "
-                f"round {decision.number} was not sealed by {decision.leader}"
-            )
+        left = self._time_left(
+            deadline, f"round {decision.number} was not sealed by {decision.leader}"
+        )
         recheck = max(self._granted_ttl, 1) + 1.0 + random.uniform(0, 0.5)
         if self._client.wait_for_change(self._state_key, revision, min(left, recheck)):
             return
@@ -557,14 +573,8 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
         verdict = decide_seal(joins, live, self._limits, last_call, time.time())
         if isinstance(verdict, Seal):
             sealed = Round(current.number, verdict.participants, True, leader=current.leader)
-            ok, _ = self._client.compare_and_set(
-                self._state_key,
-                sealed.encode(),
-                kv.mod_revision,
-                self._job_lease,
-                also={self._sealed_key(current.number): encode_participants(verdict.participants)},
-            )
-            if ok:
+            record = {self._sealed_key(current.number): encode_participants(verdict.participants)}
+            if self._write(sealed, kv, also=record):
                 log.info(
                     "etcd-v3: %s: sealed round %d with %d nodes",
                     self.node,
@@ -572,12 +582,7 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
                     len(verdict.participants),
                 )
             return None
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise RendezvousTimeoutError(
-                f"no rendezvous within {self._join_timeout:.0f}s for run {self._run_id}: "
-                f"{verdict.why}"
-            )
+        left = self._time_left(deadline, verdict.why)
         if verdict.until is not None:
             left = min(left, max(verdict.until - time.time(), 0.0) + 0.05)
         watched = [self._state_key, self._members, self._joins_prefix(current.number)]
