@@ -484,8 +484,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         else:
             shutil.rmtree(workdir, ignore_errors=True)
 
+    ran_on = {**info, "loadavg_at_end": list(os.getloadavg())}
     if figures:
-        scale_json = write(figures, args.out / "scale.json", {"machine": machine()})
+        scale_json = write(figures, args.out / "scale.json", {"machine": ran_on})
         png = rdzv_scale.plot_round_times(figures, args.out / "scale-rdzv.png")
         print(f"\n{scale_json.with_suffix('.md').read_text()}")
         print(f"written: {scale_json}" + (f", {png}" if png else ""))
@@ -497,7 +498,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     doc = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": "python -m bench.run " + " ".join(sys.argv[1:] if argv is None else argv),
-        "machine": {**info, "loadavg_at_end": list(os.getloadavg())},
+        "machine": ran_on,
         "source": source_state(),
         "train_args": TRAIN_ARGS,
         "seconds_total": round(time.monotonic() - started, 1),
