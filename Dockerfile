@@ -25,7 +25,7 @@ COPY examples ./examples
 
 FROM base AS operator-build
 RUN /opt/venv/bin/pip install -c constraints.txt ".[operator]" \
- && python -c "import elasticjob_operator.handlers, sys; assert 'torch' not in sys.modules"
+ && python -c "import elasticjob_operator.handlers, sys; assert not {'torch', 'grpc'} & set(sys.modules)"
 
 FROM base AS runtime-build
 RUN /opt/venv/bin/pip install -c constraints.txt ".[runtime]"

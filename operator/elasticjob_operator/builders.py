@@ -21,6 +21,7 @@ LABEL_JOB: Final = f"{models.GROUP}/job-name"
 LABEL_ROLE: Final = f"{models.GROUP}/replica-type"
 LABEL_INDEX: Final = f"{models.GROUP}/replica-index"
 LABEL_INCARNATION: Final = f"{models.GROUP}/incarnation"
+LABEL_JOB_UID: Final = f"{models.GROUP}/job-uid"
 LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
 MANAGER: Final = "elasticjob-operator"
 ROLE_WORKER: Final = "worker"
@@ -135,11 +136,14 @@ def rdzv_endpoint(ref: JobRef, spec: models.ElasticJobSpec) -> str:
     return f"https://{etcd_name(ref.name)}.{ref.namespace}.svc:{contract.DEFAULT_ETCD_PORT}"
 
 
-def _meta(ref: JobRef, name: str, labels: dict[str, str]) -> Obj:
+def child_meta(ref: JobRef, name: str, labels: dict[str, str]) -> Obj:
+    """Every child's metadata: owned by the job (the garbage collector's backstop) and
+    labelled with its uid, which selects exactly this job's children when it is deleted
+    (a job of the same name created since has another uid)."""
     return {
         "name": name,
         "namespace": ref.namespace,
-        "labels": {**labels, LABEL_MANAGED_BY: MANAGER},
+        "labels": {**labels, LABEL_MANAGED_BY: MANAGER, LABEL_JOB_UID: ref.uid},
         "ownerReferences": [ref.owner_reference()],
     }
 
@@ -210,7 +214,7 @@ def worker_pod(ref: JobRef, spec: models.ElasticJobSpec, index: int, incarnation
         LABEL_INDEX: str(index),
         LABEL_INCARNATION: str(incarnation),
     }
-    metadata = _meta(ref, name, labels)
+    metadata = child_meta(ref, name, labels)
     if tmeta.get("annotations"):
         metadata["annotations"] = dict(tmeta["annotations"])
     injected = worker_env(ref, spec, incarnation)
@@ -352,7 +356,7 @@ def worker_service(ref: JobRef) -> Obj:
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _meta(ref, worker_service_name(ref.name), worker_selector(ref.name)),
+        "metadata": child_meta(ref, worker_service_name(ref.name), worker_selector(ref.name)),
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
@@ -374,7 +378,7 @@ def etcd_service(ref: JobRef) -> Obj:
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _meta(ref, etcd_name(ref.name), etcd_selector(ref.name)),
+        "metadata": child_meta(ref, etcd_name(ref.name), etcd_selector(ref.name)),
         "spec": {
             "selector": etcd_selector(ref.name),
             "ports": [{"name": "client", "port": port, "targetPort": port, "protocol": "TCP"}],
@@ -460,7 +464,7 @@ def etcd_deployment(ref: JobRef, spec: models.ElasticJobSpec) -> Obj:
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": _meta(ref, name, etcd_selector(ref.name)),
+        "metadata": child_meta(ref, name, etcd_selector(ref.name)),
         "spec": {
             "replicas": 1,
             "strategy": {"type": "Recreate"},

@@ -22,18 +22,17 @@ status only.
 from __future__ import annotations
 
 import base64
-import json
 import logging
 import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import Any
 
-import kubernetes
 from kubernetes.client.exceptions import ApiException
 
 from elasticjob_operator import builders, etcd_certs, models
-from elasticjob_runtime.etcd_client import TLSCredentials
+from elasticjob_operator.rest import Rest, path
+from elasticjob_runtime.etcd_endpoints import TLSCredentials
 
 log = logging.getLogger(__name__)
 
@@ -50,15 +49,7 @@ def _secret(ref: builders.JobRef, name: str, data: dict[str, bytes]) -> Obj:
         "apiVersion": "v1",
         "kind": "Secret",
         "type": "kubernetes.io/tls",
-        "metadata": {
-            "name": name,
-            "namespace": ref.namespace,
-            "labels": {
-                **builders.etcd_selector(ref.name),
-                builders.LABEL_MANAGED_BY: builders.MANAGER,
-            },
-            "ownerReferences": [ref.owner_reference()],
-        },
+        "metadata": builders.child_meta(ref, name, builders.etcd_selector(ref.name)),
         "data": {key: base64.b64encode(value).decode() for key, value in data.items()},
     }
 
@@ -137,10 +128,10 @@ class EtcdSecrets:
 
     def __init__(
         self,
-        core: kubernetes.client.CoreV1Api,
+        rest: Rest,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
-        self.core = core
+        self.rest = rest
         self._clock = clock
         self._lock = threading.Lock()
         self._ready: set[str] = set()  # job uids
@@ -148,18 +139,17 @@ class EtcdSecrets:
 
     def _get(self, namespace: str, name: str) -> Obj | None:
         try:
-            resp: Any = self.core.read_namespaced_secret(name, namespace, _preload_content=False)
+            return self.rest.get(path("v1", namespace, "secrets", name))
         except ApiException as exc:
             if exc.status == 404:
                 return None
             raise _api_error(f"reading Secret {namespace}/{name}", exc) from None
-        return cast(Obj, json.loads(resp.data))
 
     def _create(self, obj: Obj) -> bool:
         """Create ``obj``; False if its name is taken."""
         meta = obj["metadata"]
         try:
-            self.core.create_namespaced_secret(meta["namespace"], cast(Any, obj))
+            self.rest.create(path("v1", meta["namespace"], "secrets"), obj)
         except ApiException as exc:
             if exc.status == 409:
                 return False

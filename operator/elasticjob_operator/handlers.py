@@ -3,7 +3,8 @@
 Run with ``kopf run --standalone -m elasticjob_operator.handlers --all-namespaces``
 (or ``--namespace N`` per watched namespace).
 
-Triggers, all leading to the same :func:`reconcile_job`:
+Triggers, each only marking the job due in the work queue (:mod:`workqueue`), whose
+threads run :func:`reconcile_job`:
 * any event of an ElasticJob (create, spec change, `kubectl scale`, the initial listing
   when the operator starts);
 * any event of a worker pod (selected by our labels);
@@ -11,12 +12,14 @@ Triggers, all leading to the same :func:`reconcile_job`:
   training progress and enforces time-based rules (deadline, TTL, below-min grace).
 
 No kopf timers, daemons or change handlers are used, so kopf puts no finalizer and no
-annotation on the jobs: deleting a job never waits for the operator, and the owner
-references let the garbage collector remove the children.
+annotation on the jobs: deleting a job never waits for the operator. Once it is gone the
+operator deletes its children (selected by the job's uid label); the owner references
+let the garbage collector remove whatever that misses.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import threading
@@ -40,6 +43,7 @@ from elasticjob_operator import (
 )
 from elasticjob_operator.kube import InvalidChild, Kube, load_config
 from elasticjob_operator.reconcile import Config, invalid_spec, reconcile
+from elasticjob_operator.workqueue import WorkQueue
 from elasticjob_runtime.records import Hang, MemoryFallback
 
 log = logging.getLogger("elasticjob_operator")
@@ -55,6 +59,8 @@ def _env_float(name: str, default: float) -> float:
 
 NAMESPACES = [n for n in os.environ.get("ELASTICJOB_NAMESPACES", "").split(",") if n.strip()]
 RESYNC_SECONDS = _env_float("ELASTICJOB_RESYNC_SECONDS", 10.0)
+# Threads that reconcile jobs (each job one at a time): how many API requests at once.
+WORKERS = int(_env_float("ELASTICJOB_RECONCILE_WORKERS", 8))
 METRICS_PORT = int(_env_float("ELASTICJOB_METRICS_PORT", 8000))
 # loopback unless told otherwise (the chart sets 0.0.0.0 inside the operator's pod)
 METRICS_ADDR = os.environ.get("ELASTICJOB_METRICS_ADDR", "127.0.0.1")
@@ -65,10 +71,7 @@ CONFIG = Config(
 
 _kube: Kube | None = None
 _secrets: etcd_secrets.EtcdSecrets | None = None  # the jobs' etcd certificates (startup)
-# Jobs being reconciled right now -> a rerun was asked for meanwhile (None: no; else
-# whether that rerun should read progress). Coalesces bursts of events into one rerun.
-_busy: dict[tuple[str, str], bool | None] = {}
-_busy_guard = threading.Lock()
+_queue: WorkQueue | None = None  # jobs due for a reconcile (startup)
 _stop = threading.Event()
 _last_sweep = 0.0
 
@@ -80,39 +83,16 @@ def _validation_message(exc: ValidationError) -> str:
 
 
 def reconcile_job(kube: Kube, namespace: str, name: str, read_progress: bool = False) -> None:
-    """Observe one job and its children, decide, apply; one round at a time per job.
-
-    A trigger that arrives while the job is being reconciled does not wait for it (which
-    would tie up a worker thread per event): it asks for one more round, which the running
-    call does before it returns, so the last observation always follows the last event.
-    """
-    key = (namespace, name)
-    with _busy_guard:
-        if key in _busy:
-            _busy[key] = bool(_busy[key]) or read_progress
-            return
-        _busy[key] = None
+    """Observe one job and its children, decide, apply (the work queue's rounds; it
+    runs one at a time per job)."""
+    started = time.monotonic()
     try:
-        while True:
-            started = time.monotonic()
-            try:
-                _reconcile_locked(kube, namespace, name, read_progress)
-            except Exception:
-                metrics.RECONCILE_ERRORS.labels(namespace=namespace).inc()
-                raise
-            finally:
-                metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
-            with _busy_guard:
-                again = _busy[key]
-                if again is None:
-                    del _busy[key]
-                    return
-                _busy[key] = None
-            read_progress = again
-    except BaseException:
-        with _busy_guard:
-            _busy.pop(key, None)
+        _reconcile_locked(kube, namespace, name, read_progress)
+    except Exception:
+        metrics.RECONCILE_ERRORS.labels(namespace=namespace).inc()
         raise
+    finally:
+        metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
 
 
 def _reconcile_locked(kube: Kube, namespace: str, name: str, read_progress: bool) -> None:
@@ -132,7 +112,7 @@ def _reconcile_locked(kube: Kube, namespace: str, name: str, read_progress: bool
     except ValidationError as exc:
         kube.apply(ref, job, invalid_spec(status, _validation_message(exc), now))
         return
-    secrets = _secrets or etcd_secrets.EtcdSecrets(kube.core)
+    secrets = _secrets or etcd_secrets.EtcdSecrets(kube.rest)
     seen: models.Progress | None = None
     fallbacks: tuple[MemoryFallback, ...] = ()
     hangs: tuple[Hang, ...] = ()
@@ -179,21 +159,16 @@ def _reconcile_locked(kube: Kube, namespace: str, name: str, read_progress: bool
         log.info("%s/%s: %s: %s", namespace, name, event.reason, event.message)
 
 
-def _sweep(kube: Kube) -> None:
-    """The backstop: every job, every RESYNC_SECONDS, with progress and time rules."""
+def _sweep(kube: Kube, queue: WorkQueue) -> None:
+    """The backstop: every job due, every RESYNC_SECONDS, with progress and time rules."""
     global _last_sweep
     while not _stop.is_set():
         try:
             jobs = kube.list_jobs(NAMESPACES or None)
             metrics.set_phases((j.get("status") or {}).get("phase") or "Created" for j in jobs)
             for job in jobs:
-                if _stop.is_set():
-                    break
                 m = job["metadata"]
-                try:
-                    reconcile_job(kube, m["namespace"], m["name"], read_progress=True)
-                except Exception as exc:
-                    log.warning("%s/%s: reconcile failed: %s", m["namespace"], m["name"], exc)
+                queue.add((m["namespace"], m["name"]), read_progress=True)
             _last_sweep = time.time()
         except Exception as exc:
             log.warning("resync failed: %s", exc)
@@ -202,7 +177,7 @@ def _sweep(kube: Kube) -> None:
 
 @kopf.on.startup()
 def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
-    global _kube, CONFIG, _secrets
+    global _kube, CONFIG, _secrets, _queue
     settings.posting.level = logging.WARNING
     # One log line per decision (ours), not one per watch event or liveness probe.
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
@@ -220,16 +195,23 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         raise SystemExit(str(exc)) from None
     load_config()
     _kube = Kube(network_policies=CONFIG.network_policy is not None)
-    _secrets = etcd_secrets.EtcdSecrets(_kube.core)
+    _secrets = etcd_secrets.EtcdSecrets(_kube.rest)
     _stop.clear()
     if METRICS_PORT:
         metrics.serve(METRICS_PORT, METRICS_ADDR)
-    threading.Thread(target=_sweep, args=(_kube,), name="elasticjob-resync", daemon=True).start()
+    kube = _kube
+    _queue = WorkQueue(lambda key, progress: reconcile_job(kube, *key, progress), WORKERS)
+    _queue.start()
+    threading.Thread(
+        target=_sweep, args=(_kube, _queue), name="elasticjob-resync", daemon=True
+    ).start()
 
 
 @kopf.on.cleanup()
 def cleanup(**_: Any) -> None:
     _stop.set()
+    if _queue is not None:
+        _queue.stop()
 
 
 @kopf.on.probe(id="lastResync")
@@ -251,13 +233,25 @@ def is_own_status_echo(type: str | None, body: Mapping[str, Any]) -> bool:
 
 
 @kopf.on.event(models.GROUP, models.VERSION, models.PLURAL)
-def job_event(
+async def job_event(
     type: str, name: str, namespace: str | None, body: Mapping[str, Any], **_: Any
 ) -> None:
+    """Async and quick: it only marks the job due (see workqueue.py). A change of the job
+    itself (a spec change, a scale) goes ahead of the pod events of other jobs."""
     if type == "DELETED":
+        uid = (body.get("metadata") or {}).get("uid")
+        if _kube is not None and namespace and uid:
+            await asyncio.to_thread(_delete_children, _kube, namespace, name, uid)
         return
-    if _kube is not None and namespace and not is_own_status_echo(type, body):
-        reconcile_job(_kube, namespace, name)
+    if _queue is not None and namespace and not is_own_status_echo(type, body):
+        _queue.add((namespace, name), urgent=type == "MODIFIED")
+
+
+def _delete_children(kube: Kube, namespace: str, name: str, uid: str) -> None:
+    try:
+        kube.delete_children(namespace, uid)
+    except Exception as exc:  # the garbage collector still removes them, only slower
+        log.warning("%s/%s: deleting its children failed: %s", namespace, name, exc)
 
 
 @kopf.on.event(
@@ -266,6 +260,6 @@ def job_event(
     "pods",
     labels={builders.LABEL_JOB: kopf.PRESENT, builders.LABEL_ROLE: builders.ROLE_WORKER},
 )
-def pod_event(labels: Mapping[str, str], namespace: str | None, **_: Any) -> None:
-    if _kube is not None and namespace:
-        reconcile_job(_kube, namespace, labels[builders.LABEL_JOB])
+async def pod_event(labels: Mapping[str, str], namespace: str | None, **_: Any) -> None:
+    if _queue is not None and namespace:
+        _queue.add((namespace, labels[builders.LABEL_JOB]))

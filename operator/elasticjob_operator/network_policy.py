@@ -97,12 +97,7 @@ def _policy(ref: builders.JobRef, name: str, selects: dict[str, str], rule: Obj)
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
-        "metadata": {
-            "name": name,
-            "namespace": ref.namespace,
-            "labels": {**selects, builders.LABEL_MANAGED_BY: builders.MANAGER},
-            "ownerReferences": [ref.owner_reference()],
-        },
+        "metadata": builders.child_meta(ref, name, selects),
         "spec": {
             "podSelector": {"matchLabels": selects},
             "policyTypes": ["Ingress"],

@@ -117,7 +117,8 @@ def _spawn(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
 
 
 def _wait_healthy(server: EtcdServer) -> None:
-    from elasticjob_runtime.etcd_client import EtcdError, parse_endpoints
+    from elasticjob_runtime.etcd_client import EtcdError
+    from elasticjob_runtime.etcd_endpoints import parse_endpoints
     from elasticjob_runtime.etcd_tls import open_client
 
     probe = open_client(parse_endpoints(server.endpoint), server.tls, timeout=2)

@@ -5,7 +5,8 @@ library (``etcd-sdk-python``, imported as ``pyetcd``: python-etcd3's API, kept
 working with current protobuf) can be swapped without touching the rendezvous.
 Errors leave this module as :class:`EtcdError` with one readable line; a TLS handshake
 that fails says which side refused and which setting to check (:class:`EtcdTLSError`).
-Which TLS settings apply is decided in :mod:`elasticjob_runtime.etcd_tls`.
+Which TLS settings apply is decided in :mod:`elasticjob_runtime.etcd_tls`; endpoints and
+credentials are plain data in :mod:`elasticjob_runtime.etcd_endpoints`.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import grpc  # type: ignore[import-untyped]
@@ -21,6 +22,9 @@ import pyetcd.events
 import pyetcd.exceptions
 from pyetcd.client import Endpoint as _PyEndpoint
 from pyetcd.client import MultiEndpointEtcd3Client
+
+# where an etcd is and how to trust it, grpc-free (the operator reads etcd without grpc)
+from elasticjob_runtime.etcd_endpoints import Endpoint, TLSCredentials
 
 RECHECK_AFTER = 5.0
 
@@ -31,54 +35,6 @@ class EtcdError(RuntimeError):
 
 class EtcdTLSError(EtcdError):
     """The TLS handshake with etcd failed: a setting is wrong, waiting will not help."""
-
-
-@dataclass(frozen=True)
-class TLSCredentials:
-    """What a TLS connection to etcd trusts and presents (PEM bytes), and where each came
-    from, for error messages. Never printed: ``repr`` shows only where they came from."""
-
-    ca: bytes | None = field(default=None, repr=False)  # None: the system's roots
-    cert: bytes | None = field(default=None, repr=False)  # None: no client certificate
-    key: bytes | None = field(default=None, repr=False)
-    ca_from: str = "the CA certificate"  # e.g. "ELASTICJOB_ETCD_CACERT=/etc/.../ca.crt"
-    cert_from: str = "the client certificate and key"
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    host: str
-    port: int
-
-    def __str__(self) -> str:
-        return f"{self.host}:{self.port}"
-
-
-def parse_endpoints(text: str, default_port: int = 2379) -> list[Endpoint]:
-    """Parse ``host[:port][,host[:port]...]``, the members of one etcd cluster.
-
-    An ``http://`` scheme and a trailing ``/`` on a member are tolerated.
-    """
-    members = [_parse_member(p, default_port) for p in text.split(",") if p.strip()]
-    if not members:
-        raise ValueError("the etcd endpoint is empty; pass host:port, e.g. 127.0.0.1:2379")
-    return members
-
-
-def _parse_member(text: str, default_port: int) -> Endpoint:
-    raw = text.strip()
-    for scheme in ("http://", "https://"):
-        if raw.startswith(scheme):
-            raw = raw[len(scheme) :]
-    raw = raw.rstrip("/")
-    if not raw:
-        raise ValueError(f"bad etcd endpoint {text!r}: no host; pass host:port, e.g. etcd:2379")
-    host, sep, port_text = raw.rpartition(":")
-    if not sep:
-        return Endpoint(raw, default_port)
-    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
-        raise ValueError(f"bad etcd endpoint {text!r}: the port must be a number from 1 to 65535")
-    return Endpoint(host.strip("[]") or "127.0.0.1", int(port_text))
 
 
 @dataclass(frozen=True)

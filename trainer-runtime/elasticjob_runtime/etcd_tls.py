@@ -22,13 +22,8 @@ from pathlib import Path
 from typing import Final
 
 from elasticjob_runtime import contract
-from elasticjob_runtime.etcd_client import (
-    Endpoint,
-    EtcdClient,
-    EtcdError,
-    TLSCredentials,
-    parse_endpoints,
-)
+from elasticjob_runtime.etcd_client import EtcdClient, EtcdError
+from elasticjob_runtime.etcd_endpoints import Endpoint, TLSCredentials, parse_endpoints
 
 # torch's etcd rendezvous's rdzv_conf keys (torch.distributed.elastic.rendezvous.etcd_*)
 CONF_PROTOCOL: Final = "protocol"

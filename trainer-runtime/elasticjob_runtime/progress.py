@@ -40,7 +40,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from elasticjob_runtime import contract
-from elasticjob_runtime.etcd_client import Endpoint, EtcdClient, EtcdError, parse_endpoints
+from elasticjob_runtime.etcd_client import EtcdClient, EtcdError
+from elasticjob_runtime.etcd_endpoints import Endpoint, parse_endpoints
 from elasticjob_runtime.etcd_tls import EtcdTLS, open_client, tls_settings
 from elasticjob_runtime.records import (
     MemoryFallback,

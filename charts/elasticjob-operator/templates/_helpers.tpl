@@ -39,7 +39,7 @@ log; docs/operator.md says why each is needed). */}}
   verbs: [patch]
 - apiGroups: [""]
   resources: [pods]
-  verbs: [list, watch, create, delete]
+  verbs: [list, watch, create, delete, deletecollection]
 - apiGroups: [""]
   resources: [services]
   verbs: [list, create, delete]
@@ -48,11 +48,11 @@ log; docs/operator.md says why each is needed). */}}
   verbs: [get, create]
 - apiGroups: [apps]
   resources: [deployments]
-  verbs: [list, create, delete]
+  verbs: [list, create, delete, deletecollection]
 {{- if .Values.networkPolicy.enabled }}
 - apiGroups: [networking.k8s.io]
   resources: [networkpolicies]
-  verbs: [list, create]
+  verbs: [list, create, deletecollection]
 {{- end }}
 - apiGroups: [""]
   resources: [events]

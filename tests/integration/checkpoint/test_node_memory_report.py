@@ -19,7 +19,8 @@ from elasticjob_operator import builders, etcd_reader, models, observe
 from elasticjob_operator.reconcile import Observed, reconcile
 from elasticjob_runtime import contract
 from elasticjob_runtime.checkpoint_files import checkpoint_name, committed_steps
-from elasticjob_runtime.etcd_client import EtcdClient, parse_endpoints
+from elasticjob_runtime.etcd_client import EtcdClient
+from elasticjob_runtime.etcd_endpoints import parse_endpoints
 
 pytestmark = pytest.mark.integration
 

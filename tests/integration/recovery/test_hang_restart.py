@@ -20,7 +20,8 @@ from conftest import WORKERS, EtcdServer, start, still_running, wait_for
 
 from bench.harness import wait_for as poll
 from elasticjob_runtime import contract
-from elasticjob_runtime.etcd_client import EtcdClient, parse_endpoints
+from elasticjob_runtime.etcd_client import EtcdClient
+from elasticjob_runtime.etcd_endpoints import parse_endpoints
 from elasticjob_runtime.records import decode_hang
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -28,7 +28,8 @@ from torch.distributed.elastic.rendezvous.api import (
 
 from elasticjob_operator import etcd_certs, etcd_reader, observe
 from elasticjob_runtime import contract, rendezvous
-from elasticjob_runtime.etcd_client import EtcdError, EtcdTLSError, parse_endpoints
+from elasticjob_runtime.etcd_client import EtcdError, EtcdTLSError
+from elasticjob_runtime.etcd_endpoints import parse_endpoints
 from elasticjob_runtime.etcd_tls import EtcdTLS, connect, credentials, open_client, tls_environ
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]

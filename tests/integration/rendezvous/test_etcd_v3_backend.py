@@ -12,7 +12,8 @@ import torch.distributed as dist
 from conftest import EtcdServer, start_etcd
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 
-from elasticjob_runtime.etcd_client import Change, EtcdClient, parse_endpoints
+from elasticjob_runtime.etcd_client import Change, EtcdClient
+from elasticjob_runtime.etcd_endpoints import parse_endpoints
 from elasticjob_runtime.etcd_store import EtcdV3Store
 from elasticjob_runtime.rendezvous import EtcdV3RendezvousBackend, state_key
 

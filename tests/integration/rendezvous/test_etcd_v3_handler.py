@@ -24,7 +24,8 @@ from torch.distributed.elastic.rendezvous import (
 from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
 from elasticjob_runtime import contract
-from elasticjob_runtime.etcd_client import EtcdClient, EtcdError, parse_endpoints
+from elasticjob_runtime.etcd_client import EtcdClient, EtcdError
+from elasticjob_runtime.etcd_endpoints import parse_endpoints
 from elasticjob_runtime.membership import Limits, Round, encode_participants
 from elasticjob_runtime.rendezvous import (
     EtcdV3RendezvousBackend,

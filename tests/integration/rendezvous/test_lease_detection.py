@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 from conftest import WORKERS, EtcdServer, start_etcd
 
-from elasticjob_runtime.etcd_client import EtcdClient, parse_endpoints
+from elasticjob_runtime.etcd_client import EtcdClient
+from elasticjob_runtime.etcd_endpoints import parse_endpoints
 from elasticjob_runtime.membership import Limits
 from elasticjob_runtime.rendezvous import EtcdV3RendezvousHandler, members_prefix
 

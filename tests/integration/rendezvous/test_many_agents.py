@@ -16,7 +16,8 @@ import uuid
 import pytest
 from conftest import EtcdServer
 
-from elasticjob_runtime.etcd_client import EtcdClient, parse_endpoints
+from elasticjob_runtime.etcd_client import EtcdClient
+from elasticjob_runtime.etcd_endpoints import parse_endpoints
 from elasticjob_runtime.membership import Limits
 from elasticjob_runtime.rendezvous import EtcdV3RendezvousHandler
 

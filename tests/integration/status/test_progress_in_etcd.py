@@ -16,7 +16,8 @@ import pytest
 from conftest import EtcdServer, free_port, read_progress
 
 from elasticjob_runtime import contract
-from elasticjob_runtime.etcd_client import EtcdClient, parse_endpoints
+from elasticjob_runtime.etcd_client import EtcdClient
+from elasticjob_runtime.etcd_endpoints import parse_endpoints
 from elasticjob_runtime.progress import (
     ProgressReporter,
     SampleRate,

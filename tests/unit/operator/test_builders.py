@@ -56,6 +56,7 @@ def test_worker_pod_has_stable_name_identity_and_owner() -> None:
         "elastic.pytorch.org/replica-index": "2",
         "elastic.pytorch.org/incarnation": "0",
         "app.kubernetes.io/managed-by": "elasticjob-operator",
+        "elastic.pytorch.org/job-uid": "uid-1",
     }
     assert meta["annotations"] == {"a": "b"}
     assert meta["ownerReferences"] == [

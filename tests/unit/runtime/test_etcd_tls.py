@@ -9,12 +9,8 @@ from pathlib import Path
 import pytest
 
 from elasticjob_runtime import contract
-from elasticjob_runtime.etcd_client import (
-    EtcdError,
-    TLSCredentials,
-    connection_hint,
-    tls_problem,
-)
+from elasticjob_runtime.etcd_client import EtcdError, connection_hint, tls_problem
+from elasticjob_runtime.etcd_endpoints import TLSCredentials
 from elasticjob_runtime.etcd_tls import (
     EtcdTLS,
     credentials,

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from elasticjob_runtime import contract
-from elasticjob_runtime.etcd_client import Endpoint
+from elasticjob_runtime.etcd_endpoints import Endpoint
 from elasticjob_runtime.progress import (
     Nowhere,
     ProgressReporter,
