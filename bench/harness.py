@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -22,7 +23,8 @@ from typing import TypeVar
 
 from elasticjob_devcluster.procs import descendants, start_ticks
 from elasticjob_runtime import contract
-from elasticjob_runtime.etcd_client import EtcdClient, EtcdError, parse_endpoints
+from elasticjob_runtime.etcd_client import EtcdClient, EtcdError
+from elasticjob_runtime.etcd_endpoints import parse_endpoints
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "examples" / "train_regression.py"
@@ -276,8 +278,10 @@ class Job:
             # torch's agent then logs when it stops and starts its workers (bench.phases)
             LOGLEVEL="INFO",
             ELASTICJOB_CHECKPOINT_DIR=str(self.workdir / "ckpt"),
-            # one node-memory checkpoint copy per agent, as one per pod
+            # one node-memory checkpoint copy per agent, as one per pod, in /dev/shm under a
+            # root of this job's own that stop() removes (not the shared /dev/shm/elasticjob)
             ELASTICJOB_POD_NAME=f"{self.run_id}-{name}",
+            ELASTICJOB_CHECKPOINT_MEMORY_DIR=str(self.memory_root()),
             # a pod's agent serves probes on 8090; agents sharing this host take any free port
             ELASTICJOB_HEALTH_PORT="0",
         )
@@ -328,9 +332,17 @@ class Job:
                 if started is not None:
                     self._started.setdefault(pid, started)
 
+    def memory_root(self) -> Path:
+        """Where this job's node-memory checkpoints go: in /dev/shm where there is one."""
+        shm = Path("/dev/shm")
+        root = (shm if shm.is_dir() else self.workdir) / f"elasticjob-bench-{self.run_id}"
+        root.mkdir(exist_ok=True)
+        return root
+
     def stop(self) -> None:
         """Kill every agent's process group and every worker's (they lead their own), then
-        any worker spawned in between: it carries this job's unique run id."""
+        any worker spawned in between: it carries this job's unique run id; then drop the
+        job's node-memory checkpoints."""
         self.remember_pids()
         for pid, started in self._started.items():
             kill_recorded(pid, started)
@@ -341,6 +353,7 @@ class Job:
         for agent in self.agents:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 agent.proc.wait(timeout=30)
+        shutil.rmtree(self.memory_root(), ignore_errors=True)
 
     def tail(self, lines: int = 15) -> str:
         out = []

@@ -28,6 +28,9 @@ and ``.md`` (and the rendezvous plot):
   synchronous ``torch.save``; ``--checkpoint-sizes``.
 * ``rdzv-round``, ``rdzv-lost``, ``rdzv-etcd-load`` (:mod:`bench.rdzv_scale`): N light
   agents beside torch's c10d handler; ``--rdzv-sizes``.
+* ``operator-load`` (:mod:`bench.operator_load`, only in ``--full`` or asked for): 50
+  ElasticJobs x 8 workers applied at once on the devcluster, per-job etcds beside one
+  shared etcd; ``--operator-nodes``.
 
 The default set stays under 15 minutes on 2 cores; ``--full`` runs every scenario at
 every size (under 45).
@@ -51,7 +54,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench import checkpoint_stall, phases, rdzv_scale
+from bench import checkpoint_stall, operator_load, phases, rdzv_scale
 from bench.goodput import Goodput, run_goodput
 from bench.harness import (
     LAUNCHERS,
@@ -68,7 +71,7 @@ from bench.report import Figure, render, write
 
 RESULTS = REPO / "bench" / "results"
 SCENARIOS = ("worker-kill", "node-kill", "scale-up", "goodput", "node-freeze")
-SCALE_SCENARIOS = ("checkpoint-stall", *rdzv_scale.SCENARIOS)
+SCALE_SCENARIOS = ("checkpoint-stall", *rdzv_scale.SCENARIOS, *operator_load.SCENARIOS)
 # goodput (10 minutes) and node-freeze (torchrun's full --recover-timeout) only on demand
 DEFAULT_SCENARIOS = ("worker-kill", "node-kill", "scale-up", "checkpoint-stall", "rdzv-round")
 FULL = {
@@ -420,6 +423,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--rdzv-sizes", nargs="+", type=int, default=[64, 256], help="agents")
     p.add_argument("--rdzv-timeout", type=float, default=120.0, help="seconds per phase")
     p.add_argument(
+        "--operator-nodes", nargs="+", type=int, default=[1, 5], help="operator-load's node counts"
+    )
+    p.add_argument("--operator-jobs", type=int, default=50, help="operator-load's ElasticJobs")
+    p.add_argument("--operator-workers", type=int, default=8, help="workers per job")
+    p.add_argument(
         "--checkpoint-sizes", nargs="+", default=["100MB"], help="model + optimizer state"
     )
     p.add_argument("--goodput-minutes", type=float, default=5.0, help="length of the goodput run")
@@ -476,6 +484,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         rdzv = [s for s in scale if s in rdzv_scale.SCENARIOS]
         if rdzv:
             figures += rdzv_scale.run(rdzv, args.rdzv_sizes, reps, args.rdzv_timeout, None, workdir)
+        if "operator-load" in scale:
+            opts = operator_load.Options(args.operator_jobs, args.operator_workers, 300.0, 10.0)
+            figures += operator_load.run(
+                args.operator_nodes, ["per-job", "shared"], 1, opts, workdir
+            )
     finally:
         if etcd is not None:
             etcd.stop()
