@@ -37,6 +37,14 @@ class EtcdTLSError(EtcdError):
     """The TLS handshake with etcd failed: a setting is wrong, waiting will not help."""
 
 
+class EtcdLeaseNotFound(EtcdError):
+    """A write named a lease etcd does not know (it expired, or a new etcd lost its data):
+    every retry with that lease fails the same way; take a new one."""
+
+
+LEASE_NOT_FOUND = "requested lease not found"  # etcd's own text (rpctypes.ErrLeaseNotFound)
+
+
 @dataclass(frozen=True)
 class KeyValue:
     key: str
@@ -225,8 +233,11 @@ class EtcdClient:
         tls_error = self._tls_error(exc)
         if tls_error is not None:
             return tls_error
-        hint = connection_hint(_grpc_details(exc), self.tls)
-        return EtcdError(f"etcd at {self.where}: {what} failed ({_describe(exc)}){hint}")
+        details = _grpc_details(exc)
+        message = f"etcd at {self.where}: {what} failed ({_describe(exc)})"
+        if LEASE_NOT_FOUND in details:
+            return EtcdLeaseNotFound(message)
+        return EtcdError(message + connection_hint(details, self.tls))
 
     def check(self) -> str:
         """Return the server version; raise a one-line error if etcd is unreachable."""

@@ -54,7 +54,13 @@ from torch.distributed.elastic.rendezvous.api import (
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import RendezvousBackend
 
 from elasticjob_runtime import contract
-from elasticjob_runtime.etcd_client import Change, EtcdClient, EtcdError, KeyValue
+from elasticjob_runtime.etcd_client import (
+    Change,
+    EtcdClient,
+    EtcdError,
+    EtcdLeaseNotFound,
+    KeyValue,
+)
 from elasticjob_runtime.etcd_store import EtcdV3Store, RoundAbandoned
 from elasticjob_runtime.etcd_tls import connect
 from elasticjob_runtime.leases import (
@@ -266,9 +272,18 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
             # etcd lost the run's lease (a new etcd pod on an empty volume): every write
             # under it would fail with "requested lease not found" for ever
             log.warning("etcd-v3: the run's lease is gone (etcd lost its data?); taking a new one")
-            self._job_lease = self._client.grant(self._job_ttl)
-            self._backend.lease = self._job_lease
+            self._renew_job_lease()
         self._job_refreshed_at = asked
+
+    def _renew_job_lease(self) -> None:
+        self._job_lease = self._client.grant(self._job_ttl)
+        self._backend.lease = self._job_lease
+
+    def _renew_leases(self, why: str) -> None:
+        """A write failed because etcd does not know a lease of ours: take both anew."""
+        log.warning("etcd-v3: %s: %s; taking new leases", self.node, why)
+        self._announce()
+        self._renew_job_lease()
 
     def _leave(self) -> None:
         """Drop the member key now so peers learn at once, not after the lease TTL."""
@@ -501,6 +516,11 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
             except (EtcdError, RendezvousConnectionError) as exc:
                 if time.monotonic() > deadline:
                     raise RendezvousConnectionError(str(exc)) from exc
+                if EtcdLeaseNotFound in (type(exc), type(exc.__cause__)):
+                    # not worth waiting for the keeper (which may itself be cut off): a
+                    # write under a lease etcd lost fails the same way for ever
+                    self._renew_leases(str(exc))
+                    continue
                 log.warning("etcd-v3: %s: %s; retrying", self.node, exc)
                 time.sleep(0.5)
 

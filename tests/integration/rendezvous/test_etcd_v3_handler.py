@@ -436,3 +436,19 @@ def test_nodes_meet_again_on_an_etcd_that_lost_its_data(tmp_path: Path) -> None:
             assert all(i.world_size == 2 for i in infos)
     finally:
         server.stop()
+
+
+def test_a_join_takes_a_new_lease_when_etcd_no_longer_knows_its_own(
+    handlers: Factory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run's lease gone behind a node's back (a new etcd pod, its keeper cut off): its
+    next write fails with "lease not found", and it must take a new lease at once rather
+    than retry the same write until its join times out (seen in the e2e etcd-loss test)."""
+    monkeypatch.setattr("elasticjob_runtime.leases.JOB_LEASE_REFRESH_S", 1e9)  # no keeper help
+    a, client = handlers(lo=1, hi=1, join_timeout=30)
+    join_all(a)
+    client.revoke(a._job_lease)  # its round key goes with it: the next join must open one
+    started = time.monotonic()
+    (info,) = join_all(a)
+    assert info.world_size == 1
+    assert time.monotonic() - started < 20
