@@ -470,7 +470,9 @@ def etcd_deployment(ref: JobRef, spec: models.ElasticJobSpec) -> Obj:
             "strategy": {"type": "Recreate"},
             "selector": {"matchLabels": etcd_selector(ref.name)},
             "template": {
-                "metadata": {"labels": {**etcd_selector(ref.name), LABEL_MANAGED_BY: MANAGER}},
+                # the uid label too: the ReplicaSet and the pod carry it, so a deleted
+                # job's are deleted by it (Kube.delete_children)
+                "metadata": {"labels": child_meta(ref, name, etcd_selector(ref.name))["labels"]},
                 "spec": pod_spec,
             },
         },

@@ -59,8 +59,11 @@ def _env_float(name: str, default: float) -> float:
 
 NAMESPACES = [n for n in os.environ.get("ELASTICJOB_NAMESPACES", "").split(",") if n.strip()]
 RESYNC_SECONDS = _env_float("ELASTICJOB_RESYNC_SECONDS", 10.0)
-# Threads that reconcile jobs (each job one at a time): how many API requests at once.
+# Threads that reconcile jobs (each job one at a time; one kept for urgent jobs): how
+# many API requests at once (the chart's reconcileWorkers).
 WORKERS = int(_env_float("ELASTICJOB_RECONCILE_WORKERS", 8))
+if WORKERS < 2:
+    raise SystemExit(f"ELASTICJOB_RECONCILE_WORKERS={WORKERS}: set it to 2 or more")
 METRICS_PORT = int(_env_float("ELASTICJOB_METRICS_PORT", 8000))
 # loopback unless told otherwise (the chart sets 0.0.0.0 inside the operator's pod)
 METRICS_ADDR = os.environ.get("ELASTICJOB_METRICS_ADDR", "127.0.0.1")

@@ -168,15 +168,16 @@ class Kube:
         """Delete a deleted job's children now, selected by its uid label: the garbage
         collector would too, but at kube-controller-manager's 20 requests a second (50
         jobs' children took over a minute). Children from before the label existed are
-        left to it, and so are the job's two Secrets (the operator may not delete Secrets).
-        The etcd Deployment goes in the background (its ReplicaSet and pod after it), so
-        nothing is recreated behind our back."""
+        left to it, and so are the job's two Secrets (the operator may not delete Secrets)."""
         selector = f"{builders.LABEL_JOB_UID}={uid}"
-        self.rest.delete(
-            path("apps/v1", namespace, "deployments"),
-            labelSelector=selector,
-            propagationPolicy="Background",
-        )
+        # the etcd Deployment, then its ReplicaSet, so that neither makes a new etcd pod
+        # once the pods are gone
+        for plural in ("deployments", "replicasets"):
+            self.rest.delete(
+                path("apps/v1", namespace, plural),
+                labelSelector=selector,
+                propagationPolicy="Background",
+            )
         self.rest.delete(path("v1", namespace, "pods"), labelSelector=selector)
         if self.network_policies:
             self.rest.delete(path(NETWORKING, namespace, "networkpolicies"), labelSelector=selector)

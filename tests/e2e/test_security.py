@@ -271,6 +271,13 @@ def test_the_operator_uses_exactly_what_the_chart_grants(
         )  # fmt: skip
         wait_for("the job deleted by its TTL", lambda: not c.list_jobs(ns))
         sa = f"system:serviceaccount:{op.namespace}:{op.fullname}"
+        # the operator deletes the children once it sees the job gone (networkpolicies
+        # are its last deletecollection): the audit log is read after that, not during it
+        last = ("networking.k8s.io", "networkpolicies", "deletecollection")
+        wait_for(
+            "the operator to delete the deleted job's children",
+            lambda: last in used_rules(audit_events(devcluster.dir, sa))[0],
+        )
         events = audit_events(devcluster.dir, sa)
         assert events, f"no request by {sa} in the audit log"
         granted = granted_rules(c, op)

@@ -49,6 +49,9 @@ log; docs/operator.md says why each is needed). */}}
 - apiGroups: [apps]
   resources: [deployments]
   verbs: [list, create, delete, deletecollection]
+- apiGroups: [apps]
+  resources: [replicasets]
+  verbs: [deletecollection]
 {{- if .Values.networkPolicy.enabled }}
 - apiGroups: [networking.k8s.io]
   resources: [networkpolicies]

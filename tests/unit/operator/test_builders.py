@@ -242,6 +242,11 @@ def test_etcd_deployment_and_service() -> None:
     assert dep["spec"]["strategy"] == {"type": "Recreate"}
     pod = dep["spec"]["template"]
     assert pod["metadata"]["labels"][builders.LABEL_ROLE] == "etcd"
+    # its ReplicaSet and pod carry the job's uid: deleted by it with the job
+    assert pod["metadata"]["labels"][builders.LABEL_JOB_UID] == "uid-1"
+    assert set(dep["spec"]["selector"]["matchLabels"].items()) <= set(
+        pod["metadata"]["labels"].items()
+    )
     container = pod["spec"]["containers"][0]
     assert container["image"] == "etcd:test"
     assert container["resources"] == {"limits": {"cpu": "1"}}

@@ -40,15 +40,16 @@ def test_helm_lint_is_clean_in_both_modes() -> None:
     assert "0 chart(s) failed" in helm("lint", str(CHART), "--set", "watchNamespaces={a,b}")
 
 
-def test_bad_values_are_refused_by_the_values_schema() -> None:
+@pytest.mark.parametrize("value", ["resyncSeconds=-1", "reconcileWorkers=1"])
+def test_bad_values_are_refused_by_the_values_schema(value: str) -> None:
     out = subprocess.run(
-        ["helm", "template", "rel", str(CHART), "--set", "resyncSeconds=-1"],
+        ["helm", "template", "rel", str(CHART), "--set", value],
         capture_output=True,
         text=True,
         timeout=120,
         check=False,
     )
-    assert out.returncode != 0 and "resyncSeconds" in out.stderr
+    assert out.returncode != 0 and value.split("=")[0] in out.stderr
 
 
 def test_deployment_runs_one_standalone_kopf_with_a_liveness_probe() -> None:
