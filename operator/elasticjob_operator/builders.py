@@ -461,10 +461,11 @@ def etcd_deployment(ref: JobRef, spec: models.ElasticJobSpec) -> Obj:
     # as the workers: on a lost node the default 300 s would keep the job without its
     # etcd (no regroup, no join) for five minutes before the ReplicaSet replaced it
     add_node_lost_tolerations(pod_spec)
+    metadata = child_meta(ref, name, etcd_selector(ref.name))
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": child_meta(ref, name, etcd_selector(ref.name)),
+        "metadata": metadata,
         "spec": {
             "replicas": 1,
             "strategy": {"type": "Recreate"},
@@ -472,7 +473,7 @@ def etcd_deployment(ref: JobRef, spec: models.ElasticJobSpec) -> Obj:
             "template": {
                 # the uid label too: the ReplicaSet and the pod carry it, so a deleted
                 # job's are deleted by it (Kube.delete_children)
-                "metadata": {"labels": child_meta(ref, name, etcd_selector(ref.name))["labels"]},
+                "metadata": {"labels": dict(metadata["labels"])},
                 "spec": pod_spec,
             },
         },

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import http.client
 import json
 import logging
@@ -116,7 +117,10 @@ def _prefix_end(prefix: bytes) -> bytes:
     return bytes(end)
 
 
+@functools.lru_cache(maxsize=256)
 def _ssl_context(tls: TLSCredentials) -> ssl.SSLContext:
+    """One context per set of credentials (a job's never change while it runs), not one
+    per read: every job is read every resync. A rotated Secret is new credentials."""
     context = ssl.create_default_context(cadata=tls.ca.decode() if tls.ca else None)
     if tls.cert is not None and tls.key is not None:
         with _in_memory_file(tls.cert) as cert, _in_memory_file(tls.key) as key:

@@ -49,14 +49,19 @@ def load_config() -> None:
         kubernetes.config.load_kube_config()  # type: ignore[no-untyped-call]
 
 
-NETWORKING = "networking.k8s.io/v1"
-# the resource of each kind the operator creates or deletes
-PLURALS = {
-    "Pod": "pods",
-    "Service": "services",
-    "Deployment": "deployments",
-    "NetworkPolicy": "networkpolicies",
+# where each kind the operator reads, creates or deletes lives: (group/version, resource)
+RESOURCES = {
+    "Pod": ("v1", "pods"),
+    "Service": ("v1", "services"),
+    "Deployment": ("apps/v1", "deployments"),
+    "ReplicaSet": ("apps/v1", "replicasets"),
+    "NetworkPolicy": ("networking.k8s.io/v1", "networkpolicies"),
 }
+
+
+def _path(kind: str, namespace: str, name: str | None = None) -> str:
+    group_version, resource = RESOURCES[kind]
+    return path(group_version, namespace, resource, name)
 
 
 class Conflict(Exception):
@@ -110,13 +115,13 @@ class Kube:
         ns = ref.namespace
         selector = f"{builders.LABEL_JOB}={ref.name}"
         pods = self.rest.list(
-            path("v1", ns, "pods"), f"{selector},{builders.LABEL_ROLE}={builders.ROLE_WORKER}"
+            _path("Pod", ns), f"{selector},{builders.LABEL_ROLE}={builders.ROLE_WORKER}"
         )
-        services = self.rest.list(path("v1", ns, "services"), selector)
-        deployments = self.rest.list(path("apps/v1", ns, "deployments"), selector)
+        services = self.rest.list(_path("Service", ns), selector)
+        deployments = self.rest.list(_path("Deployment", ns), selector)
         policies: list[Obj] = []
         if self.network_policies:
-            policies = self.rest.list(path(NETWORKING, ns, "networkpolicies"), selector)
+            policies = self.rest.list(_path("NetworkPolicy", ns), selector)
 
         def owned(objs: list[Obj]) -> frozenset[str]:
             return frozenset(
@@ -139,7 +144,7 @@ class Kube:
     def _create(self, ns: str, obj: Obj) -> None:
         kind = obj["kind"]
         try:
-            self.rest.create(path(obj["apiVersion"], ns, PLURALS[kind]), obj)
+            self.rest.create(_path(kind, ns), obj)
         except ApiException as exc:
             name = obj["metadata"]["name"]
             if exc.status == 409:
@@ -154,12 +159,13 @@ class Kube:
             raise
 
     def _delete(self, ns: str, child: ChildRef) -> None:
-        group_version = "apps/v1" if child.kind == "Deployment" else "v1"
-        query = {"gracePeriodSeconds": "0"} if child.kind == "Pod" and child.force else {}
+        query = {}
         if child.kind == "Deployment":
             query = {"propagationPolicy": "Background"}
+        elif child.kind == "Pod" and child.force:
+            query = {"gracePeriodSeconds": "0"}
         try:
-            self.rest.delete(path(group_version, ns, PLURALS[child.kind], child.name), **query)
+            self.rest.delete(_path(child.kind, ns, child.name), **query)
         except ApiException as exc:
             if exc.status != 404:
                 raise
@@ -172,16 +178,14 @@ class Kube:
         selector = f"{builders.LABEL_JOB_UID}={uid}"
         # the etcd Deployment, then its ReplicaSet, so that neither makes a new etcd pod
         # once the pods are gone
-        for plural in ("deployments", "replicasets"):
+        for kind in ("Deployment", "ReplicaSet"):
             self.rest.delete(
-                path("apps/v1", namespace, plural),
-                labelSelector=selector,
-                propagationPolicy="Background",
+                _path(kind, namespace), labelSelector=selector, propagationPolicy="Background"
             )
-        self.rest.delete(path("v1", namespace, "pods"), labelSelector=selector)
+        self.rest.delete(_path("Pod", namespace), labelSelector=selector)
         if self.network_policies:
-            self.rest.delete(path(NETWORKING, namespace, "networkpolicies"), labelSelector=selector)
-        for service in self.rest.list(path("v1", namespace, "services"), selector):
+            self.rest.delete(_path("NetworkPolicy", namespace), labelSelector=selector)
+        for service in self.rest.list(_path("Service", namespace), selector):
             self._delete(namespace, ChildRef("Service", service["metadata"]["name"]))
 
     def post_event(self, ref: builders.JobRef, event: Event) -> None:

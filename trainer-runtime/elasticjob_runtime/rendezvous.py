@@ -210,8 +210,7 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
         with self._register_lock:
             if self._registered:
                 return
-            self._job_lease = self._client.grant(self._job_ttl)
-            self._backend.lease = self._job_lease
+            self._take_job_lease()
             self._announce()
             now = time.monotonic()
             self._refreshed_at = now
@@ -272,10 +271,11 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
             # etcd lost the run's lease (a new etcd pod on an empty volume): every write
             # under it would fail with "requested lease not found" for ever
             log.warning("etcd-v3: the run's lease is gone (etcd lost its data?); taking a new one")
-            self._renew_job_lease()
+            self._take_job_lease()
         self._job_refreshed_at = asked
 
-    def _renew_job_lease(self) -> None:
+    def _take_job_lease(self) -> None:
+        """A new run lease, which the round key and the rounds' stores are written under."""
         self._job_lease = self._client.grant(self._job_ttl)
         self._backend.lease = self._job_lease
 
@@ -283,7 +283,7 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
         """A write failed because etcd does not know a lease of ours: take both anew."""
         log.warning("etcd-v3: %s: %s; taking new leases", self.node, why)
         self._announce()
-        self._renew_job_lease()
+        self._take_job_lease()
 
     def _leave(self) -> None:
         """Drop the member key now so peers learn at once, not after the lease TTL."""
