@@ -126,10 +126,14 @@ def etcd_selector(job: str) -> dict[str, str]:
     return {LABEL_JOB: job, LABEL_ROLE: ROLE_ETCD}
 
 
-def rdzv_endpoint(ref: JobRef, spec: models.ElasticJobSpec) -> str:
-    """Where the workers rendezvous: the user's endpoint, our etcd, or worker 0 (c10d)."""
+def rdzv_endpoint(ref: JobRef, spec: models.ElasticJobSpec, shared: str | None = None) -> str:
+    """Where the workers rendezvous: the user's endpoint, the ``shared`` etcd's endpoint
+    when the job uses it (:func:`elasticjob_operator.shared_etcd.serves`), our etcd of
+    the job's own, or worker 0 (c10d)."""
     if spec.rdzv_endpoint is not None:
         return spec.rdzv_endpoint
+    if shared is not None:
+        return shared
     if spec.rdzv_backend is models.RdzvBackend.C10D:
         host = f"{worker_pod_name(ref.name, 0)}.{worker_service_name(ref.name)}.{ref.namespace}.svc"
         return f"{host}:{models.C10D_PORT}"
@@ -152,12 +156,14 @@ def _field_env(name: str, path: str) -> Obj:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
 
 
-def worker_env(ref: JobRef, spec: models.ElasticJobSpec, incarnation: int) -> list[Obj]:
+def worker_env(
+    ref: JobRef, spec: models.ElasticJobSpec, incarnation: int, shared: str | None = None
+) -> list[Obj]:
     """The contract's variables: what torchrun reads (PET_*) plus our pod identity."""
     env: list[Obj] = [
         {"name": contract.RDZV_ID, "value": models.run_id(ref.uid, incarnation)},
         {"name": contract.RDZV_BACKEND, "value": spec.rdzv_backend.value},
-        {"name": contract.RDZV_ENDPOINT, "value": rdzv_endpoint(ref, spec)},
+        {"name": contract.RDZV_ENDPOINT, "value": rdzv_endpoint(ref, spec, shared)},
         {
             "name": contract.NNODES,
             "value": f"{spec.min_replicas}:{spec.effective_max_replicas}",
@@ -195,8 +201,15 @@ def worker_env(ref: JobRef, spec: models.ElasticJobSpec, incarnation: int) -> li
     return env
 
 
-def worker_pod(ref: JobRef, spec: models.ElasticJobSpec, index: int, incarnation: int) -> Obj:
-    """Worker pod `index`: the template plus stable identity, env and owner reference.
+def worker_pod(
+    ref: JobRef,
+    spec: models.ElasticJobSpec,
+    index: int,
+    incarnation: int,
+    shared: str | None = None,
+) -> Obj:
+    """Worker pod `index`: the template plus stable identity, env and owner reference;
+    ``shared``: the shared etcd's endpoint if the job rendezvouses there.
 
     The pod's hostname/subdomain make it resolvable as
     `<job>-worker-<i>.<job>-worker.<ns>.svc` through the headless Service. Its
@@ -217,7 +230,7 @@ def worker_pod(ref: JobRef, spec: models.ElasticJobSpec, index: int, incarnation
     metadata = child_meta(ref, name, labels)
     if tmeta.get("annotations"):
         metadata["annotations"] = dict(tmeta["annotations"])
-    injected = worker_env(ref, spec, incarnation)
+    injected = worker_env(ref, spec, incarnation, shared)
     for container in pod_spec["containers"]:
         own = list(container.get("env") or [])
         taken = {e.get("name") for e in own}

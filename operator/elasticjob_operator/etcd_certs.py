@@ -77,13 +77,17 @@ def server_names(namespace: str, service: str) -> tuple[str, ...]:
 SERVER_IPS: Final = ("127.0.0.1",)
 
 
-def _name(common_name: str) -> x509.Name:
-    return x509.Name(
-        [
-            x509.NameAttribute(NameOID.ORGANIZATION_NAME, ORGANIZATION),
-            x509.NameAttribute(NameOID.COMMON_NAME, common_name),
-        ]
-    )
+# X.509 allows no longer common name; the descriptive ones (a CA's, a server's) are cut
+# to it, the ones etcd reads as a user (``job-<uid>``, 40 characters) always fit
+CN_MAX: Final = 64
+
+
+def _name(common_name: str | None) -> x509.Name:
+    """O=elasticjob, and CN=``common_name`` (its first 64 characters) unless None."""
+    attributes = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, ORGANIZATION)]
+    if common_name is not None:
+        attributes.append(x509.NameAttribute(NameOID.COMMON_NAME, common_name[:CN_MAX]))
+    return x509.Name(attributes)
 
 
 def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
@@ -99,7 +103,7 @@ def _pem_cert(cert: x509.Certificate) -> bytes:
 
 
 def _leaf(
-    subject: str,
+    subject: str | None,
     key: ec.EllipticCurvePrivateKey,
     ca: x509.Certificate,
     ca_key: ec.EllipticCurvePrivateKey,
@@ -140,18 +144,9 @@ def _leaf(
     return builder.sign(ca_key, hashes.SHA256())
 
 
-def issue(job: str, namespace: str, service: str, workers: str, now: datetime) -> IssuedCerts:
-    """A new CA for job ``namespace/job``, the etcd's server certificate for the Service
-    ``service`` (:func:`server_names`, 127.0.0.1) and the workers' client certificate,
-    named for the workers' Service ``workers`` (a client certificate without a
-    subjectAltName is refused by strict verifiers).
-
-    The client certificate may only connect (EKU clientAuth): a worker cannot pose as the
-    job's etcd. The server certificate may serve and connect (serverAuth, clientAuth):
-    etcd's own gRPC gateway connects to etcd with it; it never leaves the etcd pod.
-    """
+def _ca(common_name: str, now: datetime) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
     ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = _name(f"etcd CA of {namespace}/{job}")
+    ca_name = _name(common_name)
     ca = (
         x509.CertificateBuilder()
         .subject_name(ca_name)
@@ -178,6 +173,16 @@ def issue(job: str, namespace: str, service: str, workers: str, now: datetime) -
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), False)
         .sign(ca_key, hashes.SHA256())
     )
+    return ca, ca_key
+
+
+def _server(
+    namespace: str,
+    service: str,
+    ca: x509.Certificate,
+    ca_key: ec.EllipticCurvePrivateKey,
+    now: datetime,
+) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
     san = x509.SubjectAlternativeName(
         [x509.DNSName(n) for n in server_names(namespace, service)]
         + [x509.IPAddress(ipaddress.ip_address(ip)) for ip in SERVER_IPS]
@@ -193,7 +198,41 @@ def issue(job: str, namespace: str, service: str, workers: str, now: datetime) -
         now,
         san,
     )
-    client = _client(job, namespace, workers, ca, ca_key, now)
+    return server, server_key
+
+
+def issue(job: str, namespace: str, service: str, workers: str, now: datetime) -> IssuedCerts:
+    """A new CA for job ``namespace/job``, the etcd's server certificate for the Service
+    ``service`` (:func:`server_names`, 127.0.0.1) and the workers' client certificate,
+    named for the workers' Service ``workers`` (a client certificate without a
+    subjectAltName is refused by strict verifiers).
+
+    The client certificate may only connect (EKU clientAuth): a worker cannot pose as the
+    job's etcd. The server certificate may serve and connect (serverAuth, clientAuth):
+    etcd's own gRPC gateway connects to etcd with it; it never leaves the etcd pod.
+    """
+    ca, ca_key = _ca(f"etcd CA of {namespace}/{job}", now)
+    server, server_key = _server(namespace, service, ca, ca_key, now)
+    client = _client(f"workers of {namespace}/{job}", f"{workers}.{namespace}.svc", ca, ca_key, now)
+    return IssuedCerts(
+        ca_cert=_pem_cert(ca),
+        ca_key=_pem_key(ca_key),
+        server_cert=_pem_cert(server),
+        server_key=_pem_key(server_key),
+        client_cert=client.cert,
+        client_key=client.key,
+    )
+
+
+def issue_shared(namespace: str, service: str, now: datetime) -> IssuedCerts:
+    """The shared etcd's CA and server certificate (Service ``service`` in the operator's
+    ``namespace``), and a client certificate for the operator itself without a common
+    name: the operator talks to etcd's JSON gateway, which with authentication on refuses
+    a certificate that has one (it could not act as that user), and authenticates with
+    root's password instead. Jobs get theirs from :func:`issue_client` with their user."""
+    ca, ca_key = _ca(f"shared etcd CA of {namespace}/{service}", now)
+    server, server_key = _server(namespace, service, ca, ca_key, now)
+    client = _client(None, f"{service}.{namespace}.svc", ca, ca_key, now)
     return IssuedCerts(
         ca_cert=_pem_cert(ca),
         ca_key=_pem_key(ca_key),
@@ -205,32 +244,39 @@ def issue(job: str, namespace: str, service: str, workers: str, now: datetime) -
 
 
 def _client(
-    job: str,
-    namespace: str,
-    workers: str,
+    common_name: str | None,
+    dns_name: str,
     ca: x509.Certificate,
     ca_key: ec.EllipticCurvePrivateKey,
     now: datetime,
 ) -> ClientCert:
     key = ec.generate_private_key(ec.SECP256R1())
     cert = _leaf(
-        f"workers of {namespace}/{job}",
+        common_name,
         key,
         ca,
         ca_key,
         [ExtendedKeyUsageOID.CLIENT_AUTH],
         now,
-        x509.SubjectAlternativeName([x509.DNSName(f"{workers}.{namespace}.svc")]),
+        x509.SubjectAlternativeName([x509.DNSName(dns_name)]),
     )
     return ClientCert(_pem_cert(cert), _pem_key(key))
 
 
 def issue_client(
-    job: str, namespace: str, workers: str, ca_cert: bytes, ca_key: bytes, now: datetime
+    job: str,
+    namespace: str,
+    workers: str,
+    ca_cert: bytes,
+    ca_key: bytes,
+    now: datetime,
+    user: str | None = None,
 ) -> ClientCert:
     """A new client certificate for the workers of ``namespace/job``, signed by the job's
     CA (``ca_cert``, ``ca_key``: PEM, as :func:`issue` made them), so the job's etcd
-    trusts it as it trusts the first one. ValueError if the two are not a CA and its key.
+    trusts it as it trusts the first one. With ``user``, its common name is that etcd
+    user (the shared etcd's, :mod:`elasticjob_operator.shared_etcd`). ValueError if the
+    two are not a CA and its key.
     """
     try:
         ca = x509.load_pem_x509_certificate(ca_cert)
@@ -239,4 +285,5 @@ def issue_client(
         raise ValueError("the CA certificate or key is not PEM as the operator writes it") from None
     if not isinstance(key, ec.EllipticCurvePrivateKey) or key.public_key() != ca.public_key():
         raise ValueError("the CA key is not the key of the CA certificate")
-    return _client(job, namespace, workers, ca, key, now)
+    name = user if user is not None else f"workers of {namespace}/{job}"
+    return _client(name, f"{workers}.{namespace}.svc", ca, key, now)

@@ -15,6 +15,12 @@ running workers keep their mounted copies, which are as good. A client Secret wi
 its server Secret means the server Secret was deleted: with it went the only CA key the
 workers' certificates chain to, so that job must be created again.
 
+With the chart's shared etcd (:mod:`elasticjob_operator.shared_etcd`) there is one more
+Secret, in the operator's own namespace, issued when the operator starts: the shared
+etcd's CA and key, its server certificate, the operator's client certificate and root's
+password. A job that rendezvouses there has only a client Secret, issued from that CA
+with the job's etcd user as its common name.
+
 Nothing here logs or raises with a Secret's content: errors name the Secret and the API
 status only.
 """
@@ -23,15 +29,18 @@ from __future__ import annotations
 
 import base64
 import logging
+import secrets
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Final
 
 from kubernetes.client.exceptions import ApiException
 
-from elasticjob_operator import builders, etcd_certs, models
+from elasticjob_operator import builders, etcd_certs, models, shared_etcd
 from elasticjob_operator.rest import Rest, path
+from elasticjob_operator.shared_etcd import SharedEtcd
 from elasticjob_runtime.etcd_endpoints import TLSCredentials
 
 log = logging.getLogger(__name__)
@@ -92,6 +101,79 @@ def ca_of(secret: Obj, name: str) -> tuple[bytes, bytes]:
             "issued for the job's etcd: delete the ElasticJob and create it again"
         )
     return base64.b64decode(data[builders.TLS_CA]), base64.b64decode(data[builders.TLS_CA_KEY])
+
+
+@dataclass(frozen=True)
+class SharedAuthority:
+    """What the operator holds of the shared etcd: its CA and the CA's key (to issue the
+    jobs' certificates), its own client certificate, root's password. Never logged."""
+
+    ca_cert: bytes = field(repr=False)
+    ca_key: bytes = field(repr=False)
+    operator_tls: TLSCredentials = field(repr=False)
+    root_password: str = field(repr=False)
+
+
+# the shared Secret's keys beyond kubernetes.io/tls's: the operator's own client certificate
+OPERATOR_CERT: Final = "operator.crt"
+OPERATOR_KEY: Final = "operator.key"
+
+
+def shared_secret(shared: SharedEtcd, issued: etcd_certs.IssuedCerts, password: str) -> Obj:
+    """The shared etcd's Secret, in the operator's namespace: the etcd pod mounts ca.crt,
+    tls.crt and tls.key only; the rest is the operator's."""
+    data = {
+        builders.TLS_CA: issued.ca_cert,
+        builders.TLS_CA_KEY: issued.ca_key,
+        builders.TLS_CERT: issued.server_cert,
+        builders.TLS_KEY: issued.server_key,
+        OPERATOR_CERT: issued.client_cert,
+        OPERATOR_KEY: issued.client_key,
+        shared_etcd.ROOT_PASSWORD_KEY: password.encode(),
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": {
+            "name": shared.secret,
+            "namespace": shared.namespace,
+            "labels": {builders.LABEL_MANAGED_BY: builders.MANAGER},
+        },
+        "data": {key: base64.b64encode(value).decode() for key, value in data.items()},
+    }
+
+
+def authority_of(secret: Obj, name: str) -> SharedAuthority:
+    """What ``secret`` (the shared etcd's) gives the operator; SecretsNotReady naming the
+    keys it lacks."""
+    data = secret.get("data") or {}
+    keys = (
+        builders.TLS_CA,
+        builders.TLS_CA_KEY,
+        OPERATOR_CERT,
+        OPERATOR_KEY,
+        shared_etcd.ROOT_PASSWORD_KEY,
+    )
+    missing = [k for k in keys if k not in data]
+    if missing:
+        raise SecretsNotReady(
+            f"Secret {name} has no {', '.join(missing)}: delete it and the shared etcd's pod "
+            "(every job's rendezvous starts again), and the operator issues it anew"
+        )
+    raw = {k: base64.b64decode(data[k]) for k in keys}
+    return SharedAuthority(
+        ca_cert=raw[builders.TLS_CA],
+        ca_key=raw[builders.TLS_CA_KEY],
+        operator_tls=TLSCredentials(
+            ca=raw[builders.TLS_CA],
+            cert=raw[OPERATOR_CERT],
+            key=raw[OPERATOR_KEY],
+            ca_from=f"{builders.TLS_CA} of Secret {name}",
+            cert_from=f"{OPERATOR_CERT} and {OPERATOR_KEY} of Secret {name}",
+        ),
+        root_password=raw[shared_etcd.ROOT_PASSWORD_KEY].decode(),
+    )
 
 
 def owner_uid(secret: Obj) -> str | None:
@@ -164,13 +246,23 @@ class EtcdSecrets:
             )
         return secret
 
-    def ensure(self, ref: builders.JobRef, recheck: bool = False) -> None:
+    def ensure(
+        self,
+        ref: builders.JobRef,
+        recheck: bool = False,
+        shared: SharedAuthority | None = None,
+    ) -> None:
         """The job's two Secrets exist: issued now if neither did, a new client certificate
         if only the client Secret is gone. Looked up once per job, and again when
-        ``recheck`` (a pod that mounts them is about to be created)."""
+        ``recheck`` (a pod that mounts them is about to be created). A job of the
+        ``shared`` etcd has only the client Secret, its certificate naming the job's etcd
+        user."""
         with self._lock:
             if ref.uid in self._ready and not recheck:
                 return
+        if shared is not None:
+            self._ensure_shared_client(ref, shared)
+            return
         ns = ref.namespace
         server_name = builders.etcd_server_secret_name(ref.name)
         client_name = builders.etcd_client_secret_name(ref.name)
@@ -212,6 +304,44 @@ class EtcdSecrets:
             log.info("%s/%s: %s", ns, ref.name, said)
         with self._lock:
             self._ready.add(ref.uid)
+
+    def _ensure_shared_client(self, ref: builders.JobRef, shared: SharedAuthority) -> None:
+        ns, name = ref.namespace, builders.etcd_client_secret_name(ref.name)
+        if self._owned(ref, self._get(ns, name), name) is None:
+            cert = etcd_certs.issue_client(
+                ref.name,
+                ns,
+                builders.worker_service_name(ref.name),
+                shared.ca_cert,
+                shared.ca_key,
+                self._clock(),
+                user=shared_etcd.user_of(ref.uid),
+            )
+            self._create(client_secret(ref, shared.ca_cert, cert))  # taken: of the same CA
+            log.info(
+                "%s/%s: issued its certificate for the shared etcd (Secret %s)", ns, ref.name, name
+            )
+        with self._lock:
+            self._ready.add(ref.uid)
+
+    def ensure_shared(self, shared: SharedEtcd) -> SharedAuthority:
+        """The shared etcd's Secret exists (issued now if not: the etcd pod waits for it
+        to mount) and what the operator needs of it."""
+        secret = self._get(shared.namespace, shared.secret)
+        if secret is None:
+            issued = etcd_certs.issue_shared(shared.namespace, shared.service, self._clock())
+            self._create(shared_secret(shared, issued, secrets.token_urlsafe(32)))
+            log.info(
+                "issued the shared etcd's certificates (Secret %s/%s)",
+                shared.namespace,
+                shared.secret,
+            )
+            secret = self._get(shared.namespace, shared.secret)  # ours, or another operator's
+            if secret is None:
+                raise SecretsNotReady(
+                    f"Secret {shared.namespace}/{shared.secret} vanished after it was created"
+                )
+        return authority_of(secret, f"{shared.namespace}/{shared.secret}")
 
     def client_credentials(
         self, ref: builders.JobRef, spec: models.ElasticJobSpec

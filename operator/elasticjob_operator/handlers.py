@@ -13,13 +13,13 @@ threads run :func:`reconcile_job`:
 
 No kopf timers, daemons or change handlers are used, so kopf puts no finalizer and no
 annotation on the jobs: deleting a job never waits for the operator. Once it is gone the
-operator deletes its children (selected by the job's uid label); the owner references
-let the garbage collector remove whatever that misses.
+operator deletes its children (selected by the job's uid label, the jobs deleted in one
+burst together: :mod:`deletions`); the owner references let the garbage collector
+remove whatever that misses.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import threading
@@ -36,15 +36,18 @@ from elasticjob_operator import (
     builders,
     etcd_reader,
     etcd_secrets,
+    etcd_users,
     metrics,
     models,
     network_policy,
     observe,
+    shared_etcd,
 )
+from elasticjob_operator.deletions import Deletions
 from elasticjob_operator.kube import InvalidChild, Kube, load_config
 from elasticjob_operator.reconcile import Config, invalid_spec, reconcile
 from elasticjob_operator.workqueue import WorkQueue
-from elasticjob_runtime.records import Hang, MemoryFallback
+from elasticjob_runtime.etcd_endpoints import TLSCredentials
 
 log = logging.getLogger("elasticjob_operator")
 
@@ -75,6 +78,9 @@ CONFIG = Config(
 _kube: Kube | None = None
 _secrets: etcd_secrets.EtcdSecrets | None = None  # the jobs' etcd certificates (startup)
 _queue: WorkQueue | None = None  # jobs due for a reconcile (startup)
+_deletions: Deletions | None = None  # deleted jobs whose children are to go (startup)
+_authority: etcd_secrets.SharedAuthority | None = None  # the shared etcd's CA (startup)
+_users: etcd_users.EtcdUsers | None = None  # the shared etcd's users, if there is one
 _stop = threading.Event()
 _last_sweep = 0.0
 
@@ -116,34 +122,21 @@ def _reconcile_locked(kube: Kube, namespace: str, name: str, read_progress: bool
         kube.apply(ref, job, invalid_spec(status, _validation_message(exc), now))
         return
     secrets = _secrets or etcd_secrets.EtcdSecrets(kube.rest)
-    seen: models.Progress | None = None
-    fallbacks: tuple[MemoryFallback, ...] = ()
-    hangs: tuple[Hang, ...] = ()
+    observed = kube.observe(ref)
+    own = builders.etcd_name(name) in observed.deployments
+    shared = shared_etcd.serves(spec, CONFIG.shared_etcd, runs_own_etcd=own)
     if read_progress and not status.finished and spec.rdzv_backend is not models.RdzvBackend.C10D:
-        run = models.run_id(ref.uid, status.incarnation)
-        said = status.node_memory_fallback
-        try:
-            tls = secrets.client_credentials(ref, spec)
-        except etcd_secrets.SecretsNotReady as exc:
-            log.debug("%s/%s: no progress: %s", namespace, name, exc)
-            tls = None
-        records = etcd_reader.read_run_records(
-            builders.rdzv_endpoint(ref, spec),
-            run,
-            # said once per run: no need to look again
-            memory_fallbacks=said is None or said.run_id != run,
-            tls=tls,
-        )
-        seen = observe.progress_of(records.progress)
-        fallbacks = observe.memory_fallbacks_of(records.memory_fallbacks)
-        hangs = observe.hangs_of(records.hangs)
-    observed = replace(kube.observe(ref, seen), memory_fallbacks=fallbacks, hangs=hangs)
+        observed = _with_records(secrets, ref, spec, status, observed, shared is not None)
     decision = reconcile(ref, meta.get("generation"), spec, status, observed, now, CONFIG)
     if spec.provisions_etcd and not status.finished:
         # before the etcd and the workers that mount them are created; looked at again
         # then, so a client Secret deleted mid-job is issued again for the new pod
         mounts = any(obj.get("kind") in ("Pod", "Deployment") for obj in decision.create)
-        secrets.ensure(ref, recheck=mounts)
+        if shared is not None and _users is not None and _authority is not None:
+            _users.add_job(ref.uid)  # before the certificate that names its user
+            secrets.ensure(ref, recheck=mounts, shared=_authority)
+        else:
+            secrets.ensure(ref, recheck=mounts)
     try:
         kube.apply(ref, job, decision)
     except InvalidChild as exc:  # a child the API server will never take: fail the job
@@ -162,6 +155,56 @@ def _reconcile_locked(kube: Kube, namespace: str, name: str, read_progress: bool
         log.info("%s/%s: %s: %s", namespace, name, event.reason, event.message)
 
 
+def _with_records(
+    secrets: etcd_secrets.EtcdSecrets,
+    ref: builders.JobRef,
+    spec: models.ElasticJobSpec,
+    status: models.ElasticJobStatus,
+    observed: observe.Observed,
+    shared: bool,
+) -> observe.Observed:
+    """``observed`` with what the run published in its etcd: progress, node-memory and
+    hang records. Nothing when its etcd cannot be read (not up yet, no Secret)."""
+    run = models.run_id(ref.uid, status.incarnation)
+    said = status.node_memory_fallback
+    token: str | None = None
+    tls: TLSCredentials | None
+    try:
+        if shared and _users is not None and _authority is not None:
+            endpoint, tls = _users.endpoint, _authority.operator_tls
+            token = _users.token()  # the gateway takes no user from a certificate
+        else:
+            endpoint = builders.rdzv_endpoint(ref, spec)
+            tls = secrets.client_credentials(ref, spec)
+    except (etcd_secrets.SecretsNotReady, etcd_users.SharedEtcdNotReady) as exc:
+        log.debug("%s/%s: no progress: %s", ref.namespace, ref.name, exc)
+        return observed
+    records = etcd_reader.read_run_records(
+        endpoint,
+        run,
+        # said once per run: no need to look again
+        memory_fallbacks=said is None or said.run_id != run,
+        tls=tls,
+        token=token,
+    )
+    return replace(
+        observed,
+        progress=observe.progress_of(records.progress),
+        memory_fallbacks=observe.memory_fallbacks_of(records.memory_fallbacks),
+        hangs=observe.hangs_of(records.hangs),
+    )
+
+
+def _tend_shared_etcd(users: etcd_users.EtcdUsers, kube: Kube) -> None:
+    """Authentication on (again, if the etcd lost its data) and no user of a gone job."""
+    if users.ensure_auth():
+        log.info("shared etcd: authentication switched on; every job's user is added again")
+    known = users.users()  # before the jobs: see EtcdUsers.remove_stale
+    live = {j["metadata"]["uid"] for j in kube.list_jobs(NAMESPACES or None)}
+    for user in users.remove_stale(known, live):
+        log.info("shared etcd: removed user %s (its job is gone)", user)
+
+
 def _sweep(kube: Kube, queue: WorkQueue) -> None:
     """The backstop: every job due, every RESYNC_SECONDS, with progress and time rules."""
     global _last_sweep
@@ -175,12 +218,17 @@ def _sweep(kube: Kube, queue: WorkQueue) -> None:
             _last_sweep = time.time()
         except Exception as exc:
             log.warning("resync failed: %s", exc)
+        if _users is not None:
+            try:
+                _tend_shared_etcd(_users, kube)
+            except Exception as exc:  # the etcd not up yet, or busy: next resync
+                log.warning("shared etcd: %s", exc)
         _stop.wait(RESYNC_SECONDS)
 
 
 @kopf.on.startup()
 def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
-    global _kube, CONFIG, _secrets, _queue
+    global _kube, CONFIG, _secrets, _queue, _users, _authority, _deletions
     settings.posting.level = logging.WARNING
     # One log line per decision (ours), not one per watch event or liveness probe.
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
@@ -193,18 +241,36 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         prefix=models.GROUP, key="last-handled-configuration"
     )
     try:
-        CONFIG = replace(CONFIG, network_policy=network_policy.peer_from_env(os.environ))
+        CONFIG = replace(
+            CONFIG,
+            network_policy=network_policy.peer_from_env(os.environ),
+            shared_etcd=shared_etcd.from_env(os.environ),
+        )
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
     load_config()
     _kube = Kube(network_policies=CONFIG.network_policy is not None)
     _secrets = etcd_secrets.EtcdSecrets(_kube.rest)
+    if CONFIG.shared_etcd is not None:
+        try:
+            _authority = _secrets.ensure_shared(CONFIG.shared_etcd)
+        except etcd_secrets.SecretsNotReady as exc:
+            raise SystemExit(f"the shared etcd's certificates: {exc}") from None
+        shared = CONFIG.shared_etcd
+        _users = etcd_users.EtcdUsers(
+            shared.endpoint,
+            _authority.operator_tls,
+            _authority.root_password,
+            secret=f"{shared.namespace}/{shared.secret}",
+        )
     _stop.clear()
     if METRICS_PORT:
         metrics.serve(METRICS_PORT, METRICS_ADDR)
     kube = _kube
     _queue = WorkQueue(lambda key, progress: reconcile_job(kube, *key, progress), WORKERS)
     _queue.start()
+    _deletions = Deletions(lambda namespace, uids: _delete_children(kube, namespace, uids))
+    _deletions.start()
     threading.Thread(
         target=_sweep, args=(_kube, _queue), name="elasticjob-resync", daemon=True
     ).start()
@@ -215,6 +281,8 @@ def cleanup(**_: Any) -> None:
     _stop.set()
     if _queue is not None:
         _queue.stop()
+    if _deletions is not None:
+        _deletions.stop()
 
 
 @kopf.on.probe(id="lastResync")
@@ -243,18 +311,26 @@ async def job_event(
     itself (a spec change, a scale) goes ahead of the pod events of other jobs."""
     if type == "DELETED":
         uid = (body.get("metadata") or {}).get("uid")
-        if _kube is not None and namespace and uid:
-            await asyncio.to_thread(_delete_children, _kube, namespace, name, uid)
+        if _deletions is not None and namespace and uid:
+            _deletions.add(namespace, uid)
         return
     if _queue is not None and namespace and not is_own_status_echo(type, body):
         _queue.add((namespace, name), urgent=type == "MODIFIED")
 
 
-def _delete_children(kube: Kube, namespace: str, name: str, uid: str) -> None:
+def _delete_children(kube: Kube, namespace: str, uids: list[str]) -> None:
+    """What a deleted job leaves: its children (a burst of deleted jobs' at once) and its
+    shared etcd user, whose certificate then opens nothing."""
     try:
-        kube.delete_children(namespace, uid)
+        kube.delete_children(namespace, uids)
     except Exception as exc:  # the garbage collector still removes them, only slower
-        log.warning("%s/%s: deleting its children failed: %s", namespace, name, exc)
+        log.warning("%s: deleting %d deleted jobs' children failed: %s", namespace, len(uids), exc)
+    if _users is not None:
+        for uid in uids:
+            try:
+                _users.remove_job(uid)
+            except Exception as exc:  # the resync's sweep removes it later
+                log.warning("%s: removing the etcd user of job %s failed: %s", namespace, uid, exc)
 
 
 @kopf.on.event(

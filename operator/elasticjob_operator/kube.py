@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -82,6 +83,15 @@ class InvalidChild(Exception):
     """The API server refused a child as invalid (400, 422): no retry can help, the spec
     must change, so the job fails with InvalidSpec. The message is one line saying which
     child, from which field, and why (refusals.invalid_message)."""
+
+
+def uid_selector(uids: Sequence[str]) -> str:
+    """The label selector of the children of the jobs ``uids``."""
+    if not uids:
+        raise ValueError("no job uid to select children by")
+    if len(uids) == 1:
+        return f"{builders.LABEL_JOB_UID}={uids[0]}"
+    return f"{builders.LABEL_JOB_UID} in ({','.join(uids)})"
 
 
 class Kube:
@@ -170,12 +180,13 @@ class Kube:
             if exc.status != 404:
                 raise
 
-    def delete_children(self, namespace: str, uid: str) -> None:
-        """Delete a deleted job's children now, selected by its uid label: the garbage
-        collector would too, but at kube-controller-manager's 20 requests a second (50
-        jobs' children took over a minute). Children from before the label existed are
-        left to it, and so are the job's two Secrets (the operator may not delete Secrets)."""
-        selector = f"{builders.LABEL_JOB_UID}={uid}"
+    def delete_children(self, namespace: str, uids: Sequence[str]) -> None:
+        """Delete deleted jobs' children now, selected by their uid label (one call per
+        kind for all of ``uids``): the garbage collector would too, but at
+        kube-controller-manager's 20 requests a second (50 jobs' children took over a
+        minute). Children from before the label existed are left to it, and so are the
+        jobs' Secrets (the operator may not delete Secrets)."""
+        selector = uid_selector(uids)
         # the etcd Deployment, then its ReplicaSet, so that neither makes a new etcd pod
         # once the pods are gone
         for kind in ("Deployment", "ReplicaSet"):

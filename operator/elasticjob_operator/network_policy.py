@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from elasticjob_operator import builders, models
+from elasticjob_operator import builders
 from elasticjob_runtime import contract
 
 Obj = dict[str, Any]
@@ -125,11 +125,10 @@ def etcd_policy(ref: builders.JobRef, operator: OperatorPeer) -> Obj:
     return _policy(ref, etcd_policy_name(ref.name), builders.etcd_selector(ref.name), rule)
 
 
-def policies(
-    ref: builders.JobRef, spec: models.ElasticJobSpec, operator: OperatorPeer
-) -> list[Obj]:
-    """Every policy the job should have: the workers', and the etcd's if we run it."""
+def policies(ref: builders.JobRef, operator: OperatorPeer, own_etcd: bool) -> list[Obj]:
+    """Every policy the job should have: the workers', and the etcd's if we run one for
+    the job alone (the shared etcd's policy is the chart's)."""
     out = [worker_policy(ref)]
-    if spec.provisions_etcd:
+    if own_etcd:
         out.append(etcd_policy(ref, operator))
     return out

@@ -31,6 +31,7 @@ from elasticjob_operator.models import CleanPodPolicy, ConditionType, ElasticJob
 from elasticjob_operator.network_policy import OperatorPeer
 from elasticjob_operator.node_memory import decide_memory_fallback
 from elasticjob_operator.observe import Observed, ObservedPod
+from elasticjob_operator.shared_etcd import SharedEtcd, serves
 from elasticjob_operator.workers import (
     CREATES,
     RESTARTS,
@@ -54,6 +55,8 @@ class Config:
     node_lost_grace_seconds: float = 10.0
     # the operator's pods, whom the etcd's policy admits; None: no NetworkPolicies
     network_policy: OperatorPeer | None = None
+    # the chart's one etcd for every job (sharedEtcd.enabled); None: an etcd per job
+    shared_etcd: SharedEtcd | None = None
 
 
 # -- the decisions (pure, each returns a value) ----------------------------------------
@@ -273,6 +276,12 @@ class Round:
     pods: tuple[ObservedPod, ...]  # sorted by index
     now: datetime
     config: Config
+    shared: str | None = None  # the shared etcd's endpoint if the job rendezvouses there
+
+    @property
+    def own_etcd(self) -> bool:
+        """The operator runs an etcd for this job alone."""
+        return self.spec.provisions_etcd and self.shared is None
 
 
 def _delete_pods(
@@ -363,7 +372,7 @@ def _observe(d: Decision, r: Round, generation: int | None) -> None:
             "Created",
             f"{spec.desired_replicas} workers "
             f"({spec.min_replicas}..{spec.effective_max_replicas}), "
-            f"rendezvous {spec.rdzv_backend} at {builders.rdzv_endpoint(ref, spec)}",
+            f"rendezvous {spec.rdzv_backend} at {builders.rdzv_endpoint(ref, spec, r.shared)}",
         )
 
 
@@ -398,12 +407,12 @@ def _provision(d: Decision, r: Round) -> None:
     worker Service and, unless the job brings its own, the etcd."""
     ref, observed = r.ref, r.observed
     if r.config.network_policy is not None:
-        for policy in network_policy.policies(ref, r.spec, r.config.network_policy):
+        for policy in network_policy.policies(ref, r.config.network_policy, r.own_etcd):
             if policy["metadata"]["name"] not in observed.network_policies:
                 d.create.append(policy)
     if builders.worker_service_name(ref.name) not in observed.services:
         d.create.append(builders.worker_service(ref))
-    if r.spec.provisions_etcd:
+    if r.own_etcd:
         etcd = builders.etcd_name(ref.name)
         if etcd not in observed.deployments:
             d.create.append(builders.etcd_deployment(ref, r.spec))
@@ -449,7 +458,8 @@ def _workers(d: Decision, r: Round) -> WorkerRound:
     created, deleted = [], []
     for a in actions:
         if a.act in CREATES:
-            d.create.append(builders.worker_pod(r.ref, r.spec, a.index, st.incarnation))
+            pod = builders.worker_pod(r.ref, r.spec, a.index, st.incarnation, r.shared)
+            d.create.append(pod)
             created.append(builders.worker_pod_name(r.ref.name, a.index))
         elif a.act is Act.DELETE_TO_REPLACE and a.pod is not None:
             d.delete.append(ChildRef("Pod", a.pod.name, force=a.force))
@@ -509,7 +519,17 @@ def reconcile(
 ) -> Decision:
     """Everything the operator decides for one job, from what it observed."""
     pods = tuple(sorted(observed.pods, key=lambda p: p.index))
-    r = Round(ref, spec, observed, pods, now.replace(microsecond=0), config)
+    own = builders.etcd_name(ref.name) in observed.deployments
+    shared = serves(spec, config.shared_etcd, runs_own_etcd=own)
+    r = Round(
+        ref,
+        spec,
+        observed,
+        pods,
+        now.replace(microsecond=0),
+        config,
+        shared.endpoint if shared is not None else None,
+    )
     d = Decision(status=status.model_copy(deep=True))
     st = d.status
     _observe(d, r, generation)

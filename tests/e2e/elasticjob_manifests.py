@@ -182,3 +182,26 @@ def malformed(base: Obj, edit: Callable[[Obj], None]) -> Obj:
     obj = copy.deepcopy(base)
     edit(obj)
     return obj
+
+
+# Worker 0 publishes a progress record (step 1234) to the job's etcd, as the runtime's
+# ProgressReporter would, then every worker sleeps.
+PUBLISH_PROGRESS_AND_SLEEP = [
+    "python",
+    "-c",
+    "import os, time\n"
+    "from elasticjob_runtime import contract, records\n"
+    "from elasticjob_runtime.etcd_tls import connect\n"
+    "if os.environ['ELASTICJOB_POD_NAME'].endswith('-0'):\n"
+    "    e = connect(os.environ['PET_RDZV_ENDPOINT'])  # TLS as the variables say\n"
+    "    record = records.Progress(step=1234, world_size=2, samples_per_second=99.5,\n"
+    "                              restart_count=0, updated=time.time())\n"
+    "    key = contract.progress_key(os.environ['PET_RDZV_ID'])\n"
+    "    while True:\n"
+    "        try:\n"
+    "            e.put(key, records.encode_progress(record)); break\n"
+    "        except Exception as exc:\n"
+    "            print('etcd not ready:', exc, flush=True); time.sleep(0.5)\n"
+    "    print('published', flush=True)\n"
+    "time.sleep(3600)\n",
+]

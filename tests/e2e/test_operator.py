@@ -22,7 +22,14 @@ from typing import Any
 import pytest
 from cryptography import x509
 from cryptography.x509.verification import PolicyBuilder, Store
-from elasticjob_manifests import MALFORMED, RUNTIME_IMAGE, archived, job, malformed
+from elasticjob_manifests import (
+    MALFORMED,
+    PUBLISH_PROGRESS_AND_SLEEP,
+    RUNTIME_IMAGE,
+    archived,
+    job,
+    malformed,
+)
 from kube_helpers import (
     RESTRICTED_CONTAINER,
     RESTRICTED_POD,
@@ -225,25 +232,6 @@ def test_job_gets_its_workers_services_etcd_and_the_env_contract(
 
 # What the runtime's rank 0 does: publish its progress record (elasticjob_runtime.records)
 # under contract.progress_key(PET_RDZV_ID) in the job's etcd.
-PUBLISH_PROGRESS_AND_SLEEP = [
-    "python",
-    "-c",
-    "import os, time\n"
-    "from elasticjob_runtime import contract, records\n"
-    "from elasticjob_runtime.etcd_tls import connect\n"
-    "if os.environ['ELASTICJOB_POD_NAME'].endswith('-0'):\n"
-    "    e = connect(os.environ['PET_RDZV_ENDPOINT'])  # TLS as the variables say\n"
-    "    record = records.Progress(step=1234, world_size=2, samples_per_second=99.5,\n"
-    "                              restart_count=0, updated=time.time())\n"
-    "    key = contract.progress_key(os.environ['PET_RDZV_ID'])\n"
-    "    while True:\n"
-    "        try:\n"
-    "            e.put(key, records.encode_progress(record)); break\n"
-    "        except Exception as exc:\n"
-    "            print('etcd not ready:', exc, flush=True); time.sleep(0.5)\n"
-    "    print('published', flush=True)\n"
-    "time.sleep(3600)\n",
-]
 
 
 def test_training_progress_shows_in_kubectl_get(operator: Cluster, ns: str) -> None:

@@ -138,14 +138,23 @@ def _wait_healthy(server: EtcdServer) -> None:
         probe.close()
 
 
+Certificates = Callable[[Path], tuple[list[str], EtcdTLS | None]]
+
+
 def start_etcd(
-    version: str, workdir: Path, fast_leases: bool = True, mutual_tls: bool = False
+    version: str,
+    workdir: Path,
+    fast_leases: bool = True,
+    mutual_tls: bool = False,
+    certificates: Certificates | None = None,
 ) -> EtcdServer:
     """Start etcd ``version``; with ``fast_leases`` (the default) it runs with the flags the
     operator gives a job's etcd, so it grants the runtime's 1 s leases (etcd's own
     defaults raise them to 2 s). With ``mutual_tls`` it serves https and asks for a client
     certificate, as a job's etcd does, with certificates the operator's code issues for a
-    job ``train`` (files in ``workdir``; ``server.tls`` names the client's)."""
+    job ``train`` (files in ``workdir``; ``server.tls`` names the client's), or with
+    those ``certificates`` writes into the directory it is given (etcd's TLS flags and
+    the client's files)."""
     binary = _etcd_binary(version)
     if binary is None:
         pytest.skip(f"etcd {version} is not built yet; `make setup` builds it into {CACHE}/bin")
@@ -153,9 +162,9 @@ def start_etcd(
     workdir.mkdir(parents=True, exist_ok=True)
     log = workdir / "etcd.log"
     scheme, tls_flags, tls = "http", [], None
-    if mutual_tls:
-        scheme = "https"
-        tls_flags, tls = _issue_job_certificates(workdir / "tls")
+    if mutual_tls or certificates is not None:
+        mutual_tls, scheme = True, "https"
+        tls_flags, tls = (certificates or _issue_job_certificates)(workdir / "tls")
     cmd = [
         str(binary),
         "--name",
@@ -181,7 +190,7 @@ def start_etcd(
     return server
 
 
-def _issue_job_certificates(where: Path) -> tuple[list[str], EtcdTLS]:
+def _issue_job_certificates(where: Path) -> tuple[list[str], EtcdTLS | None]:
     """The operator's certificates for a job ``train``: etcd's flags, the client's files."""
     from datetime import UTC, datetime
 

@@ -71,3 +71,10 @@ NetworkPolicy. */}}
 {{- end -}}
 {{- join "," $pairs -}}
 {{- end -}}
+
+{{/* The shared etcd's pods: not the operator's selector labels (its Deployment would
+claim them). */}}
+{{- define "elasticjob-operator.sharedEtcdLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}-shared-etcd
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}

@@ -176,3 +176,80 @@ def test_the_value_turns_network_policies_off_and_their_rights_with_them() -> No
     assert env_of(docs)["ELASTICJOB_NETWORK_POLICY"] == "false"
     (role,) = by_kind(docs, "Role")
     assert not any(r == "networkpolicies" for _, r, _ in rules(role))
+
+
+def test_the_shared_etcd_is_rendered_only_when_enabled() -> None:
+    assert len(by_kind(render(), "Deployment")) == 1
+    docs = render("sharedEtcd.enabled=true")
+    names = {d["metadata"]["name"] for d in docs if d["kind"] in ("Deployment", "Service")}
+    assert "rel-elasticjob-operator-etcd" in names
+    (operator,) = [
+        d for d in by_kind(docs, "Deployment") if d["metadata"]["name"] == "rel-elasticjob-operator"
+    ]
+    env = {
+        e["name"]: e.get("value")
+        for e in operator["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    assert env["ELASTICJOB_SHARED_ETCD_SERVICE"] == "rel-elasticjob-operator-etcd"
+    assert env["ELASTICJOB_SHARED_ETCD_SECRET"] == "rel-elasticjob-operator-etcd-tls"
+
+
+def test_the_shared_etcd_runs_as_a_jobs_own_etcd_does() -> None:
+    from elasticjob_operator import builders, models
+
+    docs = render("sharedEtcd.enabled=true")
+    (etcd,) = [
+        d
+        for d in by_kind(docs, "Deployment")
+        if d["metadata"]["name"] == "rel-elasticjob-operator-etcd"
+    ]
+    # the operator's builder for a job whose etcd would carry the same name
+    ref = builders.JobRef(name="rel-elasticjob-operator", namespace="ops", uid="u")
+    spec = models.ElasticJobSpec.model_validate(
+        {
+            "replicaSpecs": {
+                "Worker": {"template": {"spec": {"containers": [{"name": "t", "image": "i"}]}}}
+            }
+        }
+    )
+    own = builders.etcd_deployment(ref, spec)
+    ours, theirs = etcd["spec"]["template"]["spec"], own["spec"]["template"]["spec"]
+    (c1,), (c2,) = ours["containers"], theirs["containers"]
+    assert c1["args"] == c2["args"]
+    assert c1["env"] == c2["env"] and c1["readinessProbe"] == c2["readinessProbe"]
+    assert c1["securityContext"] == c2["securityContext"]
+    assert ours["securityContext"] == theirs["securityContext"]
+    assert c1["image"] == models.DEFAULT_ETCD_IMAGE
+    tls = next(v for v in ours["volumes"] if v["name"] == "tls")["secret"]
+    assert tls["secretName"] == "rel-elasticjob-operator-etcd-tls"
+    assert [i["key"] for i in tls["items"]] == list(builders.ETCD_MOUNTED_KEYS)  # no CA key
+    # the operator's Deployment must not claim the etcd's pods
+    (operator,) = [d for d in by_kind(docs, "Deployment") if d is not etcd]
+    selector = operator["spec"]["selector"]["matchLabels"]
+    labels = etcd["spec"]["template"]["metadata"]["labels"]
+    assert not selector.items() <= labels.items()
+
+
+def test_the_shared_etcd_admits_watched_workers_and_the_operator_only() -> None:
+    docs = render("sharedEtcd.enabled=true", "watchNamespaces={a,b}")
+    (policy,) = [
+        d
+        for d in by_kind(docs, "NetworkPolicy")
+        if d["metadata"]["name"] == "rel-elasticjob-operator-etcd"
+    ]
+    (rule,) = policy["spec"]["ingress"]
+    workers, operator = rule["from"]
+    assert workers["podSelector"]["matchLabels"] == {"elastic.pytorch.org/replica-type": "worker"}
+    assert workers["namespaceSelector"]["matchExpressions"][0]["values"] == ["a", "b"]
+    assert operator["podSelector"]["matchLabels"]["app.kubernetes.io/name"] == "elasticjob-operator"
+    assert rule["ports"] == [{"protocol": "TCP", "port": 2379}]
+    # its Secret lives in the operator's namespace, which it does not watch
+    (role,) = [d for d in by_kind(docs, "Role") if d["metadata"]["namespace"] == "ops"]
+    verbs = {v for r in role["rules"] for v in r["verbs"]}
+    assert verbs == {"get", "create"}
+    assert not [
+        d
+        for d in by_kind(
+            render("sharedEtcd.enabled=true", "networkPolicy.enabled=false"), "NetworkPolicy"
+        )
+    ]

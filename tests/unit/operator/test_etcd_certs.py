@@ -168,3 +168,15 @@ def test_every_job_gets_its_own_ca(
     assert cert(issued.ca_cert).public_key() != cert(other_job.ca_cert).public_key()
     again = etcd_certs.issue("train", "ml", "train-etcd", "train-worker", NOW)
     assert again.ca_cert != issued.ca_cert  # a new issue is a new CA, hence: never re-issue
+
+
+def test_the_longest_names_kubernetes_allows_still_issue() -> None:
+    """A common name may not pass 64 characters; namespace and names may reach 63 each."""
+    ns, job = "n" * 63, "j" * 50
+    now = datetime.now(UTC)
+    issued = etcd_certs.issue(job, ns, f"{job}-etcd", f"{job}-worker", now)
+    server = x509.load_pem_x509_certificate(issued.server_cert)
+    names = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert f"{job}-etcd.{ns}.svc" in names.get_values_for_type(x509.DNSName)  # SANs whole
+    shared = etcd_certs.issue_shared(ns, "r" * 63, now)
+    etcd_certs.issue_client(job, ns, f"{job}-worker", shared.ca_cert, shared.ca_key, now)

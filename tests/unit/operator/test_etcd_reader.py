@@ -6,14 +6,15 @@ from __future__ import annotations
 import socket
 
 from elasticjob_operator import etcd_reader
+from elasticjob_operator.shared_etcd import prefix_end
 
 
 def test_a_prefix_range_ends_after_every_key_that_starts_with_it() -> None:
-    end = etcd_reader._prefix_end(b"/elasticjob/run/hangs/")
+    end = prefix_end(b"/elasticjob/run/hangs/")
     assert end == b"/elasticjob/run/hangs0"
     assert b"/elasticjob/run/hangs/" < b"/elasticjob/run/hangs/\xff\xff" < end
-    assert etcd_reader._prefix_end(b"a\xff") == b"b"
-    assert etcd_reader._prefix_end(b"\xff") == b"\0"  # every key
+    assert prefix_end(b"a\xff") == b"b"
+    assert prefix_end(b"\xff") == b"\0"  # every key
 
 
 def test_an_endpoint_that_refuses_reads_as_nothing() -> None:

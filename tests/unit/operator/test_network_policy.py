@@ -3,6 +3,7 @@ when they are made; the operator's identity as the chart hands it over."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -13,6 +14,7 @@ from elasticjob_operator.builders import JobRef
 from elasticjob_operator.network_policy import OperatorPeer, peer_from_env
 from elasticjob_operator.observe import Observed
 from elasticjob_operator.reconcile import Config, reconcile
+from elasticjob_operator.shared_etcd import SharedEtcd
 
 REF = JobRef(name="train", namespace="ml", uid="uid-1")
 OPERATOR = OperatorPeer(
@@ -77,12 +79,20 @@ def test_etcd_accepts_its_workers_and_the_operators_pods_on_the_client_port() ->
     }
 
 
-def test_no_etcd_policy_when_the_job_brings_its_own_endpoint_or_uses_c10d() -> None:
-    names = [p["metadata"]["name"] for p in network_policy.policies(REF, make_spec(), OPERATOR)]
-    assert names == ["train-worker", "train-etcd"]
+def _policies_created(spec: models.ElasticJobSpec, config: Config) -> list[str]:
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    d = reconcile(REF, 1, spec, models.ElasticJobStatus(), Observed(), now, config)
+    return [o["metadata"]["name"] for o in d.create if o["kind"] == "NetworkPolicy"]
+
+
+def test_no_etcd_policy_unless_the_operator_runs_an_etcd_for_the_job_alone() -> None:
+    on = Config(network_policy=OPERATOR)
+    assert _policies_created(make_spec(), on) == ["train-worker", "train-etcd"]
     for spec in (make_spec(rdzvEndpoint="etcd:2379"), make_spec(rdzvBackend="c10d")):
-        names = [p["metadata"]["name"] for p in network_policy.policies(REF, spec, OPERATOR)]
-        assert names == ["train-worker"]
+        assert _policies_created(spec, on) == ["train-worker"]
+    # the shared etcd's policy is the chart's
+    shared = replace(on, shared_etcd=SharedEtcd("ops", "elasticjob-etcd", "elasticjob-etcd-tls"))
+    assert _policies_created(make_spec(), shared) == ["train-worker"]
 
 
 def test_reconcile_creates_missing_policies_before_anything_else_and_only_when_on() -> None:
