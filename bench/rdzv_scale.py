@@ -826,9 +826,24 @@ def run_attempts(
     attempts: list[Attempt] = []
     try:
         for rep in range(reps):
-            for n in sizes:
+            for n in sorted(sizes):
                 for impl, lost in plans:
                     what = f"{'rdzv-lost' if lost else 'rdzv-round'} {impl} N={n} rep {rep + 1}"
+                    smaller = failed_below(attempts, impl, lost, n)
+                    if smaller is not None:
+                        # a round's cost only grows with N: it would fail again, after
+                        # the whole timeout (the full run's longest waits)
+                        a = Attempt(
+                            impl,
+                            n,
+                            lost,
+                            0,
+                            lease_ttl_for(n),
+                            failure=f"not tried: failed at N={smaller} in this run",
+                        )
+                        attempts.append(a)
+                        say(f"{what}: {_describe(a)}")
+                        continue
                     a = attempt(
                         impl,
                         n,
@@ -843,6 +858,13 @@ def run_attempts(
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return attempts
+
+
+def failed_below(attempts: Iterable[Attempt], impl: str, lost: bool, n: int) -> int | None:
+    """The smallest N up to ``n`` at which this handler failed this scenario earlier in
+    the run (a smaller N, or ``n`` in an earlier repetition), if any."""
+    failed = [a.n for a in attempts if (a.impl, a.lost) == (impl, lost) and a.failure and a.n <= n]
+    return min(failed) if failed else None
 
 
 def _describe(a: Attempt) -> str:

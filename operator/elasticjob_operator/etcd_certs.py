@@ -211,17 +211,8 @@ def issue(job: str, namespace: str, service: str, workers: str, now: datetime) -
     job's etcd. The server certificate may serve and connect (serverAuth, clientAuth):
     etcd's own gRPC gateway connects to etcd with it; it never leaves the etcd pod.
     """
-    ca, ca_key = _ca(f"etcd CA of {namespace}/{job}", now)
-    server, server_key = _server(namespace, service, ca, ca_key, now)
-    client = _client(f"workers of {namespace}/{job}", f"{workers}.{namespace}.svc", ca, ca_key, now)
-    return IssuedCerts(
-        ca_cert=_pem_cert(ca),
-        ca_key=_pem_key(ca_key),
-        server_cert=_pem_cert(server),
-        server_key=_pem_key(server_key),
-        client_cert=client.cert,
-        client_key=client.key,
-    )
+    workers_name = (f"workers of {namespace}/{job}", f"{workers}.{namespace}.svc")
+    return _issue(f"etcd CA of {namespace}/{job}", namespace, service, workers_name, now)
 
 
 def issue_shared(namespace: str, service: str, now: datetime) -> IssuedCerts:
@@ -230,9 +221,24 @@ def issue_shared(namespace: str, service: str, now: datetime) -> IssuedCerts:
     name: the operator talks to etcd's JSON gateway, which with authentication on refuses
     a certificate that has one (it could not act as that user), and authenticates with
     root's password instead. Jobs get theirs from :func:`issue_client` with their user."""
-    ca, ca_key = _ca(f"shared etcd CA of {namespace}/{service}", now)
+    operator_name = (None, f"{service}.{namespace}.svc")
+    return _issue(
+        f"shared etcd CA of {namespace}/{service}", namespace, service, operator_name, now
+    )
+
+
+def _issue(
+    ca_name: str,
+    namespace: str,
+    service: str,
+    client_name: tuple[str | None, str],
+    now: datetime,
+) -> IssuedCerts:
+    """A new CA, a server certificate for ``service`` and a client certificate named
+    ``client_name`` (common name, DNS name)."""
+    ca, ca_key = _ca(ca_name, now)
     server, server_key = _server(namespace, service, ca, ca_key, now)
-    client = _client(None, f"{service}.{namespace}.svc", ca, ca_key, now)
+    client = _client(*client_name, ca, ca_key, now)
     return IssuedCerts(
         ca_cert=_pem_cert(ca),
         ca_key=_pem_key(ca_key),
