@@ -839,7 +839,7 @@ def run_attempts(
                             lost,
                             0,
                             lease_ttl_for(n),
-                            failure=f"not tried: failed at N={smaller} in this run",
+                            failure=f"not tried: failed at N={smaller} earlier in the run",
                         )
                         attempts.append(a)
                         say(f"{what}: {_describe(a)}")
