@@ -9,7 +9,7 @@ DEVCLUSTER_DIR := $(CURDIR)/.devcluster
 PYTEST_ARGS ?=
 SOAK_ARGS ?=
 
-.PHONY: setup lint format test test-unit test-integration test-e2e cluster cluster-down crds demo bench soak kind-e2e
+.PHONY: setup lint format test test-unit test-integration test-e2e cluster cluster-down crds demo bench soak kind-e2e images images-down test-images
 
 setup:
 	@scripts/bootstrap.sh
@@ -24,9 +24,10 @@ format: setup
 	ruff check --fix .
 	ruff format .
 
-# Every suite runs; pytest's "no tests collected" (exit 5) is a failure, not a pass.
+# Every suite runs but the images' (make test-images: it builds them first); pytest's
+# "no tests collected" (exit 5) is a failure, not a pass.
 test: lint
-	scripts/pytest-strict tests $(PYTEST_ARGS)
+	scripts/pytest-strict tests --ignore=tests/images $(PYTEST_ARGS)
 
 test-unit: setup
 	scripts/pytest-strict tests/unit $(PYTEST_ARGS)
@@ -55,6 +56,18 @@ bench: setup
 # 20 jobs through 10 minutes of random faults; not part of `make test` (a smoke of it is).
 soak: setup
 	python -m bench.soak $(SOAK_ARGS)
+
+# Both images, built here (images/build.sh): a Docker engine (ours if none runs), a local
+# Python base image, then the Dockerfile's two targets. images-down stops our engine.
+images:
+	images/build.sh
+
+images-down:
+	images/engine.sh down
+
+# The images run as a user runs them (tests/images): needs `make images` first.
+test-images: setup
+	scripts/pytest-strict tests/images $(PYTEST_ARGS)
 
 kind-e2e:
 	scripts/kind-e2e.sh
