@@ -69,5 +69,5 @@ images-down:
 test-images: setup
 	scripts/pytest-strict tests/images $(PYTEST_ARGS)
 
-kind-e2e:
-	scripts/kind-e2e.sh
+kind-e2e: setup
+	scripts/kind-e2e.sh $(PYTEST_ARGS)

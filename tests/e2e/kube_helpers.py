@@ -32,6 +32,8 @@ REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "elasticjob-operator"
 GROUP, VERSION, PLURAL = "elastic.pytorch.org", "v1alpha1", "elasticjobs"
 WAIT = 180.0
+# The image of every test pod that needs python (and of the jobs' workers): the devcluster
+# ignores images, and on kind it is the one image with python the nodes hold.
 RUNTIME_IMAGE = os.environ.get("ELASTICJOB_E2E_RUNTIME_IMAGE", "elasticjob-runtime:dev")
 HELM_ARGS = tuple(shlex.split(os.environ.get("ELASTICJOB_E2E_HELM_ARGS", "")))
 # Pod Security admission at its strictest, for the operator's namespace and the jobs':

@@ -70,7 +70,7 @@ def cluster_dir(devcluster: Any) -> Path:
 def pod_manifest(name: str, script: str, restart: str = "Never", **spec: Any) -> Obj:
     container: Obj = {
         "name": "main",
-        "image": "python:3.11-slim",
+        "image": kube_helpers.RUNTIME_IMAGE,
         "command": ["python", "-u", "-c", textwrap.dedent(script)],
     }
     container.update(spec.pop("container", {}))
@@ -385,7 +385,7 @@ def test_init_containers_run_first_in_order(api: client.CoreV1Api, ns: str) -> N
     def step(name: str) -> Obj:
         return {
             "name": name,
-            "image": "busybox",
+            "image": kube_helpers.RUNTIME_IMAGE,
             "command": ["python", "-c", f"open('/work/order', 'a').write('{name} ')"],
             "volumeMounts": mount,
         }
@@ -444,7 +444,7 @@ def test_memory_empty_dir_is_a_tmpfs_of_its_size_limit_shared_by_the_pods_contai
         container={"name": "writer", "volumeMounts": shm},
         volumes=[{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Mi"}}],
     )
-    reader = {"name": "reader", "image": "python:3.11-slim", "volumeMounts": shm}
+    reader = {"name": "reader", "image": kube_helpers.RUNTIME_IMAGE, "volumeMounts": shm}
     manifest["spec"]["containers"].append(
         {**reader, "command": ["python", "-u", "-c", textwrap.dedent(SHM_READER)]}
     )

@@ -27,6 +27,7 @@ from elasticjob_examples import sample_audit
 from kube_helpers import (
     RESTRICTED_CONTAINER,
     RESTRICTED_POD,
+    RUNTIME_IMAGE,
     Cluster,
     Obj,
     Operator,
@@ -133,7 +134,7 @@ def scrape_operator_metrics(c: Cluster, op: Operator, ns: str) -> str:
             "containers": [
                 {
                     "name": "scrape",
-                    "image": "python:3.11-slim",
+                    "image": RUNTIME_IMAGE,
                     "command": ["python", "-c", code],
                     "securityContext": RESTRICTED_CONTAINER,
                 }

@@ -22,6 +22,7 @@ from conftest import E2E_NODES
 from kube_helpers import (
     RESTRICTED_CONTAINER,
     RESTRICTED_POD,
+    RUNTIME_IMAGE,
     Cluster,
     Obj,
     Operator,
@@ -137,7 +138,7 @@ def test_restart_apiserver_keeps_the_clusters_state_and_its_process_records(
             "containers": [
                 {
                     "name": "main",
-                    "image": "python",
+                    "image": RUNTIME_IMAGE,
                     "command": ["sleep", "3600"],
                     "securityContext": RESTRICTED_CONTAINER,
                 },

@@ -41,6 +41,7 @@ from kube_helpers import (
     wait_for,
 )
 
+from elasticjob_operator.builders import etcd_selector, worker_selector
 from elasticjob_runtime import contract
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
@@ -296,7 +297,10 @@ def test_a_pod_without_the_jobs_client_certificate_cannot_read_or_write_its_etcd
     intruder = {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": "intruder", "labels": {"app": "intruder"}},
+        # it wears the host job's worker labels (not a worker index, so the operator does
+        # not count it): where NetworkPolicy is enforced (kind) it reaches the etcd as a
+        # worker would, and only the missing or foreign certificate stands in its way
+        "metadata": {"name": "intruder", "labels": {"app": "intruder", **worker_selector(host)}},
         "spec": {
             "restartPolicy": "Never",
             "securityContext": RESTRICTED_POD,  # the job namespace enforces it
@@ -366,6 +370,26 @@ def test_rdzv_tls_takes_a_job_to_a_users_etcd_with_the_named_secret(
         lambda: c.apps.read_namespaced_deployment(f"{host}-etcd", ns).status.available_replicas,
     )
     secret = f"{host}-etcd-client-tls"
+    # a user who lends their etcd to a job admits that job's workers to it, as the
+    # NetworkPolicy of the host's etcd admits only the host's (where it is enforced)
+    c.apply(
+        ns,
+        {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": {"name": f"{host}-etcd-admits-guest"},
+            "spec": {
+                "podSelector": {"matchLabels": etcd_selector(host)},
+                "policyTypes": ["Ingress"],
+                "ingress": [
+                    {
+                        "from": [{"podSelector": {"matchLabels": worker_selector("guest")}}],
+                        "ports": [{"protocol": "TCP", "port": contract.DEFAULT_ETCD_PORT}],
+                    }
+                ],
+            },
+        },
+    )
     guest = start_job(
         c,
         ns,
@@ -791,7 +815,7 @@ def test_metrics_are_scrapeable_through_the_charts_service(operator: Cluster, ns
             "containers": [
                 {
                     "name": "scrape",
-                    "image": "python:3.11-slim",
+                    "image": RUNTIME_IMAGE,
                     "securityContext": RESTRICTED_CONTAINER,
                     "command": [
                         "python",
