@@ -9,7 +9,7 @@ DEVCLUSTER_DIR := $(CURDIR)/.devcluster
 PYTEST_ARGS ?=
 SOAK_ARGS ?=
 
-.PHONY: setup lint format test test-unit test-integration test-e2e cluster cluster-down crds demo bench soak kind-e2e images images-down test-images
+.PHONY: setup lint format test test-unit test-integration test-e2e cluster cluster-down crds demo bench soak kind-e2e test-kind images images-down test-images
 
 setup:
 	@scripts/bootstrap.sh
@@ -69,5 +69,9 @@ images-down:
 test-images: setup
 	scripts/pytest-strict tests/images $(PYTEST_ARGS)
 
+# tests/e2e on a 3-node kind cluster built here (docs/kind.md); not in `make test` or CI:
+# a fresh machine's CI run is already about an hour without it (README.md).
 kind-e2e: setup
 	scripts/kind-e2e.sh $(PYTEST_ARGS)
+
+test-kind: kind-e2e

@@ -136,6 +136,7 @@ fi
 export ELASTICJOB_E2E_KUBECONFIG="$state/kubeconfig"
 export ELASTICJOB_E2E_KIND_CLUSTER="$cluster"
 export ELASTICJOB_E2E_RUNTIME_IMAGE="$runtime_image"
+export ELASTICJOB_E2E_NETWORK_POLICY_ENFORCED=1   # kube-router
 export ELASTICJOB_E2E_HELM_ARGS="--set image.repository=elasticjob-operator --set image.tag=$tag --set image.pullPolicy=Never"
 cd "$repo"
 "$repo/scripts/pytest-strict" tests/e2e -m e2e "$@"

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import BinaryIO
 
 from elasticjob_devcluster import logs
 
@@ -34,6 +35,32 @@ class LogSource:
 
 # (namespace, pod, container, previous) -> source, or an error message for a 404
 LogLookup = Callable[[str, str, str, bool], "LogSource | str"]
+
+
+class _LogFile:
+    """A container's log, each read going on where the last stopped, through one handle
+    held from the first open: the pod's directory goes when the pod is torn down, and what
+    the container wrote last (a SIGTERM handler's word) still reaches a follower, as it
+    does from a kubelet."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._file: BinaryIO | None = None
+
+    def read(self) -> bytes:
+        if self._file is None:
+            try:
+                self._file = self._path.open("rb")
+            except FileNotFoundError:
+                return b""  # not written yet
+        return self._file.read()
+
+    def __enter__(self) -> _LogFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._file is not None:
+            self._file.close()
 
 
 def _flag(q: dict[str, list[str]], name: str) -> bool:
@@ -76,6 +103,10 @@ class _Handler(BaseHTTPRequestHandler):
         self._stream(found, q)
 
     def _stream(self, src: LogSource, q: dict[str, list[str]]) -> None:
+        with _LogFile(src.path) as log:
+            self._send(src, q, log)
+
+    def _send(self, src: LogSource, q: dict[str, list[str]], log: _LogFile) -> None:
         since: float | None = None
         if (s := _int(q, "sinceSeconds")) is not None:
             since = time.time() - s
@@ -87,12 +118,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(200)
         self.send_header("Content-Type", "text/plain")
         self.end_headers()
-        try:
-            raw = src.path.read_bytes()
-        except FileNotFoundError:
-            raw = b""
+        raw = log.read()
         cut = raw.rfind(b"\n") + 1
-        pos, pending = cut, raw[cut:]
+        pending = raw[cut:]
         lines, partial = logs.assemble(logs.parse(raw[:cut]))
         if not follow:  # the log so far, a line still being written included
             lines, partial = lines + logs.unfinished(partial), {}
@@ -105,14 +133,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
         while follow and (limit is None or sent < limit):
             running = src.running()
-            try:
-                with src.path.open("rb") as f:
-                    f.seek(pos)
-                    more = f.read()
-            except FileNotFoundError:
-                more = b""
-            pos += len(more)
-            data = pending + more
+            data = pending + log.read()
             cut = data.rfind(b"\n") + 1
             pending = data[cut:]
             # whole lines, each stream rebuilt on its own: a piece waits for its end, for

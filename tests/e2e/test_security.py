@@ -4,14 +4,15 @@ pod it makes (and a clear word when the API server refuses one), and RBAC that g
 operator exactly what it uses, proven from the API server's audit log.
 
 Every namespace here enforces the restricted Pod Security Standard (kube_helpers). The
-devcluster's pod network does not enforce NetworkPolicy, so these tests prove the objects
-and their selectors; enforcement is for a cluster whose network plugin does it (kind with
-Calico, docs/operator.md).
+devcluster's pod network does not enforce NetworkPolicy, so there these tests prove the
+objects and their selectors; on a cluster whose network enforces them (``make kind-e2e``:
+kube-router, ELASTICJOB_E2E_NETWORK_POLICY_ENFORCED=1) one more test proves they hold.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,13 +20,42 @@ from typing import Any
 import pytest
 import yaml
 from elasticjob_manifests import job
-from kube_helpers import Cluster, Obj, Operator, installed_operator, wait_for
+from kube_helpers import (
+    RESTRICTED_CONTAINER,
+    RESTRICTED_POD,
+    RUNTIME_IMAGE,
+    Cluster,
+    Obj,
+    Operator,
+    installed_operator,
+    wait_for,
+)
 
 from elasticjob_devcluster.controlplane import DevCluster
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 SLEEP = ["python", "-c", "import time\ntime.sleep(3600)\n"]
+ENFORCED = os.environ.get("ELASTICJOB_E2E_NETWORK_POLICY_ENFORCED") == "1"
+LISTEN_PORT = 8090
+# A worker that listens, so that a connection to it can be refused or let through.
+LISTEN = ["python", "-m", "http.server", str(LISTEN_PORT)]
+# Opens a TCP connection to each of TARGETS (host:port ...) and prints one JSON line:
+# target -> "open", or the error that stopped it.
+CONNECT = [
+    "python",
+    "-c",
+    "import json, os, socket\n"
+    "seen = {}\n"
+    "for target in os.environ['TARGETS'].split():\n"
+    "    host, port = target.rsplit(':', 1)\n"
+    "    try:\n"
+    "        socket.create_connection((host, int(port)), timeout=5).close()\n"
+    "        seen[target] = 'open'\n"
+    "    except OSError as exc:\n"
+    "        seen[target] = type(exc).__name__\n"
+    "print(json.dumps(seen), flush=True)\n",
+]
 
 
 def labels(job_name: str, role: str) -> dict[str, str]:
@@ -121,6 +151,72 @@ def test_a_job_gets_network_policies_selecting_its_workers_etcd_and_operator(
 
     c.kubectl("-n", ns, "delete", "elasticjob", "fenced", "--wait=true", "--timeout=120s")
     wait_for("the policies garbage-collected", lambda: not policies(c, ns, "fenced"))
+
+
+def connections_from(
+    c: Cluster, ns: str, name: str, pod_labels: dict[str, str], targets: list[str]
+) -> Obj:
+    """What a pod wearing ``pod_labels`` sees when it connects to each of ``targets``."""
+    c.apply(
+        ns,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "labels": pod_labels},
+            "spec": {
+                "restartPolicy": "Never",
+                "securityContext": RESTRICTED_POD,
+                "containers": [
+                    {
+                        "name": "connect",
+                        "image": RUNTIME_IMAGE,
+                        "command": CONNECT,
+                        "env": [{"name": "TARGETS", "value": " ".join(targets)}],
+                        "securityContext": RESTRICTED_CONTAINER,
+                    }
+                ],
+            },
+        },
+    )
+    try:
+
+        def said() -> Obj | None:
+            out = c.kubectl("-n", ns, "logs", name, check=False).stdout
+            lines = [line for line in out.splitlines() if line.startswith("{")]
+            return json.loads(lines[-1]) if lines else None
+
+        return wait_for(f"{name}'s connections", said)
+    finally:
+        c.kubectl("-n", ns, "delete", "pod", name, "--wait=false", check=False)
+
+
+@pytest.mark.skipif(
+    not ENFORCED,
+    reason="this cluster's network does not enforce NetworkPolicy (the devcluster's does "
+    "not; make kind-e2e's does)",
+)
+def test_the_network_policies_keep_other_pods_off_a_jobs_workers_and_etcd(
+    installed: Operator,
+) -> None:
+    c, ns = installed.cluster, installed.job_namespace
+    c.apply(ns, job("walled", LISTEN, replicas=1))
+    wait_for("the worker running", lambda: len(c.running_workers(ns, "walled")) == 1)
+    wait_for("the policies", lambda: len(policies(c, ns, "walled")) == 2)
+    wait_for(
+        "the job's etcd available",
+        lambda: c.apps.read_namespaced_deployment("walled-etcd", ns).status.available_replicas,
+    )
+    worker_ip = c.core.read_namespaced_pod("walled-worker-0", ns).status.pod_ip
+    worker, etcd = f"{worker_ip}:{LISTEN_PORT}", f"walled-etcd.{ns}.svc:2379"
+
+    # a pod the policies admit (it wears the job's worker labels) reaches both: they listen
+    admitted = connections_from(c, ns, "admitted", labels("walled", "worker"), [worker, etcd])
+    assert admitted == {worker: "open", etcd: "open"}
+    # any other pod of the namespace reaches neither
+    outsider = connections_from(c, ns, "outsider", {"app": "outsider"}, [worker, etcd])
+    assert outsider[worker] != "open" and outsider[etcd] != "open", outsider
+
+    c.kubectl("-n", ns, "delete", "elasticjob", "walled", "--wait=false")
 
 
 def test_a_template_the_restricted_profile_forbids_is_refused_and_said_so(
