@@ -192,7 +192,7 @@ class EtcdClient:
         self.endpoints = tuple(endpoints)
         self.where = ",".join(str(e) for e in endpoints)
         self.tls = tls
-        self.timeout = timeout
+        self._timeout = timeout
         # pyetcd sets a failed endpoint aside for time_retry seconds (300 by default).
         # With one endpoint that would turn a brief etcd restart into a five-minute
         # outage, so retry it at once; with several, fail over for a few seconds.
@@ -219,9 +219,30 @@ class EtcdClient:
             endpoints=channels, timeout=timeout, failover=len(endpoints) > 1
         )
 
+    @property
+    def timeout(self) -> float:
+        """Each request's timeout, seconds; settable (the next request uses the new one)."""
+        return self._timeout
+
+    @timeout.setter
+    def timeout(self, value: float) -> None:
+        self._timeout = value
+        self._client.timeout = value
+
     def another(self, timeout: float, reconnect_within: float | None = None) -> EtcdClient:
         """A second connection to the same etcd with the same TLS settings."""
         return EtcdClient(self.endpoints, timeout, reconnect_within, self.tls)
+
+    def connect(self, within: float) -> None:
+        """Open the connection now, TLS handshake included, giving it ``within`` seconds:
+        otherwise the first request pays for it out of its own timeout, which a client for
+        lease refreshes keeps far shorter than a handshake may take on a busy cluster."""
+        try:
+            grpc.channel_ready_future(self._client.channel).result(timeout=within)
+        except grpc.FutureTimeoutError as exc:
+            raise EtcdError(
+                f"cannot reach etcd at {self.where}: no connection within {within:g} s"
+            ) from exc
 
     def _tls_error(self, exc: BaseException) -> EtcdTLSError | None:
         problem = tls_problem(_grpc_details(exc), self.tls)

@@ -210,16 +210,24 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
         with self._register_lock:
             if self._registered:
                 return
+            # The keeper has its own connection, with a short per-request timeout and quick
+            # reconnects: a refresh stuck on a slow etcd or a dead connection must not eat
+            # the TTL, and its failures must not break the main connection's watches. It is
+            # connected before the first lease is granted: a first refresh that also had to
+            # open the connection (DNS, TCP, the TLS handshake) in a quarter of a 1 s TTL
+            # lost the lease on a busy cluster (seen on kind), and the node looked gone.
+            timing = keep_alive_timing(self._lease_ttl)  # the granted TTL's, once granted
+            keeper_client = self._client.another(timing.timeout, timing.interval)
+            try:
+                keeper_client.connect(self._client.timeout)
+            except EtcdError as exc:
+                log.warning("etcd-v3: lease keeper: %s (it keeps trying)", exc)
             self._take_job_lease()
             self._announce()
             now = time.monotonic()
             self._refreshed_at = now
             self._job_refreshed_at = now
-            # The keeper has its own connection, with a short per-request timeout and quick
-            # reconnects: a refresh stuck on a slow etcd or a dead connection must not eat
-            # the TTL, and its failures must not break the main connection's watches.
-            timing = keep_alive_timing(self._granted_ttl)
-            keeper_client = self._client.another(timing.timeout, timing.interval)
+            keeper_client.timeout = keep_alive_timing(self._granted_ttl).timeout
             keeper = threading.Thread(
                 target=_keep_alive,
                 args=(weakref.ref(self), self._stop, keeper_client),

@@ -8,10 +8,13 @@ detection time belongs to the benchmark's node-freeze scenario.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -232,3 +235,71 @@ def test_an_etcd_that_grants_longer_leases_is_named_once_with_the_ttl_it_granted
     finally:
         client.close()
         server.stop()
+
+
+class SlowToConnect:
+    """A loopback TCP proxy to etcd that holds each new connection ``delay`` seconds before
+    passing a byte: a connection whose set-up (DNS, a policy being programmed, the TLS
+    handshake on a loaded node) takes that long, as a fresh pod's first one can."""
+
+    def __init__(self, upstream: tuple[str, int], delay: float) -> None:
+        self.upstream, self.delay = upstream, delay
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.sockets: list[socket.socket] = [self.listener]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return  # closed
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        time.sleep(self.delay)
+        up = socket.create_connection(self.upstream)
+        self.sockets += [conn, up]
+        for src, dst in ((conn, up), (up, conn)):
+            threading.Thread(target=self._pipe, args=(src, dst), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                dst.shutdown(socket.SHUT_WR)
+
+    def close(self) -> None:
+        for s in self.sockets:
+            s.close()
+
+
+def test_a_node_keeps_its_first_lease_when_a_new_connection_is_slow_to_open(
+    etcd_any: EtcdServer,
+) -> None:
+    """Every new connection takes 0.9 s to open; a refresh may take a quarter of the 1 s
+    TTL. The lease keeper's connection is opened before the lease is granted, so its
+    refreshes never wait for a connection and the node's first lease is its only one."""
+    host, port = etcd_any.endpoint.rsplit(":", 1)
+    proxy = SlowToConnect((host, int(port)), delay=0.9)
+    client = EtcdClient(parse_endpoints(f"127.0.0.1:{proxy.port}"), timeout=10)
+    run_id = uuid.uuid4().hex
+    handler = EtcdV3RendezvousHandler(
+        client, run_id, Limits(1, 2, 15), "127.0.0.1", join_timeout=90
+    )
+    try:
+        handler.register()
+        first = member_keys(client, run_id)
+        assert len(first) == 1
+        time.sleep(3 * handler.lease_ttl)
+        assert member_keys(client, run_id) == first  # same revision, same lease
+    finally:
+        handler._leave()
+        client.close()
+        proxy.close()
