@@ -70,6 +70,7 @@ class SoakConfig:
     max_faults: int = 50
     node_losses: int = 2
     kinds: tuple[FaultKind, ...] = tuple(FaultKind)
+    image: str | None = None  # the workers' image; None: the example manifest's
 
 
 @dataclass(frozen=True)
@@ -155,6 +156,8 @@ def job_manifest(name: str, cfg: SoakConfig) -> Obj:
     )
     container["env"] = [{"name": k, "value": v} for k, v in env.items()]
     container["resources"] = {"requests": {"cpu": "50m", "memory": "128Mi"}}
+    if cfg.image:
+        container["image"] = cfg.image
     return doc
 
 

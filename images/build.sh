@@ -17,18 +17,7 @@ DOCKER_HOST="$("$repo/images/engine.sh" up)"
 export DOCKER_HOST DOCKER_BUILDKIT=1
 base="$("$repo/images/base-image.sh")"
 
-# BuildKit (the `ca` secret needs it): a client with the buildx plugin, or the engine's
-# own 20.10 client from Debian's docker.io (BuildKit built in), as here where the docker
-# on PATH is a newer client without buildx
-docker=(docker)
-if ! docker buildx version >/dev/null 2>&1; then
-  if [[ -x /usr/bin/docker ]] && [[ "$(/usr/bin/docker version --format '{{.Client.Version}}' 2>/dev/null)" == 20.10* ]]; then
-    docker=(/usr/bin/docker)
-  else
-    echo "[images] docker build needs BuildKit: install the buildx plugin (docker-buildx)" >&2
-    exit 1
-  fi
-fi
+docker=("$("$repo/images/engine.sh" builder)")  # BuildKit: the `ca` secret needs it
 
 args=(--network host --build-arg "PYTHON_IMAGE=$base")
 [[ -n "${PIP_INDEX_URL:-}" ]] && args+=(--build-arg "PIP_INDEX_URL=$PIP_INDEX_URL")

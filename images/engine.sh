@@ -3,8 +3,9 @@
 # default socket) names if it answers; otherwise our own dockerd, started by hand with
 # everything under the cache (data, socket, pid file) and stopped by its recorded pid.
 #
-#   images/engine.sh up     # prints the DOCKER_HOST to use
-#   images/engine.sh down   # stops our dockerd if we started one
+#   images/engine.sh up       # prints the DOCKER_HOST to use
+#   images/engine.sh down     # stops our dockerd if we started one
+#   images/engine.sh builder  # prints the docker client that builds with BuildKit
 #
 # Ours registers images/runc-wrapper.py as its default runtime: on hosts where root
 # lacks CAP_SYS_RESOURCE, privileged containers (kind's nodes) fail in plain runc.
@@ -89,8 +90,23 @@ down() {
   unmount_leftovers
 }
 
+# BuildKit (build secrets need it): a client with the buildx plugin, or the engine's own
+# 20.10 client from Debian's docker.io (BuildKit built in), as here where the docker on
+# PATH is a newer client without buildx (which would fall back to the legacy builder)
+builder() {
+  if docker buildx version >/dev/null 2>&1; then
+    command -v docker
+  elif [[ -x /usr/bin/docker ]] && [[ "$(/usr/bin/docker version --format '{{.Client.Version}}' 2>/dev/null)" == 20.10* ]]; then
+    echo /usr/bin/docker
+  else
+    say "docker build needs BuildKit: install the buildx plugin (docker-buildx)"
+    exit 1
+  fi
+}
+
 case "${1:-}" in
   up) up ;;
   down) down ;;
-  *) echo "usage: $0 up|down" >&2; exit 2 ;;
+  builder) builder ;;
+  *) echo "usage: $0 up|down|builder" >&2; exit 2 ;;
 esac

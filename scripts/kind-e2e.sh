@@ -70,7 +70,7 @@ if ! docker image inspect "$etcd_image" >/dev/null 2>&1; then
   ctx="$(mktemp -d)"
   cp "$etcd_bin" "$ctx/etcd"
   printf 'FROM scratch\nCOPY etcd /usr/local/bin/etcd\nENV PATH=/usr/local/bin\nUSER 65532:65532\nENTRYPOINT ["etcd"]\n' |
-    docker build --quiet -t "$etcd_image" -f - "$ctx" >/dev/null
+    "$("$repo/images/engine.sh" builder)" build --quiet -t "$etcd_image" -f - "$ctx" >/dev/null
   rm -rf "$ctx"
 fi
 node_image="$("$repo/images/kind/node-image.sh")"
@@ -119,19 +119,24 @@ EOF
   "$kind" create cluster --name "$cluster" --image "$node_image" --config "$config" \
     --kubeconfig "$state/kubeconfig" --wait 300s >&2
   say "cluster ready in $(($(date +%s) - t)) s"
-  # Our images go to the workers only (the control plane takes no pods), each unpacked
-  # and its layer blobs dropped: `kind load` keeps both, 10 GB per node for the runtime.
-  t=$(date +%s)
-  for node in $(docker ps --filter "label=io.x-k8s.kind.cluster=$cluster" \
-      --filter label=io.x-k8s.kind.role=worker --format '{{.Names}}'); do
-    for image in "$operator_image" "$runtime_image" "$etcd_image"; do
-      docker save "$image" | docker exec -i "$node" ctr --namespace=k8s.io images import \
-        --digests --discard-unpacked-layers --snapshotter=overlayfs - >/dev/null
-    done
-    say "images loaded into $node"
-  done
-  say "images loaded in $(($(date +%s) - t)) s"
 fi
+
+# Our images go to the workers only (the control plane takes no pods), each unpacked and
+# its layer blobs dropped: `kind load` keeps both, 10 GB per node for the runtime image.
+# Every run, so a kept cluster gets rebuilt images; a node that has the same image skips it.
+t=$(date +%s)
+for node in $(docker ps --filter "label=io.x-k8s.kind.cluster=$cluster" \
+    --filter label=io.x-k8s.kind.role=worker --format '{{.Names}}'); do
+  for image in "$operator_image" "$runtime_image" "$etcd_image"; do
+    want="$(docker image inspect -f '{{.Id}}' "$image")"
+    has="$(docker exec "$node" crictl inspecti -o go-template --template '{{.status.id}}' "$image" 2>/dev/null || true)"
+    [[ "$has" == "$want" ]] && continue
+    say "loading $image into $node"
+    docker save "$image" | docker exec -i "$node" ctr --namespace=k8s.io images import \
+      --digests --discard-unpacked-layers --snapshotter=overlayfs - >/dev/null
+  done
+done
+say "images on the workers in $(($(date +%s) - t)) s"
 
 export ELASTICJOB_E2E_KUBECONFIG="$state/kubeconfig"
 export ELASTICJOB_E2E_KIND_CLUSTER="$cluster"

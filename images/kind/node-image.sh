@@ -40,6 +40,7 @@ coredns_tag="v$(version_of coredns -version | sed 's/^v//')"
 kube_router_tag="$(awk -F= '/^kube_router_version=/ {print $2}' "$here/build-binaries.sh")"
 pause_tag="$(grep -oE 'pause:[0-9.]+' "$here/node/etc/containerd/config.toml" | cut -d: -f2)"
 
+docker_build="$("$repo/images/engine.sh" builder) build"
 ctx="$(mktemp -d "${TMPDIR:-/tmp}/elasticjob-kind-node.XXXXXX")"
 trap 'rm -rf "$ctx"' EXIT
 cp -L "$bin"/* "$ctx/"
@@ -55,7 +56,7 @@ component() {
   say "image $name"
   printf 'FROM %s\nCOPY %s %s\nENV PATH=/usr/local/bin:/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin\nENTRYPOINT ["%s"]\n' \
     "$base" "$program" "$path" "$path" |
-    docker build --quiet -t "$name" -f - "$ctx" >/dev/null
+    $docker_build --quiet -t "$name" -f - "$ctx" >/dev/null
   preloaded+=("$name")
 }
 component "registry.k8s.io/kube-apiserver:$k8s" kube-apiserver scratch /usr/local/bin/kube-apiserver
@@ -77,5 +78,5 @@ echo "$k8s" >"$ctx/node/kind/version"
 printf 'etcd=%s\ncoredns=%s\n' "$etcd_tag" "$coredns_tag" >"$ctx/node/kind/image-tags"
 
 say "building $image"
-docker build --quiet -t "$image" -f "$here/node.Dockerfile" --build-arg "ROOTFS=$rootfs_image" "$ctx" >/dev/null
+$docker_build --quiet -t "$image" -f "$here/node.Dockerfile" --build-arg "ROOTFS=$rootfs_image" "$ctx" >/dev/null
 echo "$image"

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from kube_helpers import Cluster, installed_operator
+from kube_helpers import RUNTIME_IMAGE, Cluster, installed_operator
 
 from bench.soak import FaultKind, Soak, SoakConfig, operator_nodes, table
 from elasticjob_devcluster.controlplane import DevCluster
@@ -34,6 +34,7 @@ def test_the_soak_harness_runs_two_jobs_through_faults_and_audits_them(
         max_faults=2,
         node_losses=0,
         kinds=kinds,
+        image=RUNTIME_IMAGE,  # the example names a published image: there is none yet
     )
     c = Cluster(kubeconfig)
     with installed_operator(c, "sk") as op:

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import random
 
-from bench.soak import FaultKind, SoakConfig, Target, changes, choose_fault, result_of
+from bench.soak import (
+    FaultKind,
+    SoakConfig,
+    Target,
+    changes,
+    choose_fault,
+    job_manifest,
+    result_of,
+)
 
 CFG = SoakConfig(seed=1, max_workers=3, node_losses=1)
 TRAINING = Target("soak-00", 2, {"soak-00-worker-0": "node-1", "soak-00-worker-1": "node-2"})
@@ -51,3 +59,12 @@ def test_result_and_world_changes_are_read_from_the_lines() -> None:
     assert result_of(lines) == {"steps": 300}
     assert result_of(["ELASTICJOB_RESULT {torn"]) == {}
     assert changes([2, 2, 3, 3, 1, 1, 2]) == [2, 3, 1, 2]
+
+
+def test_a_job_runs_the_image_the_config_names_or_else_the_examples() -> None:
+    def image(cfg: SoakConfig) -> str:
+        spec = job_manifest("soak-00", cfg)["spec"]["replicaSpecs"]["Worker"]["template"]
+        return str(spec["spec"]["containers"][0]["image"])
+
+    assert image(SoakConfig(seed=1, image="elasticjob-runtime:e2e")) == "elasticjob-runtime:e2e"
+    assert image(SoakConfig(seed=1)) == "ghcr.io/elasticjob/elasticjob-runtime:0.1.0"
