@@ -243,7 +243,9 @@ def socket_in_netns(ns: str) -> socket.socket:
     return in_netns(ns, lambda: socket.socket(socket.AF_INET, socket.SOCK_STREAM))
 
 
-def _pipe(src: socket.socket, dst: socket.socket) -> None:
+def pipe(src: socket.socket, dst: socket.socket) -> None:
+    """Copy ``src`` to ``dst`` until ``src`` ends, then end ``dst``'s sending side: one
+    direction of a relayed connection."""
     try:
         while data := src.recv(65536):
             dst.sendall(data)
@@ -339,9 +341,9 @@ class Proxy:
         up.settimeout(None)
         with self._lock:
             self._conns.update((conn, up))
-        t = threading.Thread(target=_pipe, args=(up, conn), daemon=True)
+        t = threading.Thread(target=pipe, args=(up, conn), daemon=True)
         t.start()
-        _pipe(conn, up)
+        pipe(conn, up)
         t.join()
         with self._lock:
             self._conns.difference_update((conn, up))

@@ -8,7 +8,6 @@ detection time belongs to the benchmark's node-freeze scenario.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import socket
@@ -24,6 +23,7 @@ from pathlib import Path
 import pytest
 from conftest import WORKERS, EtcdServer, start_etcd
 
+from elasticjob_devcluster.network import pipe
 from elasticjob_runtime.etcd_client import EtcdClient
 from elasticjob_runtime.etcd_endpoints import parse_endpoints
 from elasticjob_runtime.membership import Limits
@@ -262,18 +262,7 @@ class SlowToConnect:
         up = socket.create_connection(self.upstream)
         self.sockets += [conn, up]
         for src, dst in ((conn, up), (up, conn)):
-            threading.Thread(target=self._pipe, args=(src, dst), daemon=True).start()
-
-    @staticmethod
-    def _pipe(src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(65536):
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            with contextlib.suppress(OSError):
-                dst.shutdown(socket.SHUT_WR)
+            threading.Thread(target=pipe, args=(src, dst), daemon=True).start()
 
     def close(self) -> None:
         for s in self.sockets:
