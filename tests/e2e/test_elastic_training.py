@@ -451,7 +451,10 @@ def test_kubectl_scale_2_4_2_world_follows_and_no_sample_repeats_within_an_epoch
 
     worlds = [s.world for s in logs.steps()]
     changes = [w for i, w in enumerate(worlds) if i == 0 or w != worlds[i - 1]]
-    assert changes == [2, 4, 2], changes
+    # up to 4 (through 3 where one new pod was ready before the other, as on kind), then 2
+    assert 4 in changes, changes
+    up, down = changes[: changes.index(4) + 1], changes[changes.index(4) + 1 :]
+    assert up[0] == 2 and up == sorted(set(up)) and down == [2], changes
 
     found = sample_audit.audit(logs.samples(), samples, steps)
     assert not found.problems, found.problems

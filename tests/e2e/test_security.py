@@ -40,20 +40,25 @@ ENFORCED = os.environ.get("ELASTICJOB_E2E_NETWORK_POLICY_ENFORCED") == "1"
 LISTEN_PORT = 8090
 # A worker that listens, so that a connection to it can be refused or let through.
 LISTEN = ["python", "-m", "http.server", str(LISTEN_PORT)]
-# Opens a TCP connection to each of TARGETS (host:port ...) and prints one JSON line:
-# target -> "open", or the error that stopped it.
+# Opens a TCP connection to each of TARGETS (host:port ...), trying each for up to 30 s
+# (a new pod's address reaches the policies' rules a moment after it starts, and a
+# listener may still be starting), and prints one JSON line: target -> "open", or the
+# last error.
 CONNECT = [
     "python",
     "-c",
-    "import json, os, socket\n"
+    "import json, os, socket, time\n"
     "seen = {}\n"
     "for target in os.environ['TARGETS'].split():\n"
     "    host, port = target.rsplit(':', 1)\n"
-    "    try:\n"
-    "        socket.create_connection((host, int(port)), timeout=5).close()\n"
-    "        seen[target] = 'open'\n"
-    "    except OSError as exc:\n"
-    "        seen[target] = type(exc).__name__\n"
+    "    deadline = time.monotonic() + 30\n"
+    "    while seen.get(target) != 'open' and time.monotonic() < deadline:\n"
+    "        try:\n"
+    "            socket.create_connection((host, int(port)), timeout=3).close()\n"
+    "            seen[target] = 'open'\n"
+    "        except OSError as exc:\n"
+    "            seen[target] = type(exc).__name__\n"
+    "            time.sleep(0.5)\n"
     "print(json.dumps(seen), flush=True)\n",
 ]
 
