@@ -184,12 +184,17 @@ def malformed(base: Obj, edit: Callable[[Obj], None]) -> Obj:
     return obj
 
 
+# A test worker's first line: exit on SIGTERM. In a container the script is PID 1, which
+# has no default action for SIGTERM (a real kubelet then waits the whole grace period:
+# long enough for a job below minReplicas to fail); on the devcluster it is not PID 1.
+EXIT_ON_SIGTERM = "import signal, sys\nsignal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\n"
+
 # Worker 0 publishes a progress record (step 1234) to the job's etcd, as the runtime's
 # ProgressReporter would, then every worker sleeps.
 PUBLISH_PROGRESS_AND_SLEEP = [
     "python",
     "-c",
-    "import os, time\n"
+    EXIT_ON_SIGTERM + "import os, time\n"
     "from elasticjob_runtime import contract, records\n"
     "from elasticjob_runtime.etcd_tls import connect\n"
     "if os.environ['ELASTICJOB_POD_NAME'].endswith('-0'):\n"

@@ -23,6 +23,7 @@ import pytest
 from cryptography import x509
 from cryptography.x509.verification import PolicyBuilder, Store
 from elasticjob_manifests import (
+    EXIT_ON_SIGTERM,
     MALFORMED,
     PUBLISH_PROGRESS_AND_SLEEP,
     RUNTIME_IMAGE,
@@ -57,7 +58,7 @@ BELOW_MIN_GRACE = 15  # seconds a job may run below minReplicas (chart value)
 PRINT_ENV_AND_SLEEP = [
     "python",
     "-c",
-    "import os, json, time\n"
+    EXIT_ON_SIGTERM + "import os, json, time\n"
     "env = {k: v for k, v in os.environ.items() if k.startswith(('PET_', 'ELASTICJOB_'))}\n"
     "print(json.dumps(env), flush=True)\n"
     "time.sleep(3600)\n",
@@ -419,7 +420,7 @@ def test_rdzv_tls_takes_a_job_to_a_users_etcd_with_the_named_secret(
 COUNT_STARTS_AND_SLEEP = [
     "python",
     "-c",
-    "import os, time\n"
+    EXIT_ON_SIGTERM + "import os, time\n"
     "from elasticjob_runtime import contract, records\n"
     "from elasticjob_runtime.etcd_tls import connect\n"
     "key = contract.progress_key(os.environ['PET_RDZV_ID'])\n"
