@@ -104,5 +104,10 @@ class PodLogs:
             return [line for _, line in self.lines]
 
     def tail(self, n: int = 60) -> str:
+        """The last ``n`` lines of each pod, pod after pod: one chatty pod's lines (rank 0
+        logs every step) must not hide what a quiet one said last (its agent's warnings)."""
         with self.lock:
-            return "\n".join(f"{pod}: {line}" for pod, line in self.lines[-n:])
+            by_pod: dict[str, list[str]] = {}
+            for pod, line in self.lines:
+                by_pod.setdefault(pod, []).append(line)
+        return "\n".join(f"{pod}: {line}" for pod, lines in by_pod.items() for line in lines[-n:])

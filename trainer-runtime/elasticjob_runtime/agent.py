@@ -173,8 +173,18 @@ class MembershipAwareAgent(LocalElasticAgent):
         # torch's loop sets the state before it calls this: HEALTHY is its membership
         # branch (a peer left or came); FAILED/UNHEALTHY means a local worker exited.
         if worker_group.state == WorkerState.HEALTHY and self._workers_regroup_in_place():
-            self._regroup_in_place(worker_group)
-            return
+            if self._channel.begin_regroup():
+                try:
+                    self._regroup_in_place(worker_group)
+                finally:
+                    self._channel.end_regroup()
+                return
+            # It may exit before the round stands, and the round's other members would
+            # wait in it for a worker that never comes (channel.py).
+            log.info(
+                "a worker has finished training; restarting the workers into the next round "
+                "(they resume from the final checkpoint)"
+            )
         super()._restart_workers(worker_group)
 
     def _workers_regroup_in_place(self) -> bool:
@@ -257,7 +267,7 @@ class MembershipAwareAgent(LocalElasticAgent):
                 # A collective failed with no membership change (yet): a new round for
                 # everyone; the other agents see this node waiting and follow.
                 log.info("a worker's collective failed; opening the next round")
-                self._regroup_in_place(worker_group)
+                self._restart_workers(worker_group)
                 return result
             return self._check_hang(worker_group) or result
         if result.state not in {WorkerState.FAILED, WorkerState.UNHEALTHY}:

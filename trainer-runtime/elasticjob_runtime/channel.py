@@ -15,6 +15,16 @@ Workers write two things back:
 * ``regroup-<local rank>``: the generation in which its collective failed. The agent
   opens a new round for it (a peer's failure that changed no membership still ends
   the round for everyone).
+* ``finished-<local rank>``: its training is over and it is about to exit.
+
+Training ends while peers may still come and go, and a round this agent forms for its
+workers must be one they build, or its other members wait in it until their group's
+timeout. So the agent marks a regroup in place it starts (``regrouping``) and the
+worker marks its end (``finished-<local rank>``); each writes its mark, then reads the
+other's. Whichever reads second sees the first: an agent that sees a worker finished
+does not regroup in place (it restarts its workers into the round, and they resume from
+the final checkpoint); a finishing worker that sees a regroup under way waits for it
+and builds the round before it exits.
 
 Files are written whole (a temporary file renamed over the old one) and polled: a
 ``stat`` every few milliseconds costs nothing beside a training step, and unlike a
@@ -33,6 +43,7 @@ from pathlib import Path
 from elasticjob_runtime import contract
 
 POLL_S = 0.01
+REGROUPING = "regrouping"  # the agent is forming the next round for its workers
 
 
 @dataclass(frozen=True)
@@ -112,9 +123,28 @@ class AgentChannel:
         return False
 
     def forget_workers(self) -> None:
-        """Workers are being replaced: their offers to regroup in place end with them."""
-        for path in self.directory.glob("in-place-*"):
-            path.unlink(missing_ok=True)
+        """Workers are being replaced: their offers to regroup in place, and their word
+        that they finished, end with them."""
+        for pattern in ("in-place-*", "finished-*"):
+            for path in self.directory.glob(pattern):
+                path.unlink(missing_ok=True)
+
+    def begin_regroup(self) -> bool:
+        """Mark a regroup in place as under way, unless a worker already said it finished
+        (False: it may be gone before the round stands; restart the workers instead)."""
+        self._regrouping.write_text("")
+        if any(self.directory.glob("finished-*")):
+            self._regrouping.unlink(missing_ok=True)
+            return False
+        return True
+
+    def end_regroup(self) -> None:
+        """The round is delivered (or could not be formed): finishing workers may go."""
+        self._regrouping.unlink(missing_ok=True)
+
+    @property
+    def _regrouping(self) -> Path:
+        return self.directory / REGROUPING
 
 
 class WorkerChannel:
@@ -166,3 +196,10 @@ class WorkerChannel:
 
     def request_regroup(self, generation: int) -> None:
         _write_whole(self.directory / f"regroup-{self.local_rank}", str(generation))
+
+    def say_finished(self) -> None:
+        _write_whole(self.directory / f"finished-{self.local_rank}", str(os.getpid()))
+
+    def agent_regrouping(self) -> bool:
+        """Is the agent forming a round this worker was offered for?"""
+        return (self.directory / REGROUPING).exists()

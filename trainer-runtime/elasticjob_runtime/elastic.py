@@ -521,6 +521,8 @@ class Run:
             self.ckpt.mark_step(self.global_step)  # SIGTERM during the last step: save, exit 143
         if self._live:
             self.save()
+        if self._channel is not None:
+            self._settle_rounds()
         self.ckpt.close()
         if self.reporter is not None:
             self.reporter.close()
@@ -528,6 +530,23 @@ class Run:
         if self._watcher is not None:
             self._watcher.join()
         self._group.destroy()
+
+    def _settle_rounds(self) -> None:
+        """Before this process exits, build any round its agent formed or is forming for
+        it: its other members (a node that joined as training ended) wait in that round
+        for this worker, and get the final state from it (channel.py says why)."""
+        assert self._channel is not None
+        self._channel.say_finished()
+        started = time.monotonic()
+        while True:
+            if self._switch_pending():
+                self._regroup(failed=False)
+                continue
+            if not self._channel.agent_regrouping():
+                return
+            if os.getppid() != self._parent or time.monotonic() - started > REGROUP_TIMEOUT_S:
+                return  # nobody will deliver that round: leave
+            time.sleep(POLL_S)
 
     def __enter__(self) -> Run:
         return self

@@ -11,6 +11,7 @@ still seen exactly once per epoch.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -37,6 +38,7 @@ from elasticjob_runtime.etcd_endpoints import parse_endpoints
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 CRASH_ONCE = WORKERS / "crash_once.py"
+LINGER_AT_END = WORKERS / "linger_at_end.py"
 SAMPLES = 1024  # small, so that the runs cross epoch boundaries and resizes
 
 
@@ -262,3 +264,53 @@ def test_a_frozen_peer_does_not_hold_the_survivor_in_a_gloo_collective(
             for sig in (signal.SIGKILL, signal.SIGCONT):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, sig)
+
+
+@pytest.mark.parametrize("linger_at", ["finish", "finished"])
+def test_a_node_that_joins_as_training_ends_gets_the_final_state_and_every_agent_exits_0(
+    agents: list[subprocess.Popen[bytes]], etcd: EtcdServer, tmp_path: Path, linger_at: str
+) -> None:
+    """The newcomer's round must be one the finishing worker builds: before, a worker
+    whose loop had ended never read the round its agent joined for it, and the newcomer
+    waited in that round for the group's 30-minute timeout (the first agent 300 s in its
+    exit barrier). ``finish``: the worker holds still before ``Run.finish()``, so its
+    agent regroups it in place, and it builds the round on its way out. ``finished``: it
+    holds still after it said it finished, so its agent restarts it into the round
+    instead, from the final checkpoint."""
+    run_id = f"late-{uuid.uuid4().hex[:8]}"
+    steps = 30
+    linger = tmp_path / "linger"
+    linger.mkdir()
+    args = [str(LINGER_AT_END), *train_args(tmp_path / "ckpt", steps, "--sleep=0.05")[1:]]
+    env = {
+        "ELASTICJOB_CHECKPOINT_MEMORY_DIR": "off",
+        "LINGER_AT": linger_at,
+        "LINGER_DIR": str(linger),
+    }
+    logs = [tmp_path / "first.log", tmp_path / "second.log"]
+    first = start(agents, etcd, logs[0], args, nnodes="1:2", nproc=1, run_id=run_id, env=env)
+    wait_for("the end of training", lambda: any(linger.glob("lingering-*")) or None, 240, logs[0])
+    second = start(agents, etcd, logs[1], args, nnodes="1:2", nproc=1, run_id=run_id, env=env)
+    agent_says = (
+        "regrouping the running workers in place"
+        if linger_at == "finish"
+        else "a worker has finished training; restarting the workers"
+    )
+    wait_for(
+        "the first agent to take the newcomer",
+        lambda: agent_says in logs[0].read_text() or None,
+        240,
+        logs[1],
+    )
+    (linger / "go").write_text("")
+    for proc, log in zip((first, second), logs, strict=True):
+        wait_for("the agent to exit", lambda p=proc: p.poll() is not None or None, 180, log)
+        assert proc.returncode == 0, log.read_text()[-4000:]
+    text = logs[0].read_text() + logs[1].read_text()
+    newcomer = logs[1].read_text()
+    assert re.search(rf"^resumed from step {steps} ", newcomer, re.M), newcomer[-3000:]
+    results = [json.loads(r) for r in re.findall(r"^ELASTICJOB_RESULT (.*)$", text, re.M)]
+    # The last round's rank 0 reports training at both nodes (a worker the agent stopped
+    # after it finished may have reported its own end too).
+    assert {r["steps"] for r in results} == {steps}, text[-4000:]
+    assert (steps, 2) in {(r["steps"], r["world_size"]) for r in results}, text[-4000:]

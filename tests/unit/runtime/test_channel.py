@@ -65,3 +65,20 @@ def test_the_agent_reads_offers_and_regroup_requests_for_the_running_round(
     assert not agent.regroup_requested(4)  # a request from an older round is stale
     agent.forget_workers()
     assert agent.in_place_pids() == {}
+
+
+def test_a_regroup_and_a_worker_finishing_each_see_the_other_first(tmp_path: Path) -> None:
+    agent = AgentChannel(tmp_path)
+    worker = WorkerChannel(tmp_path, 0)
+    # The agent marked first: the finishing worker sees a round coming and waits for it.
+    assert agent.begin_regroup()
+    worker.say_finished()
+    assert worker.agent_regrouping()
+    agent.end_regroup()
+    assert not worker.agent_regrouping()  # delivered: the worker may go
+    # The worker said it finished first: the agent does not count on it to regroup.
+    assert not agent.begin_regroup()
+    assert not worker.agent_regrouping()
+    agent.forget_workers()  # restarted workers have not finished
+    assert agent.begin_regroup()
+    agent.end_regroup()
