@@ -163,6 +163,25 @@ def lost_participants(participants: Sequence[str], live: frozenset[str]) -> list
     return [p for p in participants if p not in live]
 
 
+def gone_on_without(
+    current: Round | None, me: str, my_round: int, participants: Sequence[str]
+) -> list[str]:
+    """The participants of ``me``'s round ``my_round`` that went on to a newer round
+    without ``me`` (it was cut off long enough to lose its lease): they have left the
+    round's group, and a collective of it may never fail by itself (their sockets' last
+    words can be lost with the cut), so its workers must abandon it."""
+    if current is None or current.closed or current.number <= my_round:
+        return []
+    if current.complete:
+        if me in current.participants:
+            return []
+        return [p for p in participants if p != me and p in current.participants]
+    if current.number > my_round + 1:
+        # a round after ours was sealed before this one opened, and not with this node
+        return [p for p in participants if p != me]
+    return []
+
+
 def decide_join(
     current: Round | None, me: str, limits: Limits, last_joined: int, entered: int | None
 ) -> Decision:

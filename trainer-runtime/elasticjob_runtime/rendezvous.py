@@ -85,6 +85,7 @@ from elasticjob_runtime.membership import (
     decide_standby,
     decode_participants,
     encode_participants,
+    gone_on_without,
     leader_of,
     lost_participants,
     restart_reason,
@@ -450,17 +451,21 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
             return RendezvousInfo(store, joined.rank, joined.world_size, bootstrap)
 
     def peers_lost(self) -> list[str]:
-        """The participants of this node's current round whose lease is gone, read now.
+        """The participants of this node's current round whose lease is gone, or that went
+        on to a newer round without this node (:func:`gone_on_without`), read now.
 
         Non-empty means the round's collectives can never complete: the agent tells its
         workers so before it stops them (see ``MembershipAwareAgent._stop_workers``).
         """
         try:
             _, live = self._live()
+            _, current, _ = self._read_state()
         except EtcdError as exc:
             log.warning("etcd-v3: cannot read the live nodes: %s", exc)
             return []
-        return lost_participants(self._participants, live)
+        lost = lost_participants(self._participants, live)
+        gone_on = gone_on_without(current, self.node, self._round, self._participants)
+        return lost + [p for p in gone_on if p not in lost]
 
     def _rank_zero_lost(self, joined: Joined) -> str | None:
         """Why ``joined`` cannot start, or None: the other ranks wait in its store for

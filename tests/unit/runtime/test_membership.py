@@ -25,6 +25,7 @@ from elasticjob_runtime.membership import (
     decide_standby,
     decode_participants,
     encode_participants,
+    gone_on_without,
     leader_of,
     restart_reason,
 )
@@ -248,3 +249,17 @@ def test_a_node_that_reads_its_sealed_round_only_after_a_newer_one_opened_still_
     assert step(etcd, b, frozenset("abc"), LIMITS, 0.0)
     assert b.joined == Joined(1, ("a", "b"), 1)
     assert restart_reason(etcd.state, [], my_round=1) is not None  # then straight to round 2
+
+
+def test_peers_that_sealed_a_newer_round_without_this_node_have_left_its_group() -> None:
+    ours = ("a", "b")
+    # b was cut off; a sealed round 4 alone: b's round 3 is dead, whatever gloo says
+    assert gone_on_without(Round(4, ("a",), complete=True), "b", 3, ours) == ["a"]
+    # ... and a round after that is already forming
+    assert gone_on_without(Round(5, ("c",)), "b", 3, ours) == ["a"]
+    # a newcomer opened the next round: everyone is still in round 3 and will join it
+    assert gone_on_without(Round(4, ("c",)), "b", 3, ours) == []
+    assert gone_on_without(Round(4, ("a", "b"), complete=True), "b", 3, ours) == []
+    assert gone_on_without(Round(3, ours, complete=True), "b", 3, ours) == []
+    assert gone_on_without(Round(4, ("a",), complete=True, closed=True), "b", 3, ours) == []
+    assert gone_on_without(None, "b", 3, ours) == []
