@@ -187,7 +187,9 @@ def malformed(base: Obj, edit: Callable[[Obj], None]) -> Obj:
 # A test worker's first line: exit on SIGTERM. In a container the script is PID 1, which
 # has no default action for SIGTERM (a real kubelet then waits the whole grace period:
 # long enough for a job below minReplicas to fail); on the devcluster it is not PID 1.
-EXIT_ON_SIGTERM = "import signal, sys\nsignal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\n"
+# It exits 143, as SIGTERM's default action would be reported: a worker that exits 0 has
+# finished training, and the operator would call a job whose pod was deleted a success.
+EXIT_ON_SIGTERM = "import signal, sys\nsignal.signal(signal.SIGTERM, lambda *_: sys.exit(143))\n"
 
 # Worker 0 publishes a progress record (step 1234) to the job's etcd, as the runtime's
 # ProgressReporter would, then every worker sleeps.

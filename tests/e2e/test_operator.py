@@ -560,7 +560,10 @@ def test_a_checkpoint_too_big_for_dev_shm_is_one_warning_event(operator: Cluster
     def said() -> Obj | None:
         return c.status(ns, name).get("nodeMemoryFallback")
 
-    fallback = wait_for("status.nodeMemoryFallback", said)
+    try:
+        fallback = wait_for("status.nodeMemoryFallback", said)
+    except AssertionError as e:  # the worker's own words say whether it saw the fault
+        raise AssertionError(f"{e}\n--- shm-worker-0 ---\n{logs()[-3000:]}") from None
     assert fallback["runId"] == c.job(ns, name)["metadata"]["uid"]
     time.sleep(12)  # a resync later (10 s): the operator does not say it again
 
