@@ -147,6 +147,16 @@ class Operator:
         ]
 
 
+def crd_state(cluster: Cluster, crd: str) -> str:
+    """``present``, ``terminating`` (deleted, waiting for its resources) or ``absent``."""
+    got = cluster.kubectl(
+        "get", "crd", crd, "-o", "jsonpath={.metadata.deletionTimestamp}", check=False
+    )
+    if got.returncode != 0:
+        return "absent"
+    return "terminating" if got.stdout.strip() else "present"
+
+
 @contextmanager
 def installed_operator(
     cluster: Cluster, prefix: str, *helm_args: str, suffix: str | None = None
@@ -157,7 +167,15 @@ def installed_operator(
     suffix = suffix or uuid.uuid4().hex[:6]
     op = Operator(cluster, f"{prefix}op-{suffix}", f"{prefix}op-{suffix}", f"{prefix}jobs-{suffix}")
     crd = f"{PLURAL}.{GROUP}"
-    had_crd = cluster.kubectl("get", "crd", crd, check=False).returncode == 0
+    had_crd = crd_state(cluster, crd) == "present"
+    if crd_state(cluster, crd) == "terminating":
+        # An earlier module's install deleted it and it still waits for its custom
+        # resources to go (slow on a real cluster): helm would find it, skip it, and time
+        # out waiting for it to be established.
+        wait_for(
+            "the CRD an earlier install deleted to be gone",
+            lambda: crd_state(cluster, crd) == "absent",
+        )
     for ns in (op.namespace, op.job_namespace):
         cluster.core.create_namespace({"metadata": {"name": ns, "labels": RESTRICTED}})
     try:

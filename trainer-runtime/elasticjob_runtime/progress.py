@@ -310,11 +310,13 @@ def report_memory_fallback(
 
 
 def memory_fallback_reporter_from_env(
-    timeout: float = 2.0,
+    timeout: float = 2.0, connect_within: float = 10.0
 ) -> Callable[[MemoryFallback], None] | None:
     """Where a worker (any rank) reports a failed node-memory copy: the run's etcd, as
     :func:`progress_target` decides, or None. Reporting never raises: it logs one line if
-    etcd cannot be reached (after at most about ``timeout`` seconds, once per process)."""
+    etcd cannot be reached (after at most about ``connect_within`` plus two ``timeout``
+    seconds, once per process). The connection (DNS, TCP, the TLS handshake) has its own
+    budget: on a busy cluster it alone took longer than a request's 2 s (seen on kind)."""
     target = _target_from_env("node-memory fallback reports")
     if target is None:
         return None
@@ -323,6 +325,7 @@ def memory_fallback_reporter_from_env(
         try:
             client = open_client(target.etcd, target.tls, timeout=timeout)
             try:
+                client.connect(connect_within)
                 report_memory_fallback(client, target.run_id, fallback)
             finally:
                 client.close()
