@@ -167,8 +167,9 @@ def installed_operator(
     suffix = suffix or uuid.uuid4().hex[:6]
     op = Operator(cluster, f"{prefix}op-{suffix}", f"{prefix}op-{suffix}", f"{prefix}jobs-{suffix}")
     crd = f"{PLURAL}.{GROUP}"
-    had_crd = crd_state(cluster, crd) == "present"
-    if crd_state(cluster, crd) == "terminating":
+    state = crd_state(cluster, crd)
+    had_crd = state == "present"
+    if state == "terminating":
         # An earlier module's install deleted it and it still waits for its custom
         # resources to go (slow on a real cluster): helm would find it, skip it, and time
         # out waiting for it to be established.
