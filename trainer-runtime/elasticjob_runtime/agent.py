@@ -163,7 +163,11 @@ class MembershipAwareAgent(LocalElasticAgent):
 
     def run(self, role: str = "default") -> Any:
         try:
-            return super().run(role)
+            result = super().run(role)
+            handler = self._worker_group.spec.rdzv_handler
+            if isinstance(handler, EtcdV3RendezvousHandler) and not result.is_failed():
+                handler.mark_finished()  # before torch's launcher closes the run
+            return result
         finally:
             if self._spares is not None:
                 self._spares.close()

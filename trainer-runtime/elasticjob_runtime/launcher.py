@@ -286,6 +286,7 @@ def _launch(
     from torch.distributed.run import run
 
     from elasticjob_runtime.agent import MembershipAwareAgent
+    from elasticjob_runtime.rendezvous import RunFinishedError
 
     # torch's launch_agent builds a LocalElasticAgent by this module-level name; ours
     # is a subclass with warm spares that does not charge restarts for peers that left.
@@ -301,6 +302,11 @@ def _launch(
     except ChildFailedError as exc:
         print(f"{PROG}: workers failed and no restarts are left\n{exc}", file=sys.stderr)
         raise SystemExit(1) from None
+    except RunFinishedError as exc:
+        # e.g. a pod the operator started for a scale-up just as training ended: the
+        # job succeeded, and this pod must say so (exit 0), not fail it.
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        raise SystemExit(0) from None
     except RendezvousError as exc:
         _fail(f"rendezvous failed: {exc}", code=1)
 

@@ -34,13 +34,16 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Round:
     """One rendezvous round: its number, whether it is sealed, and who is in it (in rank
-    order, once sealed). ``leader`` opened it and seals it while its lease holds."""
+    order, once sealed). ``leader`` opened it and seals it while its lease holds.
+    ``finished``: the run was closed by a node whose training finished, not one that
+    failed, so a node that comes later has nothing to do rather than an error."""
 
     number: int
     participants: tuple[str, ...] = ()
     complete: bool = False
     closed: bool = False
     leader: str = ""
+    finished: bool = False
 
     def encode(self) -> bytes:
         return json.dumps(
@@ -50,6 +53,7 @@ class Round:
                 "complete": self.complete,
                 "closed": self.closed,
                 "leader": self.leader,
+                "finished": self.finished,
             },
             sort_keys=True,
         ).encode()
@@ -63,6 +67,7 @@ class Round:
             complete=bool(data.get("complete", False)),
             closed=bool(data.get("closed", False)),
             leader=str(data.get("leader", "")),
+            finished=bool(data.get("finished", False)),
         )
 
 
@@ -152,7 +157,9 @@ class Wait:
 
 @dataclass(frozen=True)
 class Closed:
-    pass
+    """The run admits nobody any more; ``finished``: because its training finished."""
+
+    finished: bool = False
 
 
 Decision = Joined | Open | Enter | Lead | Follow | Standby | Closed
@@ -194,7 +201,7 @@ def decide_join(
     if current is None:
         return Open(Round(number=last_joined + 1, leader=me), "first node opens a round")
     if current.closed:
-        return Closed()
+        return Closed(current.finished)
     if current.complete:
         if me in current.participants and current.number > last_joined:
             return Joined(current.number, current.participants, current.participants.index(me))

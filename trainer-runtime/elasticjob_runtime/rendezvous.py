@@ -98,6 +98,11 @@ BACKEND_NAME = "etcd-v3"
 KEEP_ALIVE_QUIET_S = 5.0
 
 
+class RunFinishedError(RendezvousClosedError):
+    """The run this node asked to join has finished training: there is nothing left to
+    do, which is no failure (the launcher exits 0 and says so)."""
+
+
 def state_key(run_id: str) -> str:
     return contract.run_prefix(run_id) + "rdzv/state"
 
@@ -197,6 +202,7 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
         self._gone: set[str] = set()  # nodes whose member key the watch saw deleted
         self._cancel_watch: Callable[[], None] | None = None
         self._stop = threading.Event()
+        self._finished = False  # training finished here: the close says so (mark_finished)
 
     # -- leases -----------------------------------------------------------------
 
@@ -501,9 +507,15 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
                     self._entered = None
                     assert kv is not None  # a sealed round came from its key
                     return decision, kv.mod_revision
+                if isinstance(decision, Closed) and decision.finished:
+                    raise RunFinishedError(
+                        f"run {self._run_id} finished training before this node joined; "
+                        "nothing is left to do"
+                    )
                 if isinstance(decision, Closed):
                     raise RendezvousClosedError(
-                        f"the rendezvous of run {self._run_id} is closed (the job finished); "
+                        f"the rendezvous of run {self._run_id} is closed: a node left it "
+                        "without finishing (out of restarts, or its rendezvous failed); "
                         "a new run needs a new --rdzv-id"
                     )
                 if isinstance(decision, Standby):
@@ -712,13 +724,18 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
                 if current is not None and current.closed:
                     return
                 base = current if current is not None else Round(number=self._round)
-                if self._write(replace(base, closed=True), kv):
+                if self._write(replace(base, closed=True, finished=self._finished), kv):
                     return
         except EtcdError as exc:
             raise RendezvousConnectionError(str(exc)) from exc
 
     def get_run_id(self) -> str:
         return self._run_id
+
+    def mark_finished(self) -> None:
+        """This node's training finished: the close that follows (torch closes the run
+        whenever an agent ends) records it, and a node that comes later exits 0."""
+        self._finished = True
 
     def shutdown(self) -> bool:
         try:

@@ -281,6 +281,19 @@ def test_an_agent_started_mid_run_joins_and_the_world_grows(
     assert_every_step_saw_its_world(job)
 
 
+def test_a_node_that_comes_after_training_finished_exits_0_saying_so(
+    job_factory: Callable[..., Job],
+) -> None:
+    """A scale-up pod started as the job ends must not fail the job that succeeded."""
+    job = job_factory(5)
+    job.start("1:2")
+    assert job.wait_exit(job.agents, 180) == [0]
+    late = job.start("1:2")
+    assert job.wait_exit([late], 120) == [0], late.tail()
+    assert "finished training before this node joined" in late.log.read_text()
+    assert late.proc.pid not in {s["agent"] for s in job.lines()}
+
+
 def test_a_killed_worker_restarts_the_group_which_resumes_where_it_stopped(
     job_factory: Callable[..., Job],
 ) -> None:

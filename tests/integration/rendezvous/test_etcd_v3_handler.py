@@ -30,6 +30,7 @@ from elasticjob_runtime.membership import Limits, Round, encode_participants
 from elasticjob_runtime.rendezvous import (
     EtcdV3RendezvousBackend,
     EtcdV3RendezvousHandler,
+    RunFinishedError,
     members_prefix,
     state_key,
 )
@@ -287,9 +288,22 @@ def test_old_rounds_keys_are_dropped(handlers: Factory) -> None:
 def test_a_closed_rendezvous_turns_away_newcomers_with_a_clear_error(handlers: Factory) -> None:
     a, _ = handlers()
     join_all(a)
+    assert a.shutdown() and a.is_closed()  # as when a's agent ran out of restarts
+    late, _ = handlers()
+    with pytest.raises(RendezvousClosedError, match="without finishing") as raised:
+        late.next_rendezvous()
+    assert not isinstance(raised.value, RunFinishedError)
+
+
+def test_a_newcomer_to_a_run_that_finished_training_is_told_nothing_is_left(
+    handlers: Factory,
+) -> None:
+    a, _ = handlers()
+    join_all(a)
+    a.mark_finished()
     assert a.shutdown() and a.is_closed()
     late, _ = handlers()
-    with pytest.raises(RendezvousClosedError, match="closed"):
+    with pytest.raises(RunFinishedError, match="finished training before this node joined"):
         late.next_rendezvous()
 
 

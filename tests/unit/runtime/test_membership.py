@@ -169,8 +169,16 @@ def test_a_newcomer_opens_a_new_round_and_the_running_nodes_are_told_to_restart(
 
 def test_a_closed_rendezvous_admits_nobody_and_restarts_nobody() -> None:
     closed = Round(3, ("a",), complete=True, closed=True)
-    assert isinstance(decide_join(closed, "b", LIMITS, 0, None), Closed)
+    assert decide_join(closed, "b", LIMITS, 0, None) == Closed(finished=False)
     assert restart_reason(closed, ["a"], my_round=3) is None
+
+
+def test_a_run_closed_because_training_finished_says_so_and_keeps_saying_it() -> None:
+    finished = Round(3, ("a",), complete=True, closed=True, finished=True)
+    assert decide_join(finished, "b", LIMITS, 0, None) == Closed(finished=True)
+    assert Round.decode(finished.encode()) == finished
+    # a record written before the flag existed reads as closed, not finished
+    assert Round.decode(b'{"number": 3, "closed": true}').finished is False
 
 
 def test_the_earliest_live_entrant_leads_once_the_opener_is_gone() -> None:
