@@ -41,6 +41,7 @@ from elasticjob_operator import (
     models,
     network_policy,
     observe,
+    rest,
     shared_etcd,
 )
 from elasticjob_operator.deletions import Deletions
@@ -236,6 +237,11 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     # No CRD/namespace observation: the CRD is installed with the chart before the operator
     # starts, and the namespaces are given; so RBAC needs nothing cluster-scoped.
     settings.scanning.disabled = True
+    # kopf's own calls and watches, bounded like ours (rest.py says why); a watch that
+    # goes quiet is replaced after settings.watching.inactivity_timeout.
+    settings.networking.connect_timeout = rest.CONNECT_TIMEOUT_S
+    settings.networking.request_timeout = rest.READ_TIMEOUT_S
+    settings.watching.connect_timeout = rest.CONNECT_TIMEOUT_S
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=models.GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=models.GROUP, key="last-handled-configuration"

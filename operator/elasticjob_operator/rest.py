@@ -18,6 +18,13 @@ from kubernetes.client.exceptions import ApiException
 Obj = dict[str, Any]
 MERGE_PATCH = "application/merge-patch+json"
 
+# Every call is bounded. Without it, a connection whose SYN is lost (on kind: sent to the
+# API server's Service address while the API server restarted) waits out the kernel's
+# two minutes of SYN retries, and one whose answer never comes waits forever, holding a
+# reconcile thread. Read: past the API server's own 60 s request timeout.
+CONNECT_TIMEOUT_S = 10.0
+READ_TIMEOUT_S = 70.0
+
 
 def path(group_version: str, namespace: str, plural: str, name: str | None = None) -> str:
     """The URL path of a namespaced collection (``name`` None) or object; ``v1`` is the
@@ -27,8 +34,13 @@ def path(group_version: str, namespace: str, plural: str, name: str | None = Non
 
 
 class Rest:
-    def __init__(self, api: ApiClient | None = None) -> None:
+    def __init__(
+        self,
+        api: ApiClient | None = None,
+        timeouts: tuple[float, float] = (CONNECT_TIMEOUT_S, READ_TIMEOUT_S),
+    ) -> None:
         self.api = api or ApiClient()
+        self.timeouts = timeouts  # (connect, read) seconds, for each attempt
 
     def request(
         self,
@@ -50,7 +62,7 @@ class Rest:
             body=body,
             auth_settings=["BearerToken"],
         )
-        resp = self.api.call_api(*serialized)
+        resp = self.api.call_api(*serialized, _request_timeout=self.timeouts)
         data: bytes = resp.read()  # type: ignore[no-untyped-call]
         if not 200 <= resp.status <= 299:
             raise ApiException.from_response(http_resp=resp, body=data.decode(), data=None)
