@@ -133,18 +133,29 @@ def test_dockerfile_has_both_targets_non_root_with_cis_pip_lines() -> None:
     upgrade = re.compile(r'pip"? install -U pip setuptools wheel')
     assert upgrade.search(bootstrap) and upgrade.search(text)
     assert re.search(r'pip"? install -c "\$repo/constraints.txt" -e "\$repo\[dev\]"', bootstrap)
+    stages = {
+        m.group(2): m.group(3)
+        for m in re.finditer(r"^FROM (\S+) AS (\S+)\n(.*?)(?=^FROM |\Z)", text, re.M | re.S)
+    }
     for extra in ("operator", "runtime"):  # the extra's requirements, then the code alone
-        stage = text.split(f"AS {extra}-build", 1)[1].split("FROM", 1)[0]
-        assert f"requirements.py {extra} > /tmp/requirements.txt" in stage
-        assert "pip install -c constraints.txt -r /tmp/requirements.txt" in stage
-        assert stage.index("-r /tmp/requirements.txt") < stage.index("COPY operator")
-        assert "pip install --no-deps --no-build-isolation ." in stage
+        deps, build, final = stages[f"{extra}-deps"], stages[f"{extra}-build"], stages[extra]
+        assert f"requirements.py {extra} > /tmp/requirements.txt" in deps
+        assert "pip install -c constraints.txt -r /tmp/requirements.txt" in deps
+        assert "COPY operator" not in deps  # no code in the dependencies' layer
+        assert "pip install --no-deps --no-build-isolation --target /opt/elasticjob ." in build
+        # two layers in the image: the venv (no code, so a code change leaves it as it
+        # was), then the code
+        venv = re.search(r"^COPY --from=(\S+) /opt/venv /opt/venv$", final, re.M)
+        assert venv and "COPY operator" not in stages[venv.group(1)]
+        assert f"COPY --from={extra}-build /opt/elasticjob /opt/elasticjob" in final
+        assert final.index("/opt/venv /opt/venv") < final.index("/opt/elasticjob /opt/elasticjob")
+        assert "PATH=/opt/elasticjob/bin:/opt/venv/bin:" in final
     # no `# syntax=` line: BuildKit would fetch that frontend image from a registry
     assert "# syntax" not in text
-    operator_stage = text.split("AS operator-build", 1)[1].split("FROM", 1)[0]
     check = "assert not {'torch', 'grpc'} & set(sys.modules)"  # the build's own check
-    assert check in operator_stage
-    assert "torch" not in operator_stage.replace(check, "")
+    assert check in stages["operator-build"]
+    for stage in ("operator-deps", "operator-build", "operator-venv"):
+        assert "torch" not in stages[stage].replace(check, "")
 
 
 @pytest.mark.parametrize("values", [[], ["metrics.service.enabled=true"]])
