@@ -5,7 +5,8 @@ Each test trains the shipped example (examples/manifests/elastic.yaml, two worke
 breaks something under it, then checks what a user would: training never stopped (the
 rank-0 step lines kept coming, with no restart or regroup), the pods are exactly the ones
 there were (no duplicate, no orphan, one etcd), and the job's status caught up with what
-runs. The API-server and network faults need the devcluster.
+runs. The API-server and network faults run on the devcluster and on kind
+(cluster_faults.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cluster_faults import cluster_faults
 from conftest import E2E_NODES
 from kube_helpers import (
     RESTRICTED_CONTAINER,
@@ -238,7 +240,7 @@ def test_an_api_server_restart_stops_no_training_and_everyone_reconnects(
     """The workers meet in the job's own etcd, so an API-server restart does not touch
     training; the node agents, the controller-manager and the operator reconnect, which a
     scale-up afterwards proves (the operator creates the pod, an agent binds and runs it)."""
-    dev = needs_devcluster(devcluster)
+    broken = cluster_faults(cluster, devcluster, E2E_NODES)
     c = cluster
     name = unique("apirestart")
     logs = start(long_job(name))
@@ -248,7 +250,7 @@ def test_an_api_server_restart_stops_no_training_and_everyone_reconnects(
     assert len(kids["worker"]) == 2 and len(kids["etcd"]) == 1, kids
 
     stopped_at = time.time()
-    dev.restart_apiserver()
+    broken.restart_apiserver()
     back_at = time.time()
     at_back = wait_step(logs, logs.last_step())
     status = wait_for(
@@ -262,7 +264,7 @@ def test_an_api_server_restart_stops_no_training_and_everyone_reconnects(
     assert children(c, ns, name) == kids
     for key in ("restartCount", "incarnation", "startTime"):
         assert status.get(key) == before.get(key), key
-    for node in E2E_NODES:  # the session's nodes (tests elsewhere lose nodes of their own)
+    for node in broken.nodes:  # the session's (tests elsewhere lose nodes of their own)
         # The node controller may have marked a node Unknown while its agent could not
         # post (the outage outlived the lease grace on a busy machine): it reconnects,
         # posts, and the node is Ready again.
@@ -285,7 +287,7 @@ def test_a_pod_cut_off_for_10s_comes_back_and_the_job_trains_at_full_size(
     on alone; once the link is back the cut worker's agent, which kept retrying etcd,
     rejoins by itself (the same pod, nothing replaced) and the job trains at full size
     again."""
-    dev = needs_devcluster(devcluster)
+    broken = cluster_faults(cluster, devcluster, E2E_NODES)
     c = cluster
     name = unique("cut")
     logs = start(long_job(name))
@@ -294,7 +296,7 @@ def test_a_pod_cut_off_for_10s_comes_back_and_the_job_trains_at_full_size(
     uid = c.core.read_namespaced_pod(pod, ns).metadata.uid
     restarts = c.status(ns, name).get("restartCount", 0)
     cut_at = time.time()
-    faults.cut_network(dev.dir, ns, pod)
+    broken.cut_network(ns, pod)
     try:
         alone = wait_for(
             "the survivor to train alone",
@@ -303,7 +305,7 @@ def test_a_pod_cut_off_for_10s_comes_back_and_the_job_trains_at_full_size(
         )
         time.sleep(max(0.0, cut_at + 10 - time.time()))
     finally:
-        faults.restore_network(dev.dir, ns, pod)
+        broken.restore_network(ns, pod)
     restored_at = time.time()
     back = wait_for(
         "the job to train at world 2 again",
