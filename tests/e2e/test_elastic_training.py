@@ -453,12 +453,14 @@ def test_kubectl_scale_2_4_2_world_follows_and_no_sample_repeats_within_an_epoch
 
     worlds = [s.world for s in logs.steps()]
     changes = [w for i, w in enumerate(worlds) if i == 0 or w != worlds[i - 1]]
-    # up to 4, then 2. On the way up, every size a round could form at: 1 (minReplicas)
-    # where one first pod ran before the other, 3 where one new pod was ready before the
-    # other (both seen on kind).
+    # Up to 4, then 2. Before the 4 any size a round can form at may show, from 1
+    # (minReplicas) to 3; on kind: a first pod trained alone before the second came, one
+    # new pod was ready before the other, and once, on the loaded machine, a round sealed
+    # before every member was back (2, 1, 2, 4, 2). What the user asked must hold: 4 after
+    # the scale-up, then 2 and nothing else after the scale-down.
     assert 4 in changes, changes
-    up, down = changes[: changes.index(4) + 1], changes[changes.index(4) + 1 :]
-    assert up[0] in (1, 2) and up == sorted(set(up)) and down == [2], changes
+    up, down = changes[: changes.index(4)], changes[changes.index(4) + 1 :]
+    assert all(1 <= w <= 3 for w in up) and down == [2], changes
 
     found = sample_audit.audit(logs.samples(), samples, steps)
     assert not found.problems, found.problems
