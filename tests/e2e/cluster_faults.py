@@ -6,13 +6,14 @@ are done inside the node's container, as an operator of a real node would: crict
 pod's container and its pid, ``kill`` stops it, iptables in the pod's network namespace
 drops everything but its loopback, and stopping the API server's container makes the
 kubelet start its static pod again. Faults that need a node added to or lost from a
-running cluster have no kind form here: ``cluster_faults`` is None for them.
+running cluster have no kind form here; on any other cluster ``cluster_faults`` skips.
 """
 
 from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -81,15 +82,17 @@ class KindFaults:
         return pid
 
     def cut_network(self, ns: str, pod: str) -> None:
-        node, pid = self._main_pid(ns, pod)
-        for chain, *match in _CUT_RULES:
-            self._on(node, "nsenter", "-t", str(pid), "-n", "iptables", "-w", "-I", chain, "1",
-                     *match, "-j", "DROP")  # fmt: skip
+        self._cut_rules(ns, pod, lambda chain: ("-I", chain, "1"))
 
     def restore_network(self, ns: str, pod: str) -> None:
+        self._cut_rules(ns, pod, lambda chain: ("-D", chain))
+
+    def _cut_rules(self, ns: str, pod: str, action: Callable[[str], tuple[str, ...]]) -> None:
+        """Insert or delete (``action``: the iptables verb for a chain) the cut's rules in
+        the pod's network namespace."""
         node, pid = self._main_pid(ns, pod)
         for chain, *match in _CUT_RULES:
-            self._on(node, "nsenter", "-t", str(pid), "-n", "iptables", "-w", "-D", chain,
+            self._on(node, "nsenter", "-t", str(pid), "-n", "iptables", "-w", *action(chain),
                      *match, "-j", "DROP")  # fmt: skip
 
     def restart_apiserver(self) -> None:
