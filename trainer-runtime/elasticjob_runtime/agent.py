@@ -276,6 +276,12 @@ class MembershipAwareAgent(LocalElasticAgent):
             return self._check_hang(worker_group) or result
         if result.state not in {WorkerState.FAILED, WorkerState.UNHEALTHY}:
             return result
+        fatal = self._channel.fatal()
+        if fatal is not None:
+            # A restart would resume from a checkpoint into the same script bug: fail now.
+            log.error("not restarting the workers: %s", fatal)
+            self._remaining_restarts = 0
+            return result
         if not isinstance(handler, EtcdV3RendezvousHandler):
             return result
         if local_fault([failure.exitcode for failure in result.failures.values()]):

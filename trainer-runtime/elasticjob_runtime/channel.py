@@ -16,6 +16,9 @@ Workers write two things back:
   opens a new round for it (a peer's failure that changed no membership still ends
   the round for everyone).
 * ``finished-<local rank>``: its training is over and it is about to exit.
+* ``fatal-<local rank>``: why it is about to fail in a way a restart would repeat (the
+  ranks trained different models: fingerprint.py); the agent then fails instead of
+  restarting its workers from a checkpoint into the same bug.
 
 Training ends while peers may still come and go, and a round this agent forms for its
 workers must be one they build, or its other members wait in it until their group's
@@ -122,6 +125,15 @@ class AgentChannel:
                 continue
         return False
 
+    def fatal(self) -> str | None:
+        """A worker's word that its failure must not be restarted, or None."""
+        for path in sorted(self.directory.glob("fatal-*")):
+            try:
+                return path.read_text()
+            except OSError:
+                continue
+        return None
+
     def forget_workers(self) -> None:
         """Workers are being replaced: their offers to regroup in place, and their word
         that they finished, end with them."""
@@ -199,6 +211,9 @@ class WorkerChannel:
 
     def say_finished(self) -> None:
         _write_whole(self.directory / f"finished-{self.local_rank}", str(os.getpid()))
+
+    def say_fatal(self, message: str) -> None:
+        _write_whole(self.directory / f"fatal-{self.local_rank}", message)
 
     def agent_regrouping(self) -> bool:
         """Is the agent forming a round this worker was offered for?"""

@@ -41,14 +41,13 @@ work (logging a loss) inside it.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
 import os
 import socket
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -59,10 +58,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import Dataset
 
 from elasticjob_runtime import contract
 from elasticjob_runtime.channel import POLL_S, Assignment, WorkerChannel
 from elasticjob_runtime.checkpoint import (
+    CheckpointError,
     CheckpointManager,
     broadcast_bytes,
     deserialize,
@@ -70,10 +71,20 @@ from elasticjob_runtime.checkpoint import (
     serialize,
     state_to_save,
 )
+from elasticjob_runtime.fingerprint import (
+    DivergenceError,
+    as_signed,
+    disagreements,
+    divergence_message,
+    fingerprint,
+)
+from elasticjob_runtime.grad_weights import weighted_allreduce
 from elasticjob_runtime.job_identity import current_job, directory_name
+from elasticjob_runtime.loader import ElasticLoader
 from elasticjob_runtime.progress import reporter_from_env
 from elasticjob_runtime.round_group import RoundGroup, round_group
 from elasticjob_runtime.sampler import ElasticSampler
+from elasticjob_runtime.seeds import seed_all, step_seed
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +107,9 @@ ASSIGNED = (
 REGROUP_TIMEOUT_S = float(os.environ.get("ELASTICJOB_REGROUP_TIMEOUT", "900"))
 # What gloo says when a peer's connection is gone (torch wraps it in a RuntimeError).
 GLOO_FAILURES = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "[gloo")
+# The Run's own entries in the state; what users register goes beside them.
+RESERVED_STATE = ("model", "optim", "sampler", "run")
+DIVERGENCE_ACTIONS = ("stop", "resync")
 
 
 def collective_failed(exc: BaseException) -> bool:
@@ -108,6 +122,34 @@ def collective_failed(exc: BaseException) -> bool:
 def steps_left(remaining: int, world_size: int, batch_size: int) -> int:
     """Optimizer steps until the epoch's end: the same on every rank."""
     return -(-remaining // (world_size * batch_size))
+
+
+def registered_state(state: Mapping[str, Any]) -> dict[str, Any]:
+    """The user's state objects, checked: each a torch Stateful, under a name of its own."""
+    out: dict[str, Any] = {}
+    for name, obj in state.items():
+        if not isinstance(name, str) or not name or name in RESERVED_STATE:
+            raise ValueError(
+                f"state name {name!r} is not allowed: use a non-empty string other than "
+                f"{', '.join(RESERVED_STATE)} (the Run's own entries)"
+            )
+        methods = (getattr(obj, "state_dict", None), getattr(obj, "load_state_dict", None))
+        if not all(callable(method) for method in methods):
+            raise TypeError(
+                f"state[{name!r}] is a {type(obj).__name__}, which has no state_dict() and "
+                "load_state_dict(); wrap it in a class that has both (torch's Stateful "
+                "protocol), or keep plain values in run.meta"
+            )
+        out[name] = obj
+    return out
+
+
+def gather_rows(mine: list[int], device: torch.device) -> list[list[int]]:
+    """Every rank's row of int64 values, in rank order."""
+    tensor = torch.tensor(mine, dtype=torch.int64, device=device)
+    gathered = [torch.zeros_like(tensor) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, tensor)
+    return [[int(v) for v in row.tolist()] for row in gathered]
 
 
 def _free_port() -> int:
@@ -171,13 +213,31 @@ class Run:
         sigterm_grace: float = 5.0,
         in_place: bool | None = None,
         on_regroup: Callable[[Run], None] | None = None,
+        seed: int | None = 0,
+        check_every: int = 100,
+        on_divergence: str = "stop",
     ) -> None:
         """``in_place`` (default: on unless ``ELASTICJOB_IN_PLACE=0``) regroups a healthy
         worker across membership changes under ``elasticjob-run``; off, it exits and
         its agent restarts it, as under any other launcher. ``on_regroup(run)`` is
-        called after each regroup in place, before the next step (to log it)."""
+        called after each regroup in place, before the next step (to log it).
+
+        ``seed``: each step seeds torch, CUDA, ``random`` and numpy from ``(seed, step,
+        rank)`` (:mod:`elasticjob_runtime.seeds`), so a retried or restarted step draws
+        the same numbers; None leaves the generators alone. ``check_every``: the ranks
+        compare fingerprints of all training state every that many steps (0: only after
+        regroups and restores, and at the first step after one); ``on_divergence``:
+        ``"stop"`` raises :class:`DivergenceError` naming what differs, ``"resync"``
+        copies rank 0's state to every rank and says so."""
         if checkpoint_interval < 1:
             raise ValueError(f"checkpoint_interval must be at least 1 (got {checkpoint_interval})")
+        if check_every < 0:
+            raise ValueError(f"check_every must be 0 (off) or more (got {check_every})")
+        if on_divergence not in DIVERGENCE_ACTIONS:
+            raise ValueError(
+                f"on_divergence must be one of {', '.join(DIVERGENCE_ACTIONS)} "
+                f"(got {on_divergence!r})"
+            )
         _solo_env()
         launched = "TORCHELASTIC_RUN_ID" in os.environ
         if in_place is None:
@@ -212,9 +272,19 @@ class Run:
         self.resumed_from = "fresh"
         self.global_batch = 0  # samples the whole group takes in the current step
 
+        self.seed = seed
+        self.check_every = check_every
+        self.on_divergence = on_divergence
+        self.resyncs = 0  # times rank 0's state was copied over a divergence
+        # compare at the next commit, the first after a regroup or restore: why, or None
+        self._check_next: str | None = None
+
         self._module: nn.Module | None = None
         self._optimizer: torch.optim.Optimizer | None = None
         self._sampler: ElasticSampler | None = None
+        self._registered: dict[str, Any] = {}  # the user's Stateful objects, by name
+        self._weighted = False  # a run.loader() exists: DDP weighs ranks by their samples
+        self._rank_samples: int | None = None  # this rank's real samples in this step
         self._ddp: DistributedDataParallel | None = None
         self._ddp_kwargs: dict[str, Any] = {}
         self._live = False  # holds state newer than any checkpoint, after the first sync
@@ -244,6 +314,10 @@ class Run:
         return self._assignment.world_size
 
     @property
+    def local_rank(self) -> int:
+        return int(self._assignment.env.get("LOCAL_RANK", "0"))
+
+    @property
     def ddp(self) -> DistributedDataParallel:
         if self._ddp is None:
             raise RuntimeError("call run.wrap(model, optimizer, sampler) first")
@@ -262,10 +336,19 @@ class Run:
         model: nn.Module,
         optimizer: torch.optim.Optimizer,
         sampler: ElasticSampler,
+        *,
+        state: Mapping[str, Any] | None = None,
         **ddp_kwargs: Any,
     ) -> CurrentDDP:
         """Restore (from a peer's memory or a checkpoint), wrap ``model`` in DDP, and
-        register the three for checkpoints and in-place recovery."""
+        register the three for checkpoints and in-place recovery.
+
+        ``state`` names every other object that changes during training and has
+        ``state_dict()``/``load_state_dict()`` (torch's Stateful: LR schedulers,
+        GradScalers, EMA models, extra optimizers, your own classes): each is saved,
+        restored, sent to joining and lagging workers and fingerprinted with the model.
+        """
+        self._registered = registered_state(state or {})
         self._module, self._optimizer, self._sampler = model, optimizer, sampler
         self._ddp_kwargs = ddp_kwargs
         sampler.reshard(self.rank, self.world_size)
@@ -284,9 +367,18 @@ class Run:
             "optim": self._optimizer,
             "sampler": self._sampler,
             "run": {"step": self.global_step, "samples": self.samples, "meta": dict(self.meta)},
+            **self._registered,
         }
 
     def _load(self, state: Mapping[str, Any]) -> None:
+        missing = [key for key in self._state() if key not in state]
+        if missing:
+            raise CheckpointError(
+                f"the state to resume from has no {missing} (it has {sorted(state)}): "
+                "every rank must pass the same objects to run.wrap(..., state=...), and a "
+                "checkpoint saved before an object was added cannot restore it; start "
+                "from a new checkpoint directory, or drop the object from state="
+            )
         for key, target in self._state().items():
             loader = getattr(target, "load_state_dict", None)
             if callable(loader):
@@ -308,6 +400,10 @@ class Run:
                 self._load(resumed.state)
                 self._saved_step = resumed.step
                 self.resumed_from = f"checkpoint step {resumed.step}"
+            elif self.world_size > 1:
+                # A fresh start: rank 0's state is the run's (DDP copies only the module's
+                # parameters; an EMA or a scheduler built from an unseeded model would differ).
+                self._copy_from(0)
         elif all(step == newest for step in steps):
             self.resumed_from = f"own memory at step {newest}"
         else:
@@ -321,13 +417,68 @@ class Run:
                 self.resumed_from = f"rank {src} at step {newest}"
         self._live = True
 
+    def _copy_from(self, src: int) -> None:
+        """Every rank takes rank ``src``'s whole state."""
+        data = serialize(state_to_save(self._state())) if self.rank == src else b""
+        received = broadcast_bytes(data, src, self._group.device)
+        if self.rank != src:
+            self._load(deserialize(received, source=f"rank {src}"))
+
     def _restore_and_wrap(self) -> None:
         started = time.monotonic()
         self._share_state()
         wrapped = time.monotonic()
         self._ddp = DistributedDataParallel(self._module, **self._ddp_kwargs)
+        if self._weighted:
+            self._ddp.register_comm_hook(self, weighted_allreduce)
         self.timings["restore"] = wrapped - started
         self.timings["ddp"] = time.monotonic() - wrapped
+        checked = time.monotonic()
+        self._check_agreement("after the group formed")
+        # State that never went through the Run shows at the first step: check it there.
+        self._check_next = "the first step after the group formed"
+        self.timings["check"] = time.monotonic() - checked
+
+    # -- agreement (fingerprint.py)
+
+    def _checked_state(self) -> dict[str, Any]:
+        """What every rank must hold identically, by the name a mismatch reports."""
+        return {
+            "model": self._module,
+            "optim": self._optimizer,
+            "sampler": self._sampler,
+            "run": {"step": self.global_step, "samples": self.samples},
+            "run.meta": dict(self.meta),
+            **self._registered,
+        }
+
+    def _check_agreement(self, when: str) -> None:
+        """Compare every rank's fingerprints; stop (or resync) when they differ."""
+        if self.world_size < 2:
+            return
+        checked = self._checked_state()
+        mine = [as_signed(fingerprint(obj)) for obj in checked.values()]
+        rows = gather_rows(mine, self._group.device)
+        found = disagreements(list(checked), rows)
+        if not found:
+            return
+        message = divergence_message(self.global_step, when, found)
+        if self.on_divergence == "resync":
+            log.error("%s; copying rank 0's state to every rank (on_divergence='resync')", message)
+            self._copy_from(0)
+            self.resyncs += 1
+            return
+        if self._channel is not None:
+            self._channel.say_fatal(message)  # the agent must not restart into the same bug
+        raise DivergenceError(message)
+
+    def _check_due(self) -> None:
+        when = self._check_next
+        if when is None and self.check_every and self.global_step % self.check_every == 0:
+            when = f"checked every {self.check_every} steps"
+        if when is not None:
+            self._check_next = None
+            self._check_agreement(when)
 
     # -- the loop
 
@@ -346,10 +497,92 @@ class Run:
                 sampler.set_epoch(epoch + 1)
 
     def batches(self, fetch: Callable[[list[int]], Batch], batch_size: int) -> Iterator[Batch]:
-        """This rank's batch for each step left in the epoch: ``fetch(indices)``."""
+        """This rank's batch for each step left in the epoch: ``fetch(indices)``.
+
+        :meth:`loader` does the same with a torch ``DataLoader`` (worker processes,
+        prefetch, no empty batches); this is the plain form, in the training thread."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1 (got {batch_size})")
-        self._batch_size = batch_size
+
+        def fetch_round(shard: list[int], steps: int) -> Iterator[Batch]:
+            for j in range(steps):
+                indices = shard[j * batch_size : (j + 1) * batch_size]
+                self._rank_samples = len(indices)
+                yield fetch(indices)
+
+        return self._steps(batch_size, fetch_round)
+
+    def loader(
+        self,
+        dataset: Dataset[Any],
+        batch_size: int,
+        *,
+        accumulate: int = 1,
+        num_workers: int = 0,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+        pin_memory: bool = False,
+        persistent_workers: bool | None = None,
+        prefetch_factor: int | None = None,
+        worker_init_fn: Callable[[int], None] | None = None,
+        multiprocessing_context: Any = None,
+    ) -> ElasticLoader:
+        """A torch ``DataLoader`` over ``dataset`` that yields this rank's batch for each
+        step (``accumulate`` micro-batches of ``batch_size`` when above 1: train them in
+        one ``with run.step():`` through :meth:`accumulate`). Worker processes are
+        persistent by default and survive regroups; loader.py says how. Call after
+        :meth:`wrap`; ``dataset`` is the one the sampler was made for."""
+        made = ElasticLoader(
+            self,
+            dataset,
+            batch_size,
+            accumulate=accumulate,
+            seed=self.sampler.seed if self.seed is None else self.seed,
+            num_workers=num_workers,
+            collate_fn=collate_fn,
+            pin_memory=pin_memory,
+            persistent_workers=persistent_workers,
+            prefetch_factor=prefetch_factor,
+            worker_init_fn=worker_init_fn,
+            multiprocessing_context=multiprocessing_context,
+        )
+        if not self._weighted:
+            self._weighted = True
+            if self._ddp is not None:
+                self._ddp.register_comm_hook(self, weighted_allreduce)
+        return made
+
+    def accumulate(self, micro_batches: Sequence[Batch]) -> Iterator[Batch]:
+        """The step's micro-batches, each trained under DDP's ``no_sync`` but the last, so
+        gradients are all-reduced once per step: ``for x, y in run.accumulate(batch):``."""
+        last = len(micro_batches) - 1
+        for i, micro in enumerate(micro_batches):
+            if i < last:
+                with self.ddp.no_sync():
+                    yield micro
+            else:
+                yield micro
+
+    def _set_rank_samples(self, samples: int) -> None:
+        self._rank_samples = samples
+
+    @property
+    def weighted_samples(self) -> int | None:
+        """This rank's samples in the step, for the loader's gradient weights."""
+        return self._rank_samples
+
+    @property
+    def rank_samples(self) -> int:
+        """Samples this rank trains on in the current step: 0 for the filler batch a rank
+        gets when the epoch's last step has fewer samples than ranks (loader.py)."""
+        return self._rank_samples if self._rank_samples is not None else self._batch_size
+
+    def _steps(
+        self, step_size: int, start_round: Callable[[list[int], int], Iterator[Batch]]
+    ) -> Iterator[Batch]:
+        """Each step's batch until the epoch ends, round after round: ``start_round(shard,
+        steps)`` yields the round's batches from this rank's ``shard`` (its indices from
+        the committed position on); a regroup starts a new round from where the group is."""
+        self._batch_size = step_size
         sampler = self.sampler
         epoch = sampler.epoch
 
@@ -360,26 +593,33 @@ class Run:
             if self._switch_pending():
                 self._regroup(failed=False)
             generation = self._generation
-            positions = iter(sampler)  # this round's shard, from the committed position
+            steps = steps_left(sampler.remaining, self.world_size, step_size)
+            produced = start_round(list(sampler), steps)  # this round's shard
             while generation == self._generation and more():
                 if self._switch_pending():
                     break  # a new member: switch here, between steps
-                self.global_batch = min(self.world_size * batch_size, sampler.remaining)
+                self.global_batch = min(self.world_size * step_size, sampler.remaining)
+                batch = next(produced)
                 self._phase = "fetched"
-                yield fetch(list(itertools.islice(positions, batch_size)))
+                yield batch
                 if self._phase == "fetched":
                     raise RuntimeError(
-                        "each batch from run.batches() needs one `with run.step():` around "
-                        "its training step"
+                        "each batch from run.batches() or run.loader() needs one "
+                        "`with run.step():` around its training step"
                     )
 
     @contextlib.contextmanager
     def step(self) -> Iterator[StepOutcome]:
         """One optimizer step: committed when the block ends; dropped (and the group
-        rebuilt) when a collective in it fails because the group broke."""
+        rebuilt) when a collective in it fails because the group broke. A dropped step
+        leaves no gradient behind, wherever the script calls ``zero_grad``."""
         if self._phase != "fetched":
-            raise RuntimeError("`with run.step():` goes once around each batch of run.batches()")
+            raise RuntimeError(
+                "`with run.step():` goes once around each batch of run.batches() or run.loader()"
+            )
         self._phase = "running"
+        if self.seed is not None:
+            seed_all(step_seed(self.seed, self.global_step + 1, self.rank))
         outcome = StepOutcome()
         try:
             yield outcome
@@ -390,11 +630,29 @@ class Run:
             ):
                 raise
             log.warning("step %d dropped: %s", self.global_step + 1, str(exc).splitlines()[0])
+            self._clear_gradients()
             self._regroup(failed=True)
             return
         self._phase = "idle"
         self._commit()
         outcome.committed = True
+        try:
+            self._check_due()
+        except Exception as exc:
+            if self._channel is None or not collective_failed(exc):
+                raise
+            log.warning("agreement check after step %d broke: %s", self.global_step, exc)
+            self._regroup(failed=True)  # the step stands: peers without it get it
+
+    def _clear_gradients(self) -> None:
+        """A dropped step's gradients are partial (some buckets reduced, some not) and
+        would be added into the retried step by a script that zeroes after stepping."""
+        if self._module is not None:
+            self._module.zero_grad(set_to_none=True)
+        optimizers = [self._optimizer, *self._registered.values()]
+        for optimizer in optimizers:
+            if isinstance(optimizer, torch.optim.Optimizer):
+                optimizer.zero_grad(set_to_none=True)
 
     def _commit(self) -> None:
         self.global_step += 1
