@@ -191,8 +191,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             "loss": round(total, 6),
             "model": fingerprint(model),
             "ema": fingerprint(ema),
-            "seconds": round(time.monotonic() - started, 3),
-            "samples_per_s": round(run.samples / max(1e-9, time.monotonic() - started), 1),
+            "seconds_this_run": round(time.monotonic() - started, 3),
         }
         print(RESULT_PREFIX + json.dumps(result, sort_keys=True), flush=True)
 

@@ -359,7 +359,7 @@ def result_of(text: str) -> dict[str, Any]:
     line = next(line for line in text.splitlines() if line.startswith(RESULT))
     doc: dict[str, Any] = json.loads(line[len(RESULT) :])
     doc.pop("seconds_this_run")
-    doc["config"].pop("checkpoint_dir")  # each run has its own
+    doc.get("config", {}).pop("checkpoint_dir", None)  # each run has its own
     return doc
 
 

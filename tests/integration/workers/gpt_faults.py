@@ -1,14 +1,19 @@
 """examples/train_gpt.py with faults at exact steps, so a faulted run and an unfaulted run
 can have the same world history and be compared step by step.
 
-After the group commits step N (environment variables, all optional):
+After step N is committed and the script has logged it (environment variables, all
+optional):
 
 * ``CRASH_AT_STEP`` / ``CRASH_RANK``: that rank's worker SIGKILLs itself (first attempt);
+  ``CRASH_IN_STEP``: the same in the middle of that step, at its last micro-batch (its
+  peers then hold the first micro-batches' gradients when the step fails);
 * ``HOLD_AT_STEP``: every worker waits until its agent has a new round for it (a node
   that the test starts once it sees ``held at step N`` joins), so the world changes
   after exactly that step in every run;
 * ``LOSE_NODE_AT_STEP`` / ``LOSE_NODE_RANK``: that rank SIGKILLs its agent and itself
   (a node lost at once, as when a VM dies);
+* ``STOP_AT_STEP``: every worker saves that step and exits 0 (an unfaulted end of one
+  world size: a test resumes the checkpoint at another, the reference for a lost node);
 * ``UNREGISTERED``: names of ``state=`` entries that ``run.wrap`` does not get (the
   script forgets to register them).
 """
@@ -31,29 +36,44 @@ def _at(name: str) -> int:
 
 
 def main() -> None:
-    commit, wrap = elastic.Run._commit, elastic.Run.wrap
+    log_step, wrap, accumulate = train_gpt.log_step, elastic.Run.wrap, elastic.Run.accumulate
     first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
     dropped = {n for n in os.environ.get("UNREGISTERED", "").split(",") if n}
 
-    def faulty_commit(self: elastic.Run) -> None:
-        commit(self)
-        step, rank = self.global_step, str(self.rank)
+    def faulty_log_step(args: Any, run: elastic.Run, *rest: Any) -> None:
+        """The step is committed and logged (its samples too): now the fault."""
+        log_step(args, run, *rest)
+        step, rank = run.global_step, str(run.rank)
         if step == _at("CRASH_AT_STEP") and first_attempt and rank == os.environ["CRASH_RANK"]:
             os.kill(os.getpid(), signal.SIGKILL)
         if step == _at("LOSE_NODE_AT_STEP") and rank == os.environ["LOSE_NODE_RANK"]:
             os.kill(os.getppid(), signal.SIGKILL)
             os.kill(os.getpid(), signal.SIGKILL)
-        if step == _at("HOLD_AT_STEP") and self.world_size == int(os.environ["HOLD_WORLD"]):
-            print(f"held at step {step} rank={self.rank}", flush=True)
+        if step == _at("STOP_AT_STEP"):
+            run.save()
+            run.ckpt.wait()
+            print(f"stopped at step {step} rank={run.rank}", flush=True)
+            os._exit(0)
+        if step == _at("HOLD_AT_STEP") and run.world_size == int(os.environ["HOLD_WORLD"]):
+            print(f"held at step {step} rank={run.rank}", flush=True)
             deadline = time.monotonic() + 240
-            while not self._switch_pending() and time.monotonic() < deadline:
+            while not run._switch_pending() and time.monotonic() < deadline:
                 time.sleep(0.05)
+
+    def faulty_accumulate(self: elastic.Run, micro_batches: Any) -> Any:
+        crash = self.global_step + 1 == _at("CRASH_IN_STEP") and first_attempt
+        for i, micro in enumerate(accumulate(self, micro_batches)):
+            last = i == len(micro_batches) - 1
+            if crash and last and str(self.rank) == os.environ["CRASH_RANK"]:
+                os.kill(os.getpid(), signal.SIGKILL)
+            yield micro
 
     def forgetful_wrap(self: elastic.Run, *args: Any, state: Any = None, **kw: Any) -> Any:
         kept = {k: v for k, v in (state or {}).items() if k not in dropped}
         return wrap(self, *args, state=kept, **kw)
 
-    elastic.Run._commit = faulty_commit  # type: ignore[method-assign]
+    train_gpt.log_step = faulty_log_step
+    elastic.Run.accumulate = faulty_accumulate  # type: ignore[method-assign]
     elastic.Run.wrap = forgetful_wrap  # type: ignore[method-assign]
     train_gpt.main(sys.argv[1:])
 
