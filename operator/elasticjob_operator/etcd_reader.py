@@ -30,6 +30,7 @@ class RunRecords:
     progress: bytes | None = None  # the progress record, if there is one
     memory_fallbacks: tuple[bytes, ...] = ()  # one per pod whose node-memory copy failed
     hangs: tuple[bytes, ...] = ()  # one per round in which the agents detected a hang
+    divergences: tuple[bytes, ...] = ()  # one per step at which the ranks disagreed
 
 
 def read_run_records(
@@ -73,8 +74,10 @@ def _read(gateway: Gateway, run_id: str, memory_fallbacks: bool) -> RunRecords:
     prefix = contract.memory_fallback_prefix(run_id).encode()
     reports = gateway.range(prefix, prefix=True) if memory_fallbacks else {}
     hangs = gateway.range(contract.hang_prefix(run_id).encode(), prefix=True)
+    diverged = gateway.range(contract.divergence_prefix(run_id).encode(), prefix=True)
     return RunRecords(
         progress=progress,
         memory_fallbacks=tuple(reports[k] for k in sorted(reports)),
         hangs=tuple(hangs[k] for k in sorted(hangs)),
+        divergences=tuple(diverged[k] for k in sorted(diverged)),
     )

@@ -164,8 +164,8 @@ def _with_records(
     observed: observe.Observed,
     shared: bool,
 ) -> observe.Observed:
-    """``observed`` with what the run published in its etcd: progress, node-memory and
-    hang records. Nothing when its etcd cannot be read (not up yet, no Secret)."""
+    """``observed`` with what the run published in its etcd: progress, node-memory,
+    hang and divergence records. Nothing when its etcd cannot be read (not up yet, no Secret)."""
     run = models.run_id(ref.uid, status.incarnation)
     said = status.node_memory_fallback
     token: str | None = None
@@ -193,6 +193,7 @@ def _with_records(
         progress=observe.progress_of(records.progress),
         memory_fallbacks=observe.memory_fallbacks_of(records.memory_fallbacks),
         hangs=observe.hangs_of(records.hangs),
+        divergences=observe.divergences_of(records.divergences),
     )
 
 

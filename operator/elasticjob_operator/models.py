@@ -629,6 +629,22 @@ class Hangs(_Model):
     time: datetime | None = Field(default=None, description="When the operator reported it.")
 
 
+class Divergences(_Model):
+    """Steps at which the workers found that their ranks held different training state
+    (the runtime's fingerprint check): the job failed (Diverged), or with the runtime's
+    on_divergence=resync, rank 0's state was copied to every rank (Resynced)."""
+
+    count: int = Field(default=0, description="Divergences reported so far, over all runs.")
+    run_id: str | None = Field(
+        default=None, description="The run (PET_RDZV_ID) the last divergence was in."
+    )
+    last_step: int | None = Field(
+        default=None, description="The training step of the last divergence said (per run)."
+    )
+    message: str = Field(default="", description="What the last event said.")
+    time: datetime | None = Field(default=None, description="When the operator reported it.")
+
+
 class WorkerIndexes(_Model):
     """The operator's memory about worker indexes, so that a missing pod can be told apart
     from one never created (a lost worker is counted and replaced per restartPolicy)."""
@@ -706,6 +722,10 @@ class ElasticJobStatus(_Model):
     hangs: Hangs | None = Field(
         default=None,
         description="Set once the workers' agents detected a hang (spec.hangTimeoutSeconds).",
+    )
+    divergences: Divergences | None = Field(
+        default=None,
+        description="Set once the workers found their ranks training different models.",
     )
 
     def condition(self, type_: ConditionType) -> Condition | None:

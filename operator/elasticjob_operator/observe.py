@@ -51,6 +51,7 @@ class Observed:
     progress: models.Progress | None = None  # None: not read this round, keep the last one
     memory_fallbacks: tuple[records.MemoryFallback, ...] = ()  # this run's reports, if read
     hangs: tuple[records.Hang, ...] = ()  # this run's hang records, if read
+    divergences: tuple[records.Divergence, ...] = ()  # this run's divergence records
 
 
 # -- pods ------------------------------------------------------------------------------
@@ -177,6 +178,11 @@ def memory_fallbacks_of(raws: Iterable[bytes]) -> tuple[records.MemoryFallback, 
 def hangs_of(raws: Iterable[bytes]) -> tuple[records.Hang, ...]:
     """The stored hang records; a malformed one is skipped."""
     return _decoded(raws, records.decode_hang, "hang record")
+
+
+def divergences_of(raws: Iterable[bytes]) -> tuple[records.Divergence, ...]:
+    """The stored divergence records; a malformed one is skipped."""
+    return _decoded(raws, records.decode_divergence, "divergence record")
 
 
 _said: set[str] = set()

@@ -26,6 +26,7 @@ from elasticjob_operator import builders, models, network_policy
 from elasticjob_operator.builders import JobRef
 from elasticjob_operator.conditions import ConditionChange, phase_of, set_condition
 from elasticjob_operator.decision import ChildRef, Decision, Event, normal, warning
+from elasticjob_operator.divergence import decide_divergences
 from elasticjob_operator.hangs import decide_hangs
 from elasticjob_operator.models import CleanPodPolicy, ConditionType, ElasticJobSpec
 from elasticjob_operator.network_policy import OperatorPeer
@@ -340,9 +341,10 @@ def _finish(d: Decision, r: Round, going: frozenset[str], stop_workers: bool = F
     return d
 
 
-def _observe(d: Decision, r: Round, generation: int | None) -> None:
+def _observe(d: Decision, r: Round, generation: int | None) -> Event | None:
     """What every round records: the generation acted on, the scale selector, what the
-    runtime published (progress, rules "Node memory" and "Hangs"), and the Created condition."""
+    runtime published (progress, rules "Node memory", "Hangs" and "Divergence"), and the
+    Created condition. Returns the failure a divergence calls for, if any."""
     st, spec, ref, now = d.status, r.spec, r.ref, r.now
     st.observed_generation = generation
     st.selector = builders.selector_string(ref.name)
@@ -364,6 +366,11 @@ def _observe(d: Decision, r: Round, generation: int | None) -> None:
     if hung is not None:
         st.hangs, events = hung
         d.events += events
+    failure = None
+    diverged = decide_divergences(st.divergences, run, r.observed.divergences, now)
+    if diverged is not None:  # rule "Divergence"
+        st.divergences, failure = diverged.status, diverged.failure
+        d.events += diverged.events
     if st.condition(C.CREATED) is None:
         set_condition(
             st, C.CREATED, True, "ElasticJobCreated", "the operator accepted the job", now
@@ -374,6 +381,7 @@ def _observe(d: Decision, r: Round, generation: int | None) -> None:
             f"({spec.min_replicas}..{spec.effective_max_replicas}), "
             f"rendezvous {spec.rdzv_backend} at {builders.rdzv_endpoint(ref, spec, r.shared)}",
         )
+    return failure
 
 
 def _suspend(d: Decision, r: Round) -> Decision:
@@ -532,9 +540,12 @@ def reconcile(
     )
     d = Decision(status=status.model_copy(deep=True))
     st = d.status
-    _observe(d, r, generation)
+    diverged = _observe(d, r, generation)
     if st.finished:
         return _finish(d, r, frozenset())
+    if diverged is not None:
+        _fail(d, diverged, r.now)
+        return _finish(d, r, frozenset(), stop_workers=True)
     if spec.suspend:
         return _suspend(d, r)
     if st.is_true(C.SUSPENDED):

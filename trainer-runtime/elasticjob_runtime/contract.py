@@ -87,6 +87,16 @@ def hang_prefix(run_id: str) -> str:
     return f"{run_prefix(run_id)}hangs/"
 
 
+def divergence_key(run_id: str, step: int) -> str:
+    """etcd key where a worker records that the ranks disagreed at ``step`` (read by the
+    operator, which fails the job, or says so in an event when the workers resynced)."""
+    return f"{divergence_prefix(run_id)}{step:012d}"
+
+
+def divergence_prefix(run_id: str) -> str:
+    return f"{run_prefix(run_id)}divergence/"
+
+
 def memory_fallback_prefix(run_id: str) -> str:
     return f"{run_prefix(run_id)}memory-fallback/"
 

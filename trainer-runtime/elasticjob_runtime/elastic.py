@@ -81,7 +81,8 @@ from elasticjob_runtime.fingerprint import (
 from elasticjob_runtime.grad_weights import weighted_allreduce
 from elasticjob_runtime.job_identity import current_job, directory_name
 from elasticjob_runtime.loader import ElasticLoader
-from elasticjob_runtime.progress import reporter_from_env
+from elasticjob_runtime.progress import divergence_reporter_from_env, reporter_from_env
+from elasticjob_runtime.records import DIVERGENCE_ACTIONS, Divergence
 from elasticjob_runtime.round_group import RoundGroup, round_group
 from elasticjob_runtime.sampler import ElasticSampler
 from elasticjob_runtime.seeds import seed_all, step_seed
@@ -109,7 +110,6 @@ REGROUP_TIMEOUT_S = float(os.environ.get("ELASTICJOB_REGROUP_TIMEOUT", "900"))
 GLOO_FAILURES = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "[gloo")
 # The Run's own entries in the state; what users register goes beside them.
 RESERVED_STATE = ("model", "optim", "sampler", "run")
-DIVERGENCE_ACTIONS = ("stop", "resync")
 
 
 def collective_failed(exc: BaseException) -> bool:
@@ -463,6 +463,7 @@ class Run:
         if not found:
             return
         message = divergence_message(self.global_step, when, found)
+        self._report_divergence(message)
         if self.on_divergence == "resync":
             log.error("%s; copying rank 0's state to every rank (on_divergence='resync')", message)
             self._copy_from(0)
@@ -471,6 +472,16 @@ class Run:
         if self._channel is not None:
             self._channel.say_fatal(message)  # the agent must not restart into the same bug
         raise DivergenceError(message)
+
+    def _report_divergence(self, message: str) -> None:
+        """Rank 0 tells the operator (the run's etcd): it fails the job, or says that the
+        ranks were resynced. Every rank saw the same mismatch; one record is enough."""
+        if self.rank != 0:
+            return
+        report = divergence_reporter_from_env()
+        if report is not None:
+            pod = os.environ.get(contract.POD_NAME) or socket.gethostname()
+            report(Divergence(self.global_step, self.on_divergence, message, pod, time.time()))
 
     def _check_due(self) -> None:
         when = self._check_next

@@ -11,6 +11,11 @@ newest value; a background thread connects, grants and keeps the lease and publi
 loop nothing. :func:`progress_target` decides once where progress goes, for the
 reporter and for the node-memory reports below alike: an etcd, never a c10d store.
 
+A reporter publishes nothing before its first ``update()``, and counts samples per second
+from when it was made. After a regroup or a restart a new reporter takes over the record
+of a running job; a placeholder (step 0) or a rate without a base (0 samples/s) would
+show in the job's status as progress lost, and it was not.
+
 Besides, every node's memory writer (local rank 0, not only global rank 0) reports a
 node-memory checkpoint copy that failed under ``contract.memory_fallback_key(run_id,
 pod)`` (:func:`report_memory_fallback`, called by the CheckpointManager): the operator
@@ -37,15 +42,17 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from elasticjob_runtime import contract
 from elasticjob_runtime.etcd_client import EtcdClient, EtcdError
 from elasticjob_runtime.etcd_endpoints import Endpoint, parse_endpoints
 from elasticjob_runtime.etcd_tls import EtcdTLS, open_client, tls_settings
 from elasticjob_runtime.records import (
+    Divergence,
     MemoryFallback,
     Progress,
+    encode_divergence,
     encode_memory_fallback,
     encode_progress,
 )
@@ -102,6 +109,7 @@ class ProgressReporter:
         self.min_interval = min_interval
         self._clock = clock
         self._rate = SampleRate()
+        self._rate.add(0, clock())  # the base: the first update's rate is not 0
         self._current = Progress(
             step=0,
             samples_per_second=0.0,
@@ -109,6 +117,7 @@ class ProgressReporter:
             restart_count=restart_count,
             updated=time.time(),
         )
+        self._placeholder = self._current  # what no update has touched: never published
         self._changed = threading.Event()
         self._stop = threading.Event()
         # Creating the client connects nothing (gRPC connects on the first request, in
@@ -180,7 +189,7 @@ class ProgressReporter:
                             lease = None  # expired while etcd was away: a new one, put again
                             continue
                         refresh_at = now
-                    pending = current is not published
+                    pending = current is not published and current is not self._placeholder
                     if pending and now - put_at >= self.min_interval:
                         record = encode_progress(replace(current, updated=time.time()))
                         self._client.put(self.key, record, lease=lease)
@@ -312,24 +321,57 @@ def report_memory_fallback(
 def memory_fallback_reporter_from_env(
     timeout: float = 2.0, connect_within: float = 10.0
 ) -> Callable[[MemoryFallback], None] | None:
-    """Where a worker (any rank) reports a failed node-memory copy: the run's etcd, as
-    :func:`progress_target` decides, or None. Reporting never raises: it logs one line if
-    etcd cannot be reached (after at most about ``connect_within`` plus two ``timeout``
-    seconds, once per process). The connection (DNS, TCP, the TLS handshake) has its own
+    """Where a worker (any rank) reports a failed node-memory copy (see
+    :func:`record_reporter_from_env`)."""
+    return record_reporter_from_env(
+        "node-memory fallback", report_memory_fallback, timeout, connect_within
+    )
+
+
+Record = TypeVar("Record")
+
+
+def record_reporter_from_env(
+    what: str,
+    put: Callable[[EtcdClient, str, Record], None],
+    timeout: float = 2.0,
+    connect_within: float = 10.0,
+) -> Callable[[Record], None] | None:
+    """Where a worker (any rank) records something for the operator: ``put`` into the
+    run's etcd, as :func:`progress_target` decides, or None. Reporting never raises: it
+    logs one line if etcd cannot be reached (after at most about ``connect_within`` plus
+    two ``timeout`` seconds). The connection (DNS, TCP, the TLS handshake) has its own
     budget: on a busy cluster it alone took longer than a request's 2 s (seen on kind)."""
-    target = _target_from_env("node-memory fallback reports")
+    target = _target_from_env(f"{what} reports")
     if target is None:
         return None
 
-    def report(fallback: MemoryFallback) -> None:
+    def report(record: Record) -> None:
         try:
             client = open_client(target.etcd, target.tls, timeout=timeout)
             try:
                 client.connect(connect_within)
-                report_memory_fallback(client, target.run_id, fallback)
+                put(client, target.run_id, record)
             finally:
                 client.close()
         except EtcdError as exc:
-            log.warning("node-memory fallback not reported to the operator: %s", exc)
+            log.warning("%s not reported to the operator: %s", what, exc)
 
     return report
+
+
+# -- ranks that trained different models ------------------------------------------------
+
+
+def report_divergence(
+    client: EtcdClient, run_id: str, record: Divergence, ttl: int = MEMORY_FALLBACK_TTL
+) -> None:
+    """Put the record under the run's prefix, on a lease of ``ttl`` seconds."""
+    lease = client.grant(ttl)
+    client.put(contract.divergence_key(run_id, record.step), encode_divergence(record), lease)
+
+
+def divergence_reporter_from_env() -> Callable[[Divergence], None] | None:
+    """Where a worker records that the ranks disagreed (:func:`record_reporter_from_env`):
+    the worker stops or resyncs whether or not the operator hears of it."""
+    return record_reporter_from_env("divergence", report_divergence)

@@ -3,7 +3,9 @@
 One format for each, defined once: the training progress that global rank 0 publishes
 (:class:`Progress`, mirrored into the job's ``status.progress``), a pod's report that
 its node-memory checkpoint copy failed (:class:`MemoryFallback`, said once in the job's
-events) and an agent's record that the group hung (:class:`Hang`, an event per round).
+events), an agent's record that the group hung (:class:`Hang`, an event per round) and
+a worker's record that the ranks trained different models (:class:`Divergence`: the
+job fails, or with ``resync`` an event says so).
 JSON with snake_case keys; a field a newer runtime adds is ignored by an older reader.
 Pure (json only: no etcd client, no torch), so the operator decodes with the very code
 the runtime encodes with.
@@ -71,6 +73,41 @@ def decode_hang(raw: bytes) -> Hang:
         step=_int(doc, "step"),
         stalled_seconds=_float(doc, "stalled_seconds"),
         timeout_seconds=_float(doc, "timeout_seconds"),
+        updated=_float(doc, "updated", 0.0),
+    )
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """The ranks held different training state at ``step`` (fingerprint.py):
+    ``action`` ``stop`` (the workers stopped; the job fails) or ``resync`` (rank 0's
+    state was copied to every rank and training went on)."""
+
+    step: int
+    action: str
+    message: str
+    pod: str
+    updated: float
+
+
+DIVERGENCE_ACTIONS = ("stop", "resync")
+
+
+def encode_divergence(divergence: Divergence) -> bytes:
+    return json.dumps(asdict(divergence), sort_keys=True).encode()
+
+
+def decode_divergence(raw: bytes) -> Divergence:
+    """Parse a stored divergence record; ValueError naming the field if it is not one."""
+    doc = _document(raw, "divergence record")
+    action = str(doc.get("action") or "")
+    if action not in DIVERGENCE_ACTIONS:
+        raise ValueError(f"divergence record: action {action!r} is not stop or resync")
+    return Divergence(
+        step=_int(doc, "step"),
+        action=action,
+        message=str(doc.get("message") or ""),
+        pod=str(doc.get("pod") or ""),
         updated=_float(doc, "updated", 0.0),
     )
 

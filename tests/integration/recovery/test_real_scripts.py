@@ -20,6 +20,11 @@ from pathlib import Path
 import pytest
 from conftest import WORKERS, EtcdServer, result_of, start, wait_for
 
+from elasticjob_runtime import contract
+from elasticjob_runtime.etcd_client import EtcdClient
+from elasticjob_runtime.etcd_endpoints import parse_endpoints
+from elasticjob_runtime.records import decode_divergence
+
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 GPT_FAULTS = WORKERS / "gpt_faults.py"
@@ -97,11 +102,12 @@ def run_job(
     nnodes: str,
     joiner: str | None = None,
     expect_ok: bool = True,
+    run_id: str | None = None,
 ) -> str:
     """``nodes`` agents of one nproc each; a ``joiner`` agent starts once the log shows
     that line. Returns every agent's log, joined."""
     tmp.mkdir(parents=True, exist_ok=True)
-    run_id = f"gpt-{uuid.uuid4().hex[:8]}"
+    run_id = run_id or f"gpt-{uuid.uuid4().hex[:8]}"
     env = {"ELASTICJOB_CHECKPOINT_MEMORY_DIR": str(tmp / "shm"), **env}
     logs = [tmp / f"agent-{n}.log" for n in range(nodes)]
     procs = [
@@ -202,20 +208,27 @@ def test_a_script_that_forgets_its_scheduler_stops_naming_the_divergence(
 ) -> None:
     # Without the scheduler in run.wrap(state=...), the restarted worker's schedule starts
     # over: its learning rate differs from its peer's from the first step after the kill.
-    logs = run_job(
-        agents,
-        etcd,
-        tmp_path,
-        {"CRASH_AT_STEP": "12", "CRASH_RANK": "1", "UNREGISTERED": "scheduler"},
-        2,
-        "2",
-        expect_ok=False,
-    )
+    run_id = f"diverge-{uuid.uuid4().hex[:8]}"
+    env = {
+        "CRASH_AT_STEP": "12",
+        "CRASH_RANK": "1",
+        "UNREGISTERED": "scheduler",
+        "PET_RDZV_ENDPOINT": etcd.endpoint,  # where rank 0 records it for the operator
+    }
+    logs = run_job(agents, etcd, tmp_path, env, 2, "2", expect_ok=False, run_id=run_id)
     assert "ELASTICJOB_RESULT" not in logs
-    assert re.search(
-        r"at step 13 \(the first step after the group formed\) "
-        r"'optim' differs \(ranks \[\d\] vs \[\d\]\)",
-        logs,
-    ), logs[-4000:]
+    differs = r"'optim' differs \(ranks \[\d\] vs \[\d\]\)"
+    assert re.search(rf"at step 13 \(the first step after the group formed\) {differs}", logs), (
+        logs[-4000:]
+    )
     assert "not restarting the workers: the ranks trained different models" in logs
     assert len(re.findall(r"^started ", logs, re.M)) == 3  # 2 at first, 1 after the kill, no more
+    # The operator's input: one record, which its rule "Divergence" turns into a failed job.
+    client = EtcdClient(parse_endpoints(etcd.endpoint, 2379))
+    try:
+        items = client.snapshot(contract.divergence_prefix(run_id)).items
+    finally:
+        client.close()
+    [record] = [decode_divergence(kv.value) for kv in items.values()]
+    assert (record.step, record.action) == (13, "stop")
+    assert "'optim' differs" in record.message

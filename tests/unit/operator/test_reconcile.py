@@ -42,7 +42,7 @@ from elasticjob_operator.reconcile import (
     reconcile,
 )
 from elasticjob_operator.workers import worker_context
-from elasticjob_runtime.records import Hang, MemoryFallback, Progress, encode_progress
+from elasticjob_runtime.records import Divergence, Hang, MemoryFallback, Progress, encode_progress
 
 REF = JobRef(name="train", namespace="ml", uid="uid-1")
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
@@ -1096,6 +1096,23 @@ def test_the_below_min_clock_runs_only_while_below_min() -> None:
         (C.SCALING, False),
         (C.RUNNING, True),
     ]
+
+
+# -- divergence ------------------------------------------------------------------------
+
+
+def test_ranks_that_diverged_fail_the_job_and_stop_its_workers() -> None:
+    w = running_world()
+    line = "the ranks trained different models: at step 13 ... 'optim' differs"
+    record = Divergence(step=13, action="stop", message=line, pod="train-worker-0", updated=0)
+    d = reconcile(
+        REF, 1, w.spec, w.status, replace(w.observed(), divergences=(record,)), w.now, w.config
+    )
+    assert d.status.is_true(C.FAILED)
+    failed = d.status.condition(C.FAILED)
+    assert failed is not None and failed.reason == "Diverged" and line in failed.message
+    assert [e.reason for e in d.events if e.type == "Warning"] == ["Diverged"]
+    assert {ref.name for ref in d.delete if ref.kind == "Pod"}  # running workers stopped
 
 
 # -- hangs -----------------------------------------------------------------------------
