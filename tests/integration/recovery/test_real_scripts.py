@@ -232,3 +232,32 @@ def test_a_script_that_forgets_its_scheduler_stops_naming_the_divergence(
     [record] = [decode_divergence(kv.value) for kv in items.values()]
     assert (record.step, record.action) == (13, "stop")
     assert "'optim' differs" in record.message
+
+
+def test_with_resync_the_ranks_take_rank_0s_state_and_train_on_saying_so(
+    agents: list[subprocess.Popen[bytes]], etcd: EtcdServer, tmp_path: Path
+) -> None:
+    run_id = f"resync-{uuid.uuid4().hex[:8]}"
+    env = {
+        "CRASH_AT_STEP": "12",
+        "CRASH_RANK": "1",
+        "UNREGISTERED": "scheduler",
+        "ON_DIVERGENCE": "resync",
+        "PET_RDZV_ENDPOINT": etcd.endpoint,
+    }
+    logs = run_job(agents, etcd, tmp_path, env, 2, "2", run_id=run_id)
+    assert re.search(r"'optim' differs .*; copying rank 0's state to every rank", logs), logs[
+        -3000:
+    ]
+    # after each resync the ranks agree again on the step's state (the script still steps
+    # its own schedulers apart, so later checks find them apart again: each is said)
+    resynced = {int(s) for s in re.findall(r"at step (\d+) \([^)]*\) 'optim' differs", logs)}
+    assert 13 in resynced
+    assert result_of(logs)["steps"] == STEPS
+    client = EtcdClient(parse_endpoints(etcd.endpoint, 2379))
+    try:
+        items = client.snapshot(contract.divergence_prefix(run_id)).items
+    finally:
+        client.close()
+    records = [decode_divergence(kv.value) for kv in items.values()]
+    assert {r.step for r in records} == resynced and {r.action for r in records} == {"resync"}

@@ -15,7 +15,7 @@ optional):
 * ``STOP_AT_STEP``: every worker saves that step and exits 0 (an unfaulted end of one
   world size: a test resumes the checkpoint at another, the reference for a lost node);
 * ``UNREGISTERED``: names of ``state=`` entries that ``run.wrap`` does not get (the
-  script forgets to register them).
+  script forgets to register them); ``ON_DIVERGENCE``: the Run's ``on_divergence``.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ def _at(name: str) -> int:
 
 def main() -> None:
     log_step, wrap, accumulate = train_gpt.log_step, elastic.Run.wrap, elastic.Run.accumulate
+    init = elastic.Run.__init__
     first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
     dropped = {n for n in os.environ.get("UNREGISTERED", "").split(",") if n}
 
@@ -74,7 +75,12 @@ def main() -> None:
 
     train_gpt.log_step = faulty_log_step
     elastic.Run.accumulate = faulty_accumulate  # type: ignore[method-assign]
+
+    def configured_init(self: elastic.Run, **kw: Any) -> None:
+        init(self, **kw, on_divergence=os.environ.get("ON_DIVERGENCE", "stop"))
+
     elastic.Run.wrap = forgetful_wrap  # type: ignore[method-assign]
+    elastic.Run.__init__ = configured_init  # type: ignore[method-assign]
     train_gpt.main(sys.argv[1:])
 
 

@@ -22,3 +22,18 @@ def test_only_a_broken_group_counts_as_a_failed_collective() -> None:
     assert collective_failed(dist.DistNetworkError("store gone"))
     assert not collective_failed(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
     assert not collective_failed(ValueError("Connection closed by peer"))
+
+
+def test_registered_state_takes_statefuls_under_names_of_their_own() -> None:
+    import pytest
+    import torch
+
+    from elasticjob_runtime.elastic import registered_state
+
+    params = [torch.nn.Parameter(torch.ones(2))]
+    sched = torch.optim.lr_scheduler.StepLR(torch.optim.SGD(params, lr=0.1), 10)
+    assert registered_state({"scheduler": sched}) == {"scheduler": sched}
+    with pytest.raises(TypeError, match=r"state\['lr'\] is a float, which has no state_dict"):
+        registered_state({"lr": 0.1})
+    with pytest.raises(ValueError, match="state name 'model' is not allowed"):
+        registered_state({"model": sched})
