@@ -605,12 +605,17 @@ class Run:
                 self._regroup(failed=False)
             generation = self._generation
             steps = steps_left(sampler.remaining, self.world_size, step_size)
+            started = time.monotonic()
             produced = start_round(list(sampler), steps)  # this round's shard
+            first = True
             while generation == self._generation and more():
                 if self._switch_pending():
                     break  # a new member: switch here, between steps
                 self.global_batch = min(self.world_size * step_size, sampler.remaining)
                 batch = next(produced)
+                if first:  # a round's plan, and the loader's refill after a reset
+                    self.timings["first_batch"] = time.monotonic() - started
+                    first = False
                 self._phase = "fetched"
                 yield batch
                 if self._phase == "fetched":
