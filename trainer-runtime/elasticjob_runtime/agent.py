@@ -23,7 +23,12 @@ With a hang timeout (``--hang-timeout``, ``ELASTICJOB_HANG_TIMEOUT``), a group w
 workers completed no step for that long is restarted as a failed round (it costs a
 restart, like a worker that exited: a hang that comes back every time must end in a
 failed pod, not a loop) and recorded in the run's etcd for the operator
-(:mod:`elasticjob_runtime.hang` says when the clock runs and why).
+(:mod:`elasticjob_runtime.hang` says when the clock runs and why). A round handed to the
+running workers in place that one of them does not take within the hang timeout is such
+a hang too; and workers that are stopped, or silent for half the timeout, are restarted
+into a new round rather than handed it in place
+(:func:`~elasticjob_runtime.hang.in_place_refusal`): a worker that froze still looks as if
+it could regroup, and would hold the round for ever.
 
 When its workers have finished, torch's agent waits in an exit barrier for every agent of
 the round (up to 300 s). A peer whose lease is gone (a scale-down that deleted its pod as
@@ -49,7 +54,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -66,7 +71,18 @@ from elasticjob_runtime import contract
 from elasticjob_runtime.channel import AgentChannel
 from elasticjob_runtime.etcd_client import EtcdError
 from elasticjob_runtime.etcd_store import EtcdV3Store, RoundAbandoned
-from elasticjob_runtime.hang import StepClock, forget_steps, group_step, hang_message, read_steps
+from elasticjob_runtime.hang import (
+    Handover,
+    StepClock,
+    forget_steps,
+    group_step,
+    hand_over,
+    hang_message,
+    in_place_refusal,
+    read_steps,
+    stopped_ranks,
+    unresponsive,
+)
 from elasticjob_runtime.leases import notice_within
 from elasticjob_runtime.records import Hang, encode_hang
 from elasticjob_runtime.rendezvous import EtcdV3RendezvousHandler
@@ -120,6 +136,7 @@ class MembershipAwareAgent(LocalElasticAgent):
         self.hangs = 0  # hangs this agent restarted its workers for
         self._clock = StepClock()
         self._steps_read_at = -1.0
+        self._handover: Handover | None = None  # the last round handed over in place
         self._hung = False  # the group being stopped hung: wake and stop it at once
         # Set once this node's workers first ran in a round (the readiness probe reads it).
         self.joined = joined if joined is not None else threading.Event()
@@ -177,19 +194,49 @@ class MembershipAwareAgent(LocalElasticAgent):
         # torch's loop sets the state before it calls this: HEALTHY is its membership
         # branch (a peer left or came); FAILED/UNHEALTHY means a local worker exited.
         if worker_group.state == WorkerState.HEALTHY and self._workers_regroup_in_place():
-            if self._channel.begin_regroup():
+            refused = self._in_place_refused()
+            if refused is not None:
+                # It would never take the round, and its other members would wait in it.
+                log.warning("not regrouping the workers in place: %s; restarting them", refused)
+                self._hung = True  # stopped as a hang: woken, their step in flight dropped
+            elif self._channel.begin_regroup():
                 try:
                     self._regroup_in_place(worker_group)
                 finally:
                     self._channel.end_regroup()
                 return
-            # It may exit before the round stands, and the round's other members would
-            # wait in it for a worker that never comes (channel.py).
-            log.info(
-                "a worker has finished training; restarting the workers into the next round "
-                "(they resume from the final checkpoint)"
-            )
+            else:
+                # It may exit before the round stands, and the round's other members would
+                # wait in it for a worker that never comes (channel.py).
+                log.info(
+                    "a worker has finished training; restarting the workers into the next "
+                    "round (they resume from the final checkpoint)"
+                )
         super()._restart_workers(worker_group)
+
+    def _in_place_refused(self) -> str | None:
+        """Why the running workers cannot take the next round in place (hang.py), or None."""
+        now = time.monotonic()
+        pids = self._pcontext.pids() if self._pcontext is not None else {}
+        self._clock = self._clock.observe(group_step(read_steps(str(self._notes))), now)
+        untaken = self._untaken(pids)
+        return in_place_refusal(
+            silent_for=unresponsive(self._clock, now, self._handover, untaken),
+            timeout=self.hang_timeout,
+            stopped=stopped_ranks(pids),
+            asked=[
+                rank
+                for rank, generation in self._channel.regroup_requests().items()
+                if generation >= self._generation
+            ],
+            ranks=pids,
+        )
+
+    def _untaken(self, ranks: Iterable[int]) -> list[int]:
+        """The local ranks that have not taken the round last handed to them in place."""
+        if self._handover is None:
+            return []
+        return self._handover.untaken(self._channel.taken(), ranks)
 
     def _workers_regroup_in_place(self) -> bool:
         """Every local worker runs the training-loop API and is the process it said it was."""
@@ -256,6 +303,13 @@ class MembershipAwareAgent(LocalElasticAgent):
         with starting_workers_with(start) as original:
             started: dict[int, Any] = super()._start_workers(worker_group)
         self.joined.set()
+        # Workers started for the round took it; running ones must still take it.
+        ranks = range(worker_group.spec.local_world_size)
+        self._handover = (
+            hand_over(self._handover, generation, time.monotonic(), self._channel.taken(), ranks)
+            if kind.in_place and running is not None
+            else None
+        )
         # A new round: its clock runs from its first step (workers that regroup in place
         # have reported steps already; only a change counts).
         self._clock = StepClock.start(group_step(read_steps(str(self._notes))))
@@ -331,15 +385,18 @@ class MembershipAwareAgent(LocalElasticAgent):
             return None
         self._steps_read_at = now
         self._clock = self._clock.observe(group_step(read_steps(str(self._notes))), now)
-        if not self._clock.hung(now, self.hang_timeout):
+        pids = self._pcontext.pids() if self._pcontext is not None else {}
+        untaken = self._untaken(pids)
+        stalled = unresponsive(self._clock, now, self._handover, untaken)
+        if stalled < self.hang_timeout:
             return None
-        stalled, step = self._clock.stalled(now), self._clock.last or 0
+        step = self._clock.last or 0
         self.hangs += 1
-        log.warning("hang %d: %s", self.hangs, hang_message(step, stalled, self.hang_timeout))
+        message = hang_message(step, stalled, self.hang_timeout, untaken)
+        log.warning("hang %d: %s", self.hangs, message)
         self._record_hang(worker_group, Hang(0, "", step, stalled, self.hang_timeout, 0.0))
         self._hung = True
         self._clock = StepClock()
-        pids = self._pcontext.pids() if self._pcontext is not None else {}
         failures = {
             worker.global_rank: ProcessFailure(
                 worker.local_rank, pids.get(worker.local_rank, -1), HANG_EXITCODE, ""

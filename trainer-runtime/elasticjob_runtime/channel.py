@@ -8,13 +8,16 @@ started for the round reads it once; a worker that regroups in place (the traini
 API in :mod:`elasticjob_runtime.elastic`) keeps running across rounds and waits here
 for a newer generation instead of exiting.
 
-Workers write two things back:
+Workers write these back:
 
 * ``in-place-<local rank>``: its pid, once it can regroup in place. The agent keeps a
   healthy worker across a membership change only when every local worker said so.
 * ``regroup-<local rank>``: the generation in which its collective failed. The agent
   opens a new round for it (a peer's failure that changed no membership still ends
   the round for everyone).
+* ``taken-<local rank>``: the generation of the last round it took in place. An offer
+  to regroup in place outlives a worker that froze after making it; a round it never
+  takes is a hang (the agent restarts it: :mod:`elasticjob_runtime.hang`).
 * ``finished-<local rank>``: its training is over and it is about to exit.
 * ``fatal-<local rank>``: why it is about to fail in a way a restart would repeat (the
   ranks trained different models: fingerprint.py); the agent then fails instead of
@@ -36,6 +39,7 @@ pipe it needs no descriptor that survives torch's process start-up and warm spar
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -117,13 +121,24 @@ class AgentChannel:
 
     def regroup_requested(self, generation: int) -> bool:
         """Did a worker's collective fail in ``generation`` (the round now running)?"""
-        for path in self.directory.glob("regroup-*"):
+        return any(asked >= generation for asked in self.regroup_requests().values())
+
+    def regroup_requests(self) -> dict[int, int]:
+        """Local rank -> the generation in which its worker last asked for a new round."""
+        return self._generations("regroup-*")
+
+    def taken(self) -> dict[int, int]:
+        """Local rank -> the generation of the last round its worker took in place."""
+        return self._generations("taken-*")
+
+    def _generations(self, pattern: str) -> dict[int, int]:
+        out: dict[int, int] = {}
+        for path in self.directory.glob(pattern):
             try:
-                if int(path.read_text()) >= generation:
-                    return True
+                out[int(path.name.rsplit("-", 1)[1])] = int(path.read_text())
             except (OSError, ValueError):
                 continue
-        return False
+        return out
 
     def fatal(self) -> str | None:
         """A worker's word that its failure must not be restarted, or None."""
@@ -135,9 +150,9 @@ class AgentChannel:
         return None
 
     def forget_workers(self) -> None:
-        """Workers are being replaced: their offers to regroup in place, and their word
-        that they finished, end with them."""
-        for pattern in ("in-place-*", "finished-*"):
+        """Workers are being replaced: their offers to regroup in place, the rounds they
+        took, and their word that they finished, end with them."""
+        for pattern in ("in-place-*", "taken-*", "finished-*"):
             for path in self.directory.glob(pattern):
                 path.unlink(missing_ok=True)
 
@@ -208,6 +223,12 @@ class WorkerChannel:
 
     def request_regroup(self, generation: int) -> None:
         _write_whole(self.directory / f"regroup-{self.local_rank}", str(generation))
+
+    def say_taken(self, generation: int) -> None:
+        """This worker takes round ``generation``: the agent restarts a worker that does
+        not take a round it was handed in place (hang.py)."""
+        with contextlib.suppress(OSError):  # the agent is gone: nobody to tell
+            _write_whole(self.directory / f"taken-{self.local_rank}", str(generation))
 
     def say_finished(self) -> None:
         _write_whole(self.directory / f"finished-{self.local_rank}", str(os.getpid()))

@@ -777,6 +777,7 @@ class Run:
         while True:
             found = self._channel.wait_newer(self._generation, timeout=0.25)
             if found is not None:
+                self._channel.say_taken(found.generation)
                 return found
             self.ckpt.mark_step(self.global_step)
             if os.getppid() != self._parent:

@@ -19,7 +19,17 @@ timeout is the longest gap between two steps. A group whose script never calls
 
 What counts as the group's step: the lowest step any local worker reported. A worker
 that stops stops that number; its peers block in the step's collective and stop too.
-Pure, apart from :class:`StepReporter` (a file write) and reading the environment.
+
+A round handed to running workers in place (:class:`Handover`) must be taken: a worker
+that froze after it offered to regroup in place still looks like one that can, takes
+nothing and reports nothing, and the round's other members wait in it for ever. So the
+wait for a worker to take the round counts as a stall (:func:`unresponsive`): one that
+neither steps nor takes it for the hang timeout is a hang. And a round is not handed in
+place to workers that cannot be told from hung ones (:func:`in_place_refusal`): they
+are restarted into it instead, as the agent that declared the hang restarts its own.
+
+Pure, apart from :class:`StepReporter` (a file write), :func:`read_steps`,
+:func:`stopped_ranks` (``/proc``) and reading the environment.
 """
 
 from __future__ import annotations
@@ -27,7 +37,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from elasticjob_runtime import contract
@@ -75,6 +85,86 @@ class StepClock:
 
     def hung(self, now: float, timeout: float) -> bool:
         return self.since is not None and now - self.since >= timeout
+
+
+# A round that opens while the workers here have been silent (no step, no round taken,
+# no new one asked for) for this share of the hang timeout restarts them rather than
+# regrouping them in place (in_place_refusal).
+IN_PLACE_SILENCE_SHARE = 0.5
+
+
+@dataclass(frozen=True)
+class Handover:
+    """A round handed to the running workers in place: the generation each must take,
+    and since when the agent has been waiting for them to."""
+
+    generation: int
+    since: float
+
+    def untaken(self, taken: Mapping[int, int], ranks: Iterable[int]) -> list[int]:
+        """The local ranks whose worker has not taken the round (``taken``: local rank ->
+        the generation it last took)."""
+        return sorted(rank for rank in ranks if taken.get(rank, -1) < self.generation)
+
+
+def hand_over(
+    previous: Handover | None,
+    generation: int,
+    now: float,
+    taken: Mapping[int, int],
+    ranks: Iterable[int],
+) -> Handover:
+    """The handover of round ``generation`` at ``now``. A worker that still owes the round
+    handed over before has been waited for since that one: rounds that keep coming must
+    not restart the wait for a worker that takes none."""
+    if previous is not None and previous.untaken(taken, ranks):
+        return Handover(generation, previous.since)
+    return Handover(generation, now)
+
+
+def unresponsive(
+    clock: StepClock, now: float, handover: Handover | None = None, untaken: Sequence[int] = ()
+) -> float:
+    """Seconds the workers have neither stepped (the clock) nor taken the round handed to
+    them in place (``untaken``: the ranks that owe it): a healthy worker takes a round at
+    its next step boundary, or at once when its collective failed, so the hang timeout,
+    the longest gap between two steps, bounds both."""
+    owed = now - handover.since if handover is not None and untaken else 0.0
+    return max(clock.stalled(now), owed)
+
+
+def in_place_refusal(
+    *,
+    silent_for: float,
+    timeout: float | None,
+    stopped: Sequence[int],
+    asked: Collection[int],
+    ranks: Iterable[int],
+) -> str | None:
+    """Why the running workers must be restarted into the next round rather than handed it
+    in place, or None: they may regroup in place.
+
+    A stopped process (SIGSTOP, a debugger) takes no round. With a hang timeout, workers
+    that have been silent (:func:`unresponsive`) for half of it cannot be told from hung
+    ones: the agents that declared the hang opened this round at the full timeout, and
+    this agent sees the same stall a moment earlier or later. Workers that asked for a new
+    round in the running one (``asked``) are alive and waiting for it, however long the
+    group stalled."""
+    if stopped:
+        return f"local rank {_ranks(stopped)} is stopped and cannot take a round"
+    if timeout is None or silent_for < timeout * IN_PLACE_SILENCE_SHARE:
+        return None
+    silent = [rank for rank in ranks if rank not in asked]
+    if not silent:
+        return None
+    return (
+        f"local rank {_ranks(silent)} did no step and took no round for {silent_for:.0f} s "
+        f"(hang timeout {timeout:g} s) and cannot be told from a hung worker"
+    )
+
+
+def _ranks(ranks: Iterable[int]) -> str:
+    return ", ".join(str(rank) for rank in ranks)
 
 
 def hung_after(
@@ -172,10 +262,28 @@ def forget_steps(directory: str) -> None:
                 os.unlink(os.path.join(directory, name))
 
 
-def hang_message(step: int | None, stalled: float, timeout: float) -> str:
+def stopped_ranks(pids: Mapping[int, int]) -> list[int]:
+    """The local ranks whose process is stopped (``pids``: local rank -> pid): state T or
+    t in ``/proc/<pid>/stat``. None where there is no ``/proc``."""
+    out = []
+    for rank, pid in pids.items():
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state in ("T", "t"):
+            out.append(rank)
+    return sorted(out)
+
+
+def hang_message(
+    step: int | None, stalled: float, timeout: float, untaken: Sequence[int] = ()
+) -> str:
     """One line for the agent's log and the operator's event."""
     at = "before any step" if step is None else f"after step {step}"
+    owed = f", and local rank {_ranks(untaken)} never took its new round" if untaken else ""
     return (
-        f"no training step for {stalled:.0f} s (hang timeout {timeout:g} s), {at}: "
+        f"no training step for {stalled:.0f} s (hang timeout {timeout:g} s), {at}{owed}: "
         "restarting the worker group"
     )
