@@ -126,6 +126,7 @@ class MembershipAwareAgent(LocalElasticAgent):
         self,
         *args: Any,
         warm_spares: bool = False,
+        warm_spare_count: int | None = None,  # None: one per local rank
         warm_imports: tuple[str, ...] = (),
         joined: threading.Event | None = None,
         hang_timeout: float | None = None,
@@ -160,7 +161,9 @@ class MembershipAwareAgent(LocalElasticAgent):
             if target is None:
                 log.info("warm spares off: the worker command is not `python [-u] [-m] target`")
             else:
-                self._spares = SparePool(target, spec.local_world_size, warm_imports=warm_imports)
+                self._spares = SparePool(
+                    target, spec.local_world_size, warm_imports=warm_imports, size=warm_spare_count
+                )
                 self._spares.fill()  # they warm up while the first rendezvous runs
 
     def _rendezvous(self, worker_group: WorkerGroup) -> None:

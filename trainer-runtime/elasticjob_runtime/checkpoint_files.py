@@ -9,9 +9,9 @@ or read-only filesystem) removes its temp file and, if the marker failed, the da
 what was committed before stays as it was.
 
 Also where this pod's node-memory copy lives (``/dev/shm/elasticjob/<job>/<pod>``, made
-0700, the job part named by its identity) and how much room its filesystem has. Bytes
-in, bytes out, no torch: :mod:`elasticjob_runtime.checkpoint` turns training state into
-those bytes and back.
+0700, the job part named by its identity), its removal once the job has succeeded, and how
+much room its filesystem has. Bytes in, bytes out, no torch:
+:mod:`elasticjob_runtime.checkpoint` turns training state into those bytes and back.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import socket
 import threading
 from dataclasses import asdict, dataclass
@@ -224,6 +225,18 @@ def default_memory_dir(job: str) -> Path | None:
         return None
     pod = os.environ.get(contract.POD_NAME) or socket.gethostname()
     return root / "elasticjob" / directory_name(job) / re.sub(r"[^A-Za-z0-9_.-]", "_", pod)
+
+
+def remove_memory_copy(directory: Path) -> bool:
+    """Remove a node-memory copy (:func:`default_memory_dir`), and its job's directory once
+    no other pod's copy is in it; True if there was one. Only for a job that succeeded:
+    outside a pod /dev/shm is the host's, and nothing else ever frees the copy."""
+    if not directory.is_dir():
+        return False
+    shutil.rmtree(directory, ignore_errors=True)
+    with contextlib.suppress(OSError):  # not empty: another pod of the job on this host
+        directory.parent.rmdir()
+    return not directory.exists()
 
 
 def filesystem_space(path: Path) -> tuple[int | None, int | None]:

@@ -40,6 +40,8 @@ ETCD_CERT: Final = "ELASTICJOB_ETCD_CERT"
 ETCD_KEY: Final = "ELASTICJOB_ETCD_KEY"
 # elasticjob-run: "0" turns warm spare workers off; extra modules for spares to import
 WARM_SPARES: Final = "ELASTICJOB_WARM_SPARES"
+# elasticjob-run: how many warm spares a node keeps (unset: one per local rank; 0: none)
+WARM_SPARE_COUNT: Final = "ELASTICJOB_WARM_SPARE_COUNT"
 WARM_IMPORT: Final = "ELASTICJOB_WARM_IMPORT"
 # elasticjob-run creates this file before it stops workers whose round lost a peer
 GROUP_BROKEN_FILE: Final = "ELASTICJOB_GROUP_BROKEN_FILE"

@@ -15,7 +15,8 @@ It must be unique to the job and the same across the job's restarts:
   two jobs: the safe side.
 * a process no launcher started: its own process, so nothing is shared.
 
-Pure but for :func:`current_job`, which reads the environment and ``/proc``.
+Pure but for :func:`current_job` and :func:`workers_job`, which read the environment and
+``/proc``.
 """
 
 from __future__ import annotations
@@ -70,15 +71,26 @@ def directory_name(identity: str) -> str:
     return f"{safe}-{hashlib.sha256(identity.encode()).hexdigest()[:16]}"
 
 
-def agent_argv() -> list[str]:
-    """The parent process's command line (torchrun's agent for a worker), or []."""
+def command_line(pid: int) -> list[str]:
+    """A process's command line, or [] if it cannot be read."""
     try:
-        raw = Path(f"/proc/{os.getppid()}/cmdline").read_bytes()
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return []
     return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
 
 
+def agent_argv() -> list[str]:
+    """The parent process's command line (torchrun's agent for a worker), or []."""
+    return command_line(os.getppid())
+
+
 def current_job(run_id: str | None = None) -> str:
     """This process's job identity."""
     return job_identity(os.environ, agent_argv(), run_id, os.getpid())
+
+
+def workers_job(run_id: str) -> str:
+    """In an agent: the identity its workers compute. They inherit its environment and read
+    its command line as their parent's, so the agent finds their node-memory copy."""
+    return job_identity(os.environ, command_line(os.getpid()), run_id, os.getpid())

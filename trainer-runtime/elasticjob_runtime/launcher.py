@@ -11,14 +11,21 @@ environment, torch's ``LocalElasticAgent`` runs the workers), with these changes
   (:mod:`elasticjob_runtime.agent`);
 * workers start from warm spares, interpreters that have already imported torch and
   the script's imports (:mod:`elasticjob_runtime.spare`); ``--no-warm-spares`` (or
-  ``ELASTICJOB_WARM_SPARES=0``) starts every worker cold as torchrun does, and
-  ``--warm-import mod,...`` names more modules for the spares to import;
+  ``ELASTICJOB_WARM_SPARES=0``) starts every worker cold as torchrun does,
+  ``--warm-spare-count N`` (``ELASTICJOB_WARM_SPARE_COUNT``) keeps fewer than one per
+  local rank (each costs memory, docs/recovery.md), and ``--warm-import mod,...`` names
+  more modules for the spares to import;
 * the workers learn the etcd it rendezvouses on (``ELASTICJOB_PROGRESS_ENDPOINT``),
   where they publish progress (:mod:`elasticjob_runtime.progress`);
 * with ``--hang-timeout S`` (or ``ELASTICJOB_HANG_TIMEOUT``), a group that completes no
   training step for S seconds is restarted (:mod:`elasticjob_runtime.hang`);
 * in a pod (or with ``ELASTICJOB_HEALTH_PORT``) it serves the pod's liveness and
-  readiness probes, ``/healthz`` and ``/readyz`` (:mod:`elasticjob_runtime.health`).
+  readiness probes, ``/healthz`` and ``/readyz`` (:mod:`elasticjob_runtime.health`);
+* once its workers have succeeded it removes their node-memory checkpoint copy
+  (``/dev/shm/elasticjob/<job>/<pod>``): outside a pod nothing else ever would. A failure
+  or a restart keeps it, since a restart resumes from it;
+* a node that comes to a run whose training already finished (a late scale-up pod, or the
+  same command run again) exits 0 with one warning saying so and how to start afresh.
 """
 
 from __future__ import annotations
@@ -111,6 +118,19 @@ def env_switch(name: str, default: bool) -> bool:
     raise ValueError(f"{name}={os.environ[name]!r}: use 1 or 0 (true/false, on/off)")
 
 
+def spare_count_option(text: str) -> int | None:
+    """``--warm-spare-count``: spares kept per node; None (unset) keeps one per local rank."""
+    raw = text.strip()
+    if not raw:
+        return None
+    if not raw.isdigit():
+        raise ValueError(
+            f"--warm-spare-count={text!r} (or {contract.WARM_SPARE_COUNT}): give the number "
+            "of warm spares to keep per node, 0 or more (unset: one per local rank)"
+        )
+    return int(raw)
+
+
 def warm_import_list(text: str) -> tuple[str, ...]:
     """``mod,pkg.mod`` -> module names; ValueError naming a bad one."""
     names = tuple(n.strip() for n in text.split(",") if n.strip())
@@ -195,6 +215,13 @@ def parser() -> argparse.ArgumentParser:
         f"the script's imports (default on; env {contract.WARM_SPARES}=0 turns it off)",
     )
     p.add_argument(
+        "--warm-spare-count",
+        default=os.environ.get(contract.WARM_SPARE_COUNT, ""),
+        help="how many warm spares this node keeps, at most one per local rank (default one "
+        "per local rank); each is a process with torch imported, about 360 MiB of its own, "
+        f"and a restart waits for any rank that starts cold (env {contract.WARM_SPARE_COUNT})",
+    )
+    p.add_argument(
         "--warm-import",
         default=os.environ.get(contract.WARM_IMPORT, ""),
         help="comma-separated modules the warm spares import besides the script's own "
@@ -229,6 +256,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         _fail(problem)
     try:
         warm_imports = warm_import_list(args.warm_import)
+        spare_count = spare_count_option(str(args.warm_spare_count))
         hang_timeout = hang.parse_timeout(
             str(args.hang_timeout), f"--hang-timeout (or {contract.HANG_TIMEOUT})"
         )
@@ -237,7 +265,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     joined = threading.Event()  # the agent sets it once its workers first run in a round
     probes = _serve_probes(joined)
     try:
-        _launch(args, warm_imports, joined, hang_timeout)
+        _launch(args, warm_imports, joined, hang_timeout, spare_count)
     finally:
         if probes is not None:
             probes.stop()
@@ -267,6 +295,7 @@ def _launch(
     warm_imports: tuple[str, ...],
     joined: threading.Event,
     hang_timeout: float | None = None,
+    spare_count: int | None = None,
 ) -> None:
     """Check the etcd, then run torchrun's launch with our agent until the job ends."""
     if not args.standalone and args.rdzv_backend == "etcd-v3":
@@ -292,7 +321,8 @@ def _launch(
     # is a subclass with warm spares that does not charge restarts for peers that left.
     launcher_api.LocalElasticAgent = functools.partial(  # type: ignore[attr-defined,assignment]
         MembershipAwareAgent,
-        warm_spares=args.warm_spares,
+        warm_spares=args.warm_spares and spare_count != 0,
+        warm_spare_count=spare_count,
         warm_imports=warm_imports,
         joined=joined,
         hang_timeout=hang_timeout,
@@ -304,11 +334,25 @@ def _launch(
         raise SystemExit(1) from None
     except RunFinishedError as exc:
         # e.g. a pod the operator started for a scale-up just as training ended: the
-        # job succeeded, and this pod must say so (exit 0), not fail it.
-        print(f"{PROG}: {exc}", file=sys.stderr)
+        # job succeeded, and this pod must say so (exit 0), not fail it. The same command
+        # run again lands here too: the warning says how to start afresh.
+        log.warning("%s", exc)
         raise SystemExit(0) from None
     except RendezvousError as exc:
         _fail(f"rendezvous failed: {exc}", code=1)
+    _forget_node_memory(str(args.rdzv_id))
+
+
+def _forget_node_memory(run_id: str) -> None:
+    """The workers succeeded: their node-memory copy (checkpoint.py) will never be read
+    again. Outside a pod /dev/shm is the host's and would keep it until a reboot; a
+    failure or a restart never gets here, and keeps it to resume from."""
+    from elasticjob_runtime.checkpoint_files import default_memory_dir, remove_memory_copy
+    from elasticjob_runtime.job_identity import workers_job
+
+    directory = default_memory_dir(workers_job(run_id))
+    if directory is not None and remove_memory_copy(directory):
+        log.info("the workers succeeded: removed their node-memory checkpoint copy %s", directory)
 
 
 if __name__ == "__main__":

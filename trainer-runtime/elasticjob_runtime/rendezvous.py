@@ -103,6 +103,18 @@ class RunFinishedError(RendezvousClosedError):
     do, which is no failure (the launcher exits 0 and says so)."""
 
 
+def finished_run_message(run_id: str, etcd: str) -> str:
+    """What a node that comes to a finished run is told. A late scale-up pod needs no
+    more than the first clause, but the same command run again (same --rdzv-id, same etcd)
+    would otherwise look like a job that trained nothing: say how to start afresh."""
+    return (
+        f"run {run_id} finished training before this node joined; nothing is left to do. "
+        f"To train again, start a new run: another --rdzv-id, or delete this run's keys from "
+        f"the etcd at {etcd} (etcdctl del --prefix {contract.run_prefix(run_id)}); a script "
+        "given the same checkpoint directory resumes its finished state"
+    )
+
+
 def state_key(run_id: str) -> str:
     return contract.run_prefix(run_id) + "rdzv/state"
 
@@ -508,10 +520,7 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
                     assert kv is not None  # a sealed round came from its key
                     return decision, kv.mod_revision
                 if isinstance(decision, Closed) and decision.finished:
-                    raise RunFinishedError(
-                        f"run {self._run_id} finished training before this node joined; "
-                        "nothing is left to do"
-                    )
+                    raise RunFinishedError(finished_run_message(self._run_id, self._client.where))
                 if isinstance(decision, Closed):
                     raise RendezvousClosedError(
                         f"the rendezvous of run {self._run_id} is closed: a node left it "

@@ -2,16 +2,16 @@
 
 Most of a cold worker restart is the new interpreter importing torch and the training
 script's own imports (3.5 s of a 3.8 s recovery, measured). The agent
-(:mod:`elasticjob_runtime.spare_pool`) therefore keeps one spare per local rank, started
-as ``python [-u] -m elasticjob_runtime.spare ...`` with the environment the agent's
-workers inherit. The spare imports torch, ``torch.distributed`` and the script's
-top-level imports (found by parsing the script, never by running it), then blocks on
-a Unix socket. When the agent starts a round's workers it sends the round's
-assignment instead of starting a process: the worker's full environment and argv,
-plus the stdout/stderr files torch opened for it (as file descriptors, so log
-redirects and tee work unchanged). The spare installs them and runs the script or
-module as ``__main__`` in its main thread, exactly as ``python script.py`` would:
-same ``sys.argv``, ``sys.path[0]``, exit codes, tracebacks and signals.
+(:mod:`elasticjob_runtime.spare_pool`) therefore keeps one spare per local rank (fewer
+with ``--warm-spare-count``), started as ``python [-u] -m elasticjob_runtime.spare ...``
+with the environment the agent's workers inherit. The spare imports torch,
+``torch.distributed`` and the script's top-level imports (found by parsing the script,
+never by running it), then blocks on a Unix socket. When the agent starts a round's
+workers it sends the round's assignment instead of starting a process: the worker's full
+environment and argv, plus the stdout/stderr files torch opened for it (as file
+descriptors, so log redirects and tee work unchanged). The spare installs them and runs
+the script or module as ``__main__`` in its main thread, exactly as ``python script.py``
+would: same ``sys.argv``, ``sys.path[0]``, exit codes, tracebacks and signals.
 
 An idle spare's command line is ``python -u -m elasticjob_runtime.spare --fd=N --parent=P``
 (what it will run travels in ``ELASTICJOB_SPARE_*`` variables it removes at once), so

@@ -1,4 +1,4 @@
-"""The agent's warm spares: one per local rank, handed each round's assignment.
+"""The agent's warm spares: one per local rank (or fewer), handed each round's assignment.
 
 torch's agent starts a round's workers through ``start_processes``, which builds a
 ``SubprocessContext`` of one ``SubprocessHandler`` (a ``Popen``) per local rank.
@@ -13,6 +13,10 @@ A spare is used only if the worker would have started with the same environment 
 from the per-round variables (:data:`ROUND_VARIABLES`); anything else that differs
 could have been read at import time, so that rank starts cold and the pool renews its
 spares. The pool is off for ``--no-python`` and interpreter flags other than ``-u``.
+
+Each spare is a process with torch imported (about 360 MiB of its own, docs/recovery.md),
+so a pool may keep fewer than one per local rank (``--warm-spare-count``): the spares
+are not tied to ranks, the lowest ranks take them and the others start cold.
 """
 
 from __future__ import annotations
@@ -64,6 +68,14 @@ ROUND_PREFIXES = ("TORCHELASTIC_",)
 STOP_TIMEOUT_S = 5.0
 
 
+def spare_count(requested: int | None, local_world_size: int) -> int:
+    """How many spares a pool keeps: one per local rank unless fewer are asked for. More
+    would never be used: a round starts at most one worker per local rank."""
+    if requested is None:
+        return local_world_size
+    return max(0, min(requested, local_world_size))
+
+
 def is_round_variable(name: str) -> bool:
     return name in ROUND_VARIABLES or name.startswith(ROUND_PREFIXES)
 
@@ -99,25 +111,31 @@ class Spare:
 
 @dataclass
 class SparePool:
-    """One warm spare per local rank for ``target``; see the module docstring."""
+    """Warm spares for ``target``, one per local rank or ``size`` (:func:`spare_count`);
+    see the module docstring."""
 
     target: Target
     local_world_size: int
     python: str = sys.executable
     warm_imports: tuple[str, ...] = ()
-    spares: dict[int, Spare] = field(default_factory=dict)
+    size: int | None = None  # None: one per local rank
+    spares: dict[int, Spare] = field(default_factory=dict)  # by slot, 0..capacity-1
     handed_over: int = 0
     started_cold: int = 0
 
+    @property
+    def capacity(self) -> int:
+        return spare_count(self.size, self.local_world_size)
+
     def fill(self) -> None:
-        """Start a spare for every local rank that has none (they warm up concurrently)."""
-        for rank in range(self.local_world_size):
-            spare = self.spares.get(rank)
+        """Start a spare in every slot that has none (they warm up concurrently)."""
+        for slot in range(self.capacity):
+            spare = self.spares.get(slot)
             if spare is not None and spare.alive():
                 continue
             if spare is not None:
                 spare.stop()
-            self.spares[rank] = self._start()
+            self.spares[slot] = self._start()
 
     def _start(self) -> Spare:
         env = dict(os.environ)
@@ -164,10 +182,11 @@ class SparePool:
         return True
 
     def take(self, local_rank: int, worker_env: Mapping[str, str]) -> Spare | None:
-        """The rank's spare if it is alive and fits ``worker_env``; it leaves the pool."""
-        spare = self.spares.pop(local_rank, None)
-        if spare is None:
+        """A spare for ``local_rank`` (the lowest slot's) if it is alive and fits
+        ``worker_env``; it leaves the pool. None: the rank starts cold."""
+        if not self.spares:
             return None
+        spare = self.spares.pop(min(self.spares))
         if not spare.alive():
             log.warning(
                 "warm spare for local rank %d exited (code %s); starting the worker cold",

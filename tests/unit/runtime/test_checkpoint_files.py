@@ -15,6 +15,7 @@ from elasticjob_runtime.checkpoint_files import (
     default_memory_dir,
     prune,
     read_verified,
+    remove_memory_copy,
 )
 
 
@@ -100,3 +101,17 @@ def test_prune_never_removes_the_step_just_committed(tmp_path: Path) -> None:
     assert committed_steps(tmp_path) == [10, 100, 200, 300]
     prune(tmp_path, 1, protect=10)
     assert committed_steps(tmp_path) == [10, 300]
+
+
+def test_a_finished_jobs_memory_copy_goes_and_its_job_directory_once_empty(
+    tmp_path: Path,
+) -> None:
+    job = tmp_path / "elasticjob" / "run-0123"
+    pod_a, pod_b = job / "pod-a", job / "pod-b"
+    commit(pod_a, 3, b"a", private=True, shared=tmp_path / "elasticjob")
+    commit(pod_b, 3, b"b", private=True, shared=tmp_path / "elasticjob")
+    assert remove_memory_copy(pod_a)
+    assert not pod_a.exists() and committed_steps(pod_b) == [3]  # another pod's stays
+    assert remove_memory_copy(pod_b)
+    assert not job.exists() and (tmp_path / "elasticjob").is_dir()  # the shared root stays
+    assert not remove_memory_copy(pod_b)  # nothing there: nothing to say

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 from elasticjob_runtime.job_identity import directory_name, endpoint_from_argv, job_identity
 
 TORCHRUN = ["/usr/bin/python", "-m", "torch.distributed.run", "--nnodes=2"]
@@ -42,3 +46,28 @@ def test_directory_names_are_readable_and_differ_per_identity() -> None:
     assert one.startswith("none-") and two.startswith("none-") and one != two
     assert directory_name("k8s/ml/u-1/u-1-2").startswith("ml_u-1_u-1-2-")
     assert "/" not in directory_name("torchrun/../../etc@x")
+
+
+def test_an_agent_computes_the_identity_its_workers_compute() -> None:
+    """The agent removes its workers' node-memory copy by this identity: a child reads the
+    parent's command line and environment, so both must come out the same."""
+    run = "run-7"
+    child = (
+        "import os; os.environ['TORCHELASTIC_RUN_ID'] = 'run-7'; "
+        "from elasticjob_runtime.job_identity import current_job; print(current_job())"
+    )
+    parent = (
+        "import subprocess, sys; "
+        "from elasticjob_runtime.job_identity import workers_job; "
+        f"print(workers_job({run!r})); sys.stdout.flush(); "
+        f"subprocess.run([sys.executable, '-c', {child!r}], check=True)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", parent, "--rdzv-endpoint=10.0.0.1:2379"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={k: v for k, v in os.environ.items() if not k.startswith(("PET_", "ELASTICJOB_"))},
+    )
+    agent, worker = out.stdout.split()
+    assert agent == worker == "torchrun/run-7@10.0.0.1:2379"

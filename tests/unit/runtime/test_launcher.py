@@ -13,6 +13,7 @@ from elasticjob_runtime.launcher import (
     parse_nnodes,
     parser,
     progress_endpoint,
+    spare_count_option,
     warm_import_list,
 )
 
@@ -94,3 +95,13 @@ def test_launcher_switch_and_warm_import_errors_name_the_fix(
     assert warm_import_list(" numpy, pkg.models ,") == ("numpy", "pkg.models")
     with pytest.raises(ValueError, match="'pkg/models' is not a module name"):
         warm_import_list("pkg/models")
+
+
+def test_the_spare_count_is_a_number_of_processes_or_unset() -> None:
+    assert spare_count_option("") is None  # one per local rank, as before the option
+    assert spare_count_option(" 1 ") == 1
+    assert spare_count_option("0") == 0
+    for bad in ("-1", "two", "1.5"):
+        with pytest.raises(ValueError, match="ELASTICJOB_WARM_SPARE_COUNT\\): give the number"):
+            spare_count_option(bad)
+    assert args_for("--warm-spare-count=1").warm_spare_count == "1"  # type: ignore[attr-defined]

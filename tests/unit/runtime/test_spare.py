@@ -15,7 +15,7 @@ from elasticjob_runtime.spare import (
     send_assignment,
     top_level_imports,
 )
-from elasticjob_runtime.spare_pool import env_differences
+from elasticjob_runtime.spare_pool import env_differences, spare_count
 
 PY = sys.executable
 
@@ -106,3 +106,10 @@ def test_an_agent_that_closes_without_reading_the_warm_byte_ends_the_spare_quiet
         assert receive_assignment(spare) is None
     finally:
         spare.close()
+
+
+def test_a_pool_keeps_one_spare_per_local_rank_unless_told_fewer() -> None:
+    assert spare_count(None, 4) == 4
+    assert spare_count(1, 4) == 1
+    assert spare_count(0, 4) == 0
+    assert spare_count(8, 4) == 4  # a round never starts more than one worker per rank
