@@ -94,6 +94,23 @@ def test_operator_reads_step_rate_world_size_and_restarts(
         reporter.close()
 
 
+def test_a_new_reporter_publishes_nothing_before_its_first_step_and_then_a_rate(
+    client: EtcdClient, etcd: EtcdServer
+) -> None:
+    """After a regroup or a restart a new reporter takes over a running job's record: a
+    placeholder (step 0) or a rate without a base (0 samples/s) reads as progress lost."""
+    rid = run_id()
+    reporter = ProgressReporter(parse_endpoints(etcd.endpoint), rid, world_size=2, min_interval=0)
+    try:
+        time.sleep(1.5)  # its publisher has long since connected and taken its lease
+        assert read_progress(client, rid) is None
+        reporter.update(41, samples=64)
+        seen = published(client, rid, 41)
+        assert 0 < seen.samples_per_second < 64 / 1.5  # 64 samples since it was made
+    finally:
+        reporter.close()
+
+
 def test_publishing_is_throttled(client: EtcdClient, etcd: EtcdServer) -> None:
     rid = run_id()
     reporter = ProgressReporter(parse_endpoints(etcd.endpoint), rid, world_size=1, min_interval=3)
