@@ -87,7 +87,12 @@ from elasticjob_runtime.leases import notice_within
 from elasticjob_runtime.records import Hang, encode_hang
 from elasticjob_runtime.rendezvous import EtcdV3RendezvousHandler
 from elasticjob_runtime.spare import parse_worker_command
-from elasticjob_runtime.spare_pool import SparePool, start_processes_warm
+from elasticjob_runtime.spare_pool import (
+    REFILL_DELAY_S,
+    SparePool,
+    refill_due,
+    start_processes_warm,
+)
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +143,10 @@ class MembershipAwareAgent(LocalElasticAgent):
         self._clock = StepClock()
         self._steps_read_at = -1.0
         self._handover: Handover | None = None  # the last round handed over in place
+        # When a round last started workers (from spares), and the step it started at:
+        # the pool is refilled once that round trains (spare_pool.refill_due).
+        self._refill: tuple[float, int | None] | None = None
+        self._refill_checked_at = -1.0
         self._hung = False  # the group being stopped hung: wake and stop it at once
         # Set once this node's workers first ran in a round (the readiness probe reads it).
         self.joined = joined if joined is not None else threading.Event()
@@ -306,6 +315,8 @@ class MembershipAwareAgent(LocalElasticAgent):
         with starting_workers_with(start) as original:
             started: dict[int, Any] = super()._start_workers(worker_group)
         self.joined.set()
+        if spares is not None and not (kind.in_place and running is not None):
+            self._refill = (time.monotonic(), group_step(read_steps(str(self._notes))))
         # Workers started for the round took it; running ones must still take it.
         ranks = range(worker_group.spec.local_world_size)
         self._handover = (
@@ -320,6 +331,7 @@ class MembershipAwareAgent(LocalElasticAgent):
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         result: RunResult = super()._monitor_workers(worker_group)
+        self._refill_spares()
         handler = worker_group.spec.rdzv_handler
         if result.state == WorkerState.HEALTHY:
             if self._channel.regroup_requested(self._generation) and (
@@ -354,6 +366,20 @@ class MembershipAwareAgent(LocalElasticAgent):
         # HEALTHY sends torch's loop to its membership branch: num_nodes_waiting() > 0,
         # so it restarts the workers into the next round without spending a restart.
         return RunResult(state=WorkerState.HEALTHY)
+
+    def _refill_spares(self) -> None:
+        """Replace the spares the running round took, once it trains (spare_pool.refill_due)."""
+        now = time.monotonic()
+        if self._spares is None or self._refill is None:
+            return
+        if now - self._refill_checked_at < STEP_READ_INTERVAL_S:
+            return
+        self._refill_checked_at = now
+        handed_at, start_step = self._refill
+        step = group_step(read_steps(str(self._notes)))
+        if refill_due(handed_at, step is not None and step != start_step, now, REFILL_DELAY_S):
+            self._refill = None
+            self._spares.fill()
 
     def _exit_barrier(self) -> None:
         """torch's exit barrier, except that it ends as soon as a participant's lease is

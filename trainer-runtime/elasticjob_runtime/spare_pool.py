@@ -6,8 +6,10 @@ torch's agent starts a round's workers through ``start_processes``, which builds
 waits for the rank, the handler adopts the spare's process and sends it the
 assignment (:mod:`elasticjob_runtime.spare`) instead of starting a new one. Everything
 downstream is torch's own code on a real ``Popen``: polling exit codes, error files,
-tee, SIGTERM then SIGKILL after the shutdown timeout. Right after a hand-over the
-pool starts fresh spares, which warm up while the round trains.
+tee, SIGTERM then SIGKILL after the shutdown timeout. Once the round that took spares
+trains (:func:`refill_due`), the pool starts fresh ones, which warm up while it trains:
+not at the hand-over itself, where a fresh interpreter importing torch would take CPU
+from the workers' own start-up (the model, DDP, the checkpoint, the first step).
 
 A spare is used only if the worker would have started with the same environment apart
 from the per-round variables (:data:`ROUND_VARIABLES`); anything else that differs
@@ -66,6 +68,17 @@ ROUND_VARIABLES = frozenset(
 )
 ROUND_PREFIXES = ("TORCHELASTIC_",)
 STOP_TIMEOUT_S = 5.0
+# Spares taken by a round are replaced at its first step, or this long after the
+# hand-over for a script that reports no steps (a script of its own, run unchanged).
+REFILL_DELAY_S = 5.0
+
+
+def refill_due(handed_at: float | None, stepped: bool, now: float, delay: float) -> bool:
+    """Is it time to replace the spares a round took at ``handed_at`` (None: none taken
+    since the last refill)? Once the round trains (``stepped``: a step reported since),
+    or ``delay`` after the hand-over, whichever comes first. A second fault before then
+    starts its workers cold: the price of not slowing every restart."""
+    return handed_at is not None and (stepped or now - handed_at >= delay)
 
 
 def spare_count(requested: int | None, local_world_size: int) -> int:
@@ -267,8 +280,7 @@ class WarmSubprocessContext(SubprocessContext):
             handlers[rank] = SpareHandler(
                 spare, self.args[rank], env, self.stdouts[rank], self.stderrs[rank], rank
             )
-        self.subprocess_handlers = handlers
-        self._pool.fill()
+        self.subprocess_handlers = handlers  # the agent refills the pool (refill_due)
 
 
 def start_processes_warm(pool: SparePool, **kwargs: Any) -> PContext:

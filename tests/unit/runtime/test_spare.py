@@ -113,3 +113,12 @@ def test_a_pool_keeps_one_spare_per_local_rank_unless_told_fewer() -> None:
     assert spare_count(1, 4) == 1
     assert spare_count(0, 4) == 0
     assert spare_count(8, 4) == 4  # a round never starts more than one worker per rank
+
+
+def test_spares_are_replaced_once_the_round_trains_or_after_the_delay() -> None:
+    from elasticjob_runtime.spare_pool import refill_due
+
+    assert not refill_due(None, True, 100.0, 5.0)  # nothing taken since the last refill
+    assert not refill_due(100.0, False, 102.0, 5.0)  # the workers are still starting
+    assert refill_due(100.0, True, 101.0, 5.0)  # the round trains: their start-up is over
+    assert refill_due(100.0, False, 105.0, 5.0)  # a script that reports no steps
