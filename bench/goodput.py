@@ -22,6 +22,7 @@ from bench.harness import Job, StepLine, wait_for
 @dataclass
 class Goodput:
     launcher: str
+    scenario: str = "goodput"  # or "gpt-goodput" (bench.real_scripts)
     window: float = 0.0
     steps: int = 0  # net new steps in the window
     step_time: float | None = None  # steady seconds per step before the first fault
@@ -49,9 +50,11 @@ def goodput(steps: list[StepLine], start: float, end: float, step_time: float) -
     return gained, round(gained * step_time / (end - start), 4)
 
 
-def run_goodput(job: Job, minutes: float, interval: float, seed: int) -> Goodput:
+def run_goodput(
+    job: Job, minutes: float, interval: float, seed: int, scenario: str = "goodput"
+) -> Goodput:
     """Inject the faults into ``job`` (already training steadily) and measure."""
-    result = Goodput(job.launcher)
+    result = Goodput(job.launcher, scenario)
     rng = random.Random(seed)
     start = time.time()
     end = start + minutes * 60

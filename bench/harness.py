@@ -38,6 +38,7 @@ LAUNCHERS: dict[str, tuple[list[str], str]] = {
 }
 
 _STEP_RE = re.compile(r"^step=(\d+) .*\bworld=(\d+) .*\bpid=(\d+) t=([0-9.]+)\s*$")
+_REGROUP_RE = re.compile(r"^regrouped at step \d+ .*\bt=([0-9.]+)\s*$")
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,17 @@ def parse_step_line(line: str) -> StepLine | None:
 
 def parse_steps(lines: Iterable[str]) -> list[StepLine]:
     return [s for s in map(parse_step_line, lines) if s is not None]
+
+
+def parse_regroups(lines: Iterable[str]) -> list[float]:
+    """When each worker that stayed alive logged ``regrouped at step N ... t=<unix>`` (it
+    joined the next round in place), whatever else the script puts on that line."""
+    found = []
+    for line in lines:
+        m = _REGROUP_RE.match(line.strip())
+        if m is not None:
+            found.append(float(m.group(1)))
+    return sorted(found)
 
 
 def first_step_after(
@@ -203,26 +215,42 @@ class Etcd:
 # ---------------------------------------------------------------- a job's agents
 
 
+@dataclass(frozen=True)
+class Limits:
+    start: float  # until the job trains steadily
+    recover: float  # from the fault to the first step after it
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat[stat.rindex(")") + 2 :].split()[1])
+
+
 @dataclass
 class Agent:
     name: str
     proc: subprocess.Popen[bytes]
     log: Path
+    script: Path = SCRIPT  # what its workers run: they are found by its name
 
     def workers_or_none(self) -> list[int] | None:
         return self.workers() or None
 
     def workers(self) -> list[int]:
-        """The agent's training processes (its descendants running the example)."""
+        """The agent's training processes: its descendants running the script, less their
+        own children that carry the same command line (a forked DataLoader worker)."""
         found = []
         for pid in descendants(self.proc.pid):
             try:
                 cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
             except OSError:
                 continue
-            if SCRIPT.name.encode() in cmdline:
+            if self.script.name.encode() in cmdline:
                 found.append(pid)
-        return found
+        return [pid for pid in found if _parent(pid) not in found]
 
     def kill_node(self) -> None:
         """SIGKILL the agent and its workers together, as when a node is lost."""
@@ -250,6 +278,7 @@ class Job:
     train_args: list[str]
     run_id: str
     max_restarts: int = 3
+    script: Path = SCRIPT  # the training script every agent's workers run
     agents: list[Agent] = field(default_factory=list)
     _started: dict[int, int] = field(default_factory=dict)  # pid -> start time
 
@@ -266,7 +295,7 @@ class Job:
             f"--rdzv-id={self.run_id}",
             "--local-addr=127.0.0.1",
             f"--max-restarts={self.max_restarts}",
-            str(SCRIPT),
+            str(self.script),
             *self.train_args,
         ]
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PET_", "TORCHELASTIC_"))}
@@ -288,7 +317,7 @@ class Job:
         proc = subprocess.Popen(
             cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
-        agent = Agent(name, proc, log)
+        agent = Agent(name, proc, log, self.script)
         self.agents.append(agent)
         return agent
 
@@ -316,12 +345,7 @@ class Job:
     def regrouped_after(self, t: float) -> float | None:
         """When the first worker logged ``regrouped at step`` (it stayed alive and joined
         the next round) after ``t``, if one did."""
-        found = []
-        for agent in self.agents:
-            if agent.log.exists():
-                for line in agent.log.read_text(errors="replace").splitlines():
-                    if line.startswith("regrouped at step"):
-                        found += [at for at, _ in parse_startups([line]) if at > t]
+        found = [at for lines in self.logs() for at in parse_regroups(lines) if at > t]
         return min(found, default=None)
 
     def remember_pids(self) -> None:
@@ -361,3 +385,20 @@ class Job:
             text = agent.log.read_text(errors="replace") if agent.log.exists() else ""
             out.append(f"--- {agent.name} ---\n" + "\n".join(text.splitlines()[-lines:]))
         return "\n".join(out)
+
+
+def start_agents(job: Job, count: int) -> None:
+    job.start_agent()
+    if LAUNCHERS[job.launcher][1] == "c10d":
+        # the first agent hosts the c10d store; start the others once it listens, so the
+        # host is known (it is never the one killed: its store would take the job down)
+        port = int(job.rdzv_endpoint.rsplit(":", 1)[1])
+        wait_for("c10d store listening", lambda: True if _listening(port) else None, 120)
+    for _ in range(count - 1):
+        job.start_agent()
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0

@@ -15,6 +15,15 @@ From those:
 * **process group**: -> process group and DDP built;
 * **restore**: -> checkpoint restored;
 * **first step**: -> the first training step done.
+
+A script without the ``startup=`` line (examples/train_gpt.py and bench/gpt_plain.py)
+gets the coarser :func:`coarse_breakdown`: detect and rendezvous as above, then
+**ready** (-> the last new or regrouped worker logs ``started (...)`` or ``regrouped at
+step``: process group, state from a peer or a checkpoint, DDP, the agreement check) and
+**first step** (-> the first step: the DataLoader refilling its prefetch, the step and
+the check after it); a script that logs neither (gpt_plain.py) has no *ready*, and its
+*first step* covers everything after the rendezvous (interpreter, imports, process
+group, checkpoint, DDP, DataLoader workers, the step).
 """
 
 from __future__ import annotations
@@ -33,6 +42,9 @@ _STARTUP = re.compile(
 # ours: [2026-11-22 16:31:14,319] elasticjob_runtime.agent: regrouping the running workers...
 _OUR_LINE = re.compile(r"^\[(\d{4})-(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d),(\d{3})\] \S+: (.*)$")
 PHASES = ("detect", "rendezvous", "worker_ready", "process_group", "restore", "first_step")
+COARSE = ("detect", "rendezvous", "ready", "first_step")  # coarse_breakdown's phases
+# examples/train_gpt.py: a worker's Run is ready (after run.wrap), or it regrouped in place
+_READY = re.compile(r"^(?:started \(|regrouped at step \d+ ).*\bt=([0-9.]+)\s*$")
 
 
 @dataclass(frozen=True)
@@ -122,4 +134,44 @@ def breakdown(
         "first_step": first_step - startup.t,
     }
     # log timestamps are milliseconds apart: a phase of ~0 may read a hair below it
+    return {k: round(max(v, 0.0), 3) for k, v in phases.items()}
+
+
+def ready_marks(lines: Iterable[str]) -> list[float]:
+    """When a worker said it was ready to train: ``started (...) ... t=`` after
+    ``run.wrap`` or ``regrouped at step N ... t=`` after a regroup in place."""
+    found = []
+    for line in lines:
+        m = _READY.match(line.strip())
+        if m is not None:
+            found.append(float(m.group(1)))
+    return sorted(found)
+
+
+def coarse_breakdown(
+    fault: float,
+    per_agent: Sequence[list[AgentEvent]],
+    ready: float | None,
+    first_step: float,
+) -> dict[str, float] | None:
+    """The phases (:data:`COARSE`) of one recovery of a script without a ``startup=``
+    line: ``ready`` is the last worker's ready mark (None: it logs none, and ``ready``
+    is left out, its time counted in ``first_step``). None when no agent reacted."""
+    stops = [e.t for events in per_agent for e in events if e.what == "stopping" and e.t >= fault]
+    if not stops:
+        return None
+    detected = min(stops)
+    until = first_step if ready is None else ready
+    starts = []
+    for events in per_agent:
+        mine = [e.t for e in events if e.what == "starting" and detected <= e.t <= until]
+        if mine:
+            starts.append(min(mine))
+    if not starts:
+        return None
+    agreed = max(starts)
+    phases = {"detect": detected - fault, "rendezvous": agreed - detected}
+    if ready is not None:
+        phases["ready"] = ready - agreed
+    phases["first_step"] = first_step - (agreed if ready is None else ready)
     return {k: round(max(v, 0.0), 3) for k, v in phases.items()}

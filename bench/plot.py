@@ -9,7 +9,11 @@ from pathlib import Path
 from bench.goodput import Goodput
 
 
-def plot_goodput(runs: Sequence[Goodput], path: Path) -> Path:
+def plot_goodput(
+    runs: Sequence[Goodput],
+    path: Path,
+    title: str = "Training through a worker SIGKILL every 30 s (same script, same faults)",
+) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -33,7 +37,7 @@ def plot_goodput(runs: Sequence[Goodput], path: Path) -> Path:
         )
     ax.set_xlabel("seconds since the first fault window began")
     ax.set_ylabel("training step")
-    ax.set_title("Training through a worker SIGKILL every 30 s (same script, same faults)")
+    ax.set_title(title)
     ax.legend(loc="upper left", markerscale=6)
     ax.grid(alpha=0.3)
     fig.tight_layout()

@@ -32,6 +32,18 @@ and ``.md`` (and the rendezvous plot):
   ElasticJobs x 8 workers applied at once on the devcluster, per-job etcds beside one
   shared etcd; ``--operator-nodes``.
 
+The realistic script beside its plain-DDP original (:mod:`bench.real_scripts`), in the
+recovery results (``bench/results/<date>.json``, ``real_scripts``) and a table with the
+ratio; not in the default set (about 12 minutes more with ``--reps 3``), but
+``--scenarios real-scripts``:
+
+* ``gpt-throughput``: samples/s of examples/train_gpt.py under elasticjob-run and of
+  bench/gpt_plain.py under torchrun, one job at a time.
+* ``gpt-worker-kill``, ``gpt-scale-up``: worker-kill and scale-up with those scripts.
+* ``check-cost`` (:mod:`bench.check_cost`): the Run's agreement check and step seeding,
+  in percent of a step.
+* ``gpt-goodput`` (only when named): the goodput run with those scripts.
+
 The default set stays under 15 minutes on 2 cores. ``--full`` runs the recovery
 scenarios and every scale scenario at every size (goodput and node-freeze only when
 asked: they take 11 minutes and torchrun's whole recover timeout); a rendezvous handler
@@ -58,20 +70,23 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench import checkpoint_stall, operator_load, phases, rdzv_scale
-from bench.goodput import Goodput, run_goodput
+from bench import check_cost, checkpoint_stall, operator_load, phases, rdzv_scale, real_scripts
+from bench.goodput import Goodput, run_goodput, steady_step_time
 from bench.harness import (
     LAUNCHERS,
     REPO,
+    SCRIPT,
     Etcd,
     Job,
+    Limits,
     StepLine,
     first_step_after,
     free_port,
+    start_agents,
     wait_for,
 )
 from bench.plot import plot_goodput
-from bench.report import Figure, render, write
+from bench.report import Figure, markdown_table, render, write
 
 RESULTS = REPO / "bench" / "results"
 SCENARIOS = ("worker-kill", "node-kill", "scale-up", "goodput", "node-freeze")
@@ -112,6 +127,7 @@ class Result:
     worker_startup: float | None = None  # of ``seconds``: new worker's exec -> restored
     pause: float | None = None  # the last step before the first step after (training stopped)
     phases: dict[str, float] | None = None  # bench.phases.breakdown of the recovery
+    step_time: float | None = None  # steady seconds per step before the fault (pause includes one)
     load: float | None = None  # 1-minute load average when the fault was injected
     gave_up_after: float | None = None  # no recovery within this many seconds of the fault
     world_before: int | None = None
@@ -119,40 +135,25 @@ class Result:
     error: str | None = None
 
 
-@dataclass(frozen=True)
-class Limits:
-    start: float  # until the job trains steadily
-    recover: float  # from the fault to the first step after it
-
-
 def steady(job: Job, world: int) -> StepLine | None:
     """A step at ``world`` past the warm-up (so a checkpoint exists)."""
     return next((s for s in job.steps() if s.world == world and s.step >= WARMUP_STEPS), None)
 
 
-def start_agents(job: Job, count: int) -> None:
-    job.start_agent()
-    if LAUNCHERS[job.launcher][1] == "c10d":
-        # the first agent hosts the c10d store; start the others once it listens, so the
-        # host is known (it is never the one killed: its store would take the job down)
-        port = int(job.rdzv_endpoint.rsplit(":", 1)[1])
-        wait_for("c10d store listening", lambda: True if _listening(port) else None, 120)
-    for _ in range(count - 1):
-        job.start_agent()
-
-
-def _listening(port: int) -> bool:
-    import socket
-
-    with socket.socket() as s:
-        s.settimeout(0.5)
-        return s.connect_ex(("127.0.0.1", port)) == 0
-
-
 def run_scenario(
-    scenario: str, launcher: str, rep: int, etcd: Etcd, workdir: Path, limits: Limits
+    scenario: str,
+    launcher: str,
+    rep: int,
+    etcd: Etcd,
+    workdir: Path,
+    limits: Limits,
+    script: Path = SCRIPT,
+    train_args: Sequence[str] = TRAIN_ARGS,
+    label: str | None = None,
 ) -> Result:
-    result = Result(launcher, scenario, rep)
+    """One fault (``scenario``) in a fresh job of ``launcher`` running ``script``;
+    reported under ``label`` (default: the scenario)."""
+    result = Result(launcher, label or scenario, rep)
     backend = LAUNCHERS[launcher][1]
     endpoint = etcd.endpoint if backend != "c10d" else f"127.0.0.1:{free_port()}"
     run_id = f"bench-{uuid.uuid4().hex[:10]}"
@@ -162,7 +163,7 @@ def run_scenario(
         "node-freeze": ("2:3", 3, 2),
         "scale-up": ("2:3", 2, 3),
     }[scenario]
-    job = Job(launcher, workdir, endpoint, nnodes, TRAIN_ARGS, run_id)
+    job = Job(launcher, workdir, endpoint, nnodes, list(train_args), run_id, script=script)
     workdir.mkdir(parents=True)
     try:
         start_agents(job, agents)
@@ -204,6 +205,8 @@ def run_scenario(
             result.gave_up_after = limits.recover
             raise
         result.seconds = round(after.t - fault_at, 2)
+        before_fault = steady_step_time(job.steps(), fault_at)
+        result.step_time = None if before_fault is None else round(before_fault, 3)
         startup = [secs for t, secs in job.startups() if fault_at < t <= after.t]
         result.worker_startup = startup[-1] if startup else None
         result.world_after = after.world
@@ -227,7 +230,15 @@ def run_scenario(
 
 
 def goodput_run(
-    launcher: str, etcd: Etcd, workdir: Path, limits: Limits, minutes: float, seed: int
+    launcher: str,
+    etcd: Etcd,
+    workdir: Path,
+    limits: Limits,
+    minutes: float,
+    seed: int,
+    script: Path = SCRIPT,
+    train_args: Sequence[str] = TRAIN_ARGS,
+    label: str = "goodput",
 ) -> Goodput:
     """Two agents, a worker SIGKILLed every 30 s (same seeded draws for every launcher)."""
     backend = LAUNCHERS[launcher][1]
@@ -235,16 +246,25 @@ def goodput_run(
     run_id = f"bench-{uuid.uuid4().hex[:10]}"
     # every kill is charged to the victim's agent: give both launchers room for all of them
     restarts = int(minutes * 60 / GOODPUT_INTERVAL) + 1
-    job = Job(launcher, workdir, endpoint, "2:2", TRAIN_ARGS, run_id, max_restarts=restarts)
+    job = Job(
+        launcher,
+        workdir,
+        endpoint,
+        "2:2",
+        list(train_args),
+        run_id,
+        max_restarts=restarts,
+        script=script,
+    )
     workdir.mkdir(parents=True)
     try:
         start_agents(job, 2)
         first = wait_for("training at world size 2", lambda: steady(job, 2), limits.start)
         time.sleep(max(0.0, first.t + SETTLE_SECONDS - time.time()))
-        return run_goodput(job, minutes, GOODPUT_INTERVAL, seed)
+        return run_goodput(job, minutes, GOODPUT_INTERVAL, seed, label)
     except TimeoutError as exc:
         (workdir / "timeout.txt").write_text(job.tail(40))
-        return Goodput(launcher, error=str(exc))
+        return Goodput(launcher, label, error=str(exc))
     finally:
         job.stop()
         shutil.rmtree(Path("/dev/shm/elasticjob") / run_id, ignore_errors=True)
@@ -271,7 +291,10 @@ def recovery_phases(
         ]
         start = min([start, *early])
     ups = [u for lines in logs for u in phases.startups(lines) if start < u.t <= after.t]
-    return phases.breakdown(start, events, max(ups, key=lambda u: u.t, default=None), after.t)
+    if not ups:  # a script without the startup= line (bench.real_scripts): coarser phases
+        ready = [t for lines in logs for t in phases.ready_marks(lines) if start < t <= after.t]
+        return phases.coarse_breakdown(start, events, max(ready, default=None), after.t)
+    return phases.breakdown(start, events, max(ups, key=lambda u: u.t), after.t)
 
 
 # ---------------------------------------------------------------- reporting
@@ -290,6 +313,7 @@ def summarize(results: Sequence[Result]) -> dict[str, dict[str, dict[str, Any]]]
                 "worker_startup": [],
                 "pause": [],
                 "phases": [],
+                "step_time": [],
             },
         )
         if r.seconds is None:
@@ -306,6 +330,8 @@ def summarize(results: Sequence[Result]) -> dict[str, dict[str, dict[str, Any]]]
                 cell["pause"].append(r.pause)
             if r.phases is not None:
                 cell["phases"].append(r.phases)
+            if r.step_time is not None:
+                cell["step_time"].append(r.step_time)
     for scenarios in out.values():
         for cell in scenarios.values():
             secs = cell["seconds"]
@@ -316,11 +342,11 @@ def summarize(results: Sequence[Result]) -> dict[str, dict[str, dict[str, Any]]]
             cell["pause_median"] = (
                 round(statistics.median(cell["pause"]), 2) if cell["pause"] else None
             )
+            # the names every run of the cell has (a coarse breakdown may lack "ready")
+            runs = cell["phases"]
+            names = [n for n in runs[0] if all(n in p for p in runs)] if runs else []
             cell["phases_median"] = (
-                {
-                    name: round(statistics.median(p[name] for p in cell["phases"]), 2)
-                    for name in phases.PHASES
-                }
+                {n: round(statistics.median(p[n] for p in cell["phases"]), 2) for n in names}
                 if cell["phases"]
                 else None
             )
@@ -347,6 +373,18 @@ LABELS = {
     "node-kill": "SIGKILL an agent (3->2) -> next step",
     "node-freeze": "SIGSTOP an agent (3->2) -> next step",
     "scale-up": "agent joins (2->3) -> step at 3",
+    "gpt-worker-kill": "train_gpt / gpt_plain: SIGKILL a worker -> next step",
+    "gpt-scale-up": "train_gpt / gpt_plain: agent joins (2->3) -> step at 3",
+}
+GOODPUT_LABELS = {
+    "goodput": "goodput, a worker SIGKILLed every {:.0f} s",
+    "gpt-goodput": "train_gpt / gpt_plain: goodput, a worker SIGKILLed every {:.0f} s",
+}
+
+
+PHASE_LABELS = {
+    phases.PHASES: "detect/rendezvous/worker/pg/restore/step",
+    phases.COARSE: "detect/rendezvous/ready/step",
 }
 
 
@@ -356,28 +394,33 @@ def table(
     goodputs: Sequence[Goodput] = (),
 ) -> str:
     rows = [["scenario", *launchers]]
-    for scenario in SCENARIOS:
+    for scenario in (*SCENARIOS, *real_scripts.FAULTS):
         if scenario == "goodput":
             continue
         if any(scenario in summary.get(lch, {}) for lch in launchers):
             row = [LABELS[scenario]]
             row += [format_cell(summary.get(lch, {}).get(scenario)) for lch in launchers]
             rows.append(row)
+            names = phases.COARSE if scenario in real_scripts.FAULTS else phases.PHASES
             pause = ["  training paused (last step -> next step)"]
-            split = ["  detect/rendezvous/worker/pg/restore/step"]
+            split = ["  " + PHASE_LABELS[names]]
             redone = ["  steps redone (median)"]
             for lch in launchers:
                 cell = summary.get(lch, {}).get(scenario, {})
                 value = cell.get("pause_median")
                 pause.append(f"{value:.1f} s" if value is not None else "-")
                 med = cell.get("phases_median")
-                split.append("/".join(f"{med[n]:.1f}" for n in phases.PHASES) if med else "-")
+                split.append(
+                    "/".join(f"{med[n]:.1f}" if n in med else "-" for n in names) if med else "-"
+                )
                 steps = cell.get("steps_redone") or []
                 redone.append(f"{statistics.median(steps):g}" if steps else "-")
             rows += [pause, split, redone]
-    if goodputs:
-        by = {g.launcher: g for g in goodputs}
-        row = [f"goodput, a worker SIGKILLed every {GOODPUT_INTERVAL:.0f} s"]
+    for scenario, label in GOODPUT_LABELS.items():
+        by = {g.launcher: g for g in goodputs if g.scenario == scenario}
+        if not by:
+            continue
+        row = [label.format(GOODPUT_INTERVAL)]
         for lch in launchers:
             g = by.get(lch)
             row.append("-" if g is None or g.goodput is None else f"{g.goodput:.1%}")
@@ -418,9 +461,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--scenarios",
         nargs="+",
         default=list(DEFAULT_SCENARIOS),
-        choices=(*SCENARIOS, *SCALE_SCENARIOS),
+        choices=(*SCENARIOS, *SCALE_SCENARIOS, *real_scripts.SCENARIOS, real_scripts.GROUP),
         help="node-freeze (a node that vanishes without closing its sockets) is not in the "
-        "default set: torchrun sits in the collective until its timeout",
+        "default set: torchrun sits in the collective until its timeout; "
+        f"{real_scripts.GROUP} = {' '.join(real_scripts.GROUP_SCENARIOS)} (the realistic "
+        "script beside its plain-DDP original, and the agreement check's cost; gpt-goodput "
+        "only when named)",
     )
     p.add_argument(
         "--full", action="store_true", help=f"every scale scenario at every size: {FULL}"
@@ -461,34 +507,76 @@ def main(argv: Sequence[str] | None = None) -> None:
     if any(n < 2 for n in args.rdzv_sizes):
         p.error(f"--rdzv-sizes must all be at least 2 (got {args.rdzv_sizes})")
     limits = Limits(args.start_timeout, args.recover_timeout)
+    args.scenarios = real_scripts.expand(args.scenarios)
     recovery = [s for s in args.scenarios if s in SCENARIOS]
     scale = [s for s in args.scenarios if s in SCALE_SCENARIOS]
+    real = [s for s in args.scenarios if s in real_scripts.SCENARIOS]
+    faults = [s for s in args.scenarios if s in (*SCENARIOS, *real_scripts.FAULTS)]
 
     started = time.monotonic()
     info = machine()
     workdir = Path(tempfile.mkdtemp(prefix="elasticjob-bench-"))
     results: list[Result] = []
     goodputs: list[Goodput] = []
+    real_figures: list[Figure] = []
+    throughputs: list[real_scripts.Throughput] = []
     figures: list[Figure] = []
-    etcd = Etcd.start(workdir / "etcd") if recovery else None
+    needs_etcd = recovery or [s for s in real if s != check_cost.SCENARIO]
+    etcd = Etcd.start(workdir / "etcd") if needs_etcd else None
     try:
+        if "gpt-throughput" in real:
+            found, throughputs = real_scripts.throughput(
+                args.launchers, etcd, workdir, limits, reps
+            )
+            real_figures += found
         for rep in range(reps):
-            for scenario in recovery:
+            for scenario in faults:
                 if scenario == "goodput" or etcd is None:
                     continue
                 for launcher in args.launchers:
                     where = workdir / f"{scenario}-{launcher}-{rep}"
-                    r = run_scenario(scenario, launcher, rep, etcd, where, limits)
+                    if scenario in real_scripts.FAULTS:
+                        r = run_scenario(
+                            real_scripts.FAULTS[scenario],
+                            launcher,
+                            rep,
+                            etcd,
+                            where,
+                            limits,
+                            real_scripts.script_for(launcher),
+                            real_scripts.FAULT_ARGS,
+                            label=scenario,
+                        )
+                    else:
+                        r = run_scenario(scenario, launcher, rep, etcd, where, limits)
                     shown = f"{r.seconds:.2f} s" if r.seconds is not None else f"FAILED: {r.error}"
-                    print(f"{scenario:<12} {launcher:<17} rep {rep}: {shown}", flush=True)
+                    print(f"{scenario:<15} {launcher:<17} rep {rep}: {shown}", flush=True)
                     results.append(r)
-        if "goodput" in recovery and etcd is not None:
+        for scenario in ("goodput", "gpt-goodput"):
+            if scenario not in args.scenarios or etcd is None:
+                continue
             for launcher in args.launchers:
-                where = workdir / f"goodput-{launcher}"
-                g = goodput_run(launcher, etcd, where, limits, args.goodput_minutes, args.seed)
+                where = workdir / f"{scenario}-{launcher}"
+                script, train_args = SCRIPT, TRAIN_ARGS
+                if scenario == "gpt-goodput":
+                    script = real_scripts.script_for(launcher)
+                    train_args = real_scripts.FAULT_ARGS
+                g = goodput_run(
+                    launcher,
+                    etcd,
+                    where,
+                    limits,
+                    args.goodput_minutes,
+                    args.seed,
+                    script,
+                    train_args,
+                    scenario,
+                )
                 shown = f"{g.goodput:.1%}" if g.goodput is not None else f"FAILED: {g.error}"
-                print(f"{'goodput':<12} {launcher:<17} {shown}", flush=True)
+                print(f"{scenario:<15} {launcher:<17} {shown}", flush=True)
                 goodputs.append(g)
+        if check_cost.SCENARIO in real:
+            real_figures += check_cost.run(reps, workdir)
         if "checkpoint-stall" in scale:
             figures += checkpoint_stall.run(args.checkpoint_sizes, reps, workdir)
         rdzv = [s for s in scale if s in rdzv_scale.SCENARIOS]
@@ -513,11 +601,18 @@ def main(argv: Sequence[str] | None = None) -> None:
         png = rdzv_scale.plot_round_times(figures, args.out / "scale-rdzv.png")
         print(f"\n{scale_json.with_suffix('.md').read_text()}")
         print(f"written: {scale_json}" + (f", {png}" if png else ""))
-    if not recovery:
+    if not recovery and not real:
         return
     summary = summarize(results)
+    real_figures += real_scripts.fault_figures(summary, args.launchers)
+    real_figures += real_scripts.goodput_figures(goodputs, args.launchers)
     print()
-    print(table(summary, args.launchers, goodputs))
+    if results or goodputs:
+        print(table(summary, args.launchers, goodputs))
+    if real_figures:
+        print(f"\n{markdown_table(real_figures)}")
+        notes = dict.fromkeys(f"{f.scenario} {f.case}: {f.note}" for f in real_figures if f.note)
+        print("\n".join(notes))
     doc = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": "python -m bench.run " + " ".join(sys.argv[1:] if argv is None else argv),
@@ -528,14 +623,35 @@ def main(argv: Sequence[str] | None = None) -> None:
         "summary": summary,
         "runs": [asdict(r) for r in results],
         "goodput": [asdict(g) for g in goodputs],
+        # bench.real_scripts: each figure beside its baseline (bench.report's shape)
+        "real_scripts": {
+            "args": {
+                "throughput": real_scripts.THROUGHPUT_ARGS,
+                "faults": real_scripts.FAULT_ARGS,
+                "window": real_scripts.WINDOW,
+            },
+            "figures": [f.to_json() for f in real_figures],
+            "throughput_runs": [asdict(t) for t in throughputs],
+        }
+        if real
+        else None,
     }
     args.out.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H%M")
     text = json.dumps(doc, indent=2) + "\n"
     (args.out / "latest.json").write_text(text)
     (args.out / f"{stamp}.json").write_text(text)
-    if goodputs:
-        print(f"plot: {plot_goodput(goodputs, args.out / f'{stamp}-goodput.png')}")
+    for scenario in ("goodput", "gpt-goodput"):
+        runs = [g for g in goodputs if g.scenario == scenario]
+        if runs:
+            title = (
+                "train_gpt.py (ours) and gpt_plain.py (torchrun) through a worker SIGKILL "
+                f"every {GOODPUT_INTERVAL:.0f} s"
+                if scenario == "gpt-goodput"
+                else None
+            )
+            path = args.out / f"{stamp}-{scenario}.png"
+            print(f"plot: {plot_goodput(runs, path, *([title] if title else []))}")
     print(f"\nwritten: {args.out / 'latest.json'} and {stamp}.json ({doc['seconds_total']} s)")
 
 
