@@ -345,6 +345,7 @@ class MembershipAwareAgent(LocalElasticAgent):
             return self._check_hang(worker_group) or result
         if result.state not in {WorkerState.FAILED, WorkerState.UNHEALTHY}:
             return result
+        self._kill_orphans(result)
         fatal = self._channel.fatal()
         if fatal is not None:
             # A restart would resume from a checkpoint into the same script bug: fail now.
@@ -366,6 +367,16 @@ class MembershipAwareAgent(LocalElasticAgent):
         # HEALTHY sends torch's loop to its membership branch: num_nodes_waiting() > 0,
         # so it restarts the workers into the next round without spending a restart.
         return RunResult(state=WorkerState.HEALTHY)
+
+    def _kill_orphans(self, result: RunResult) -> None:
+        """SIGKILL what a worker that exited left behind in its session (its DataLoader
+        workers, any process it forked). They hold copies of its sockets, so its peers
+        saw no connection reset until they went (a DataLoader worker notices its parent
+        is gone only within 5 s), and torch's agent signals only workers still alive."""
+        for failure in result.failures.values():
+            if failure.pid > 0:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(failure.pid, signal.SIGKILL)  # a worker leads its own session
 
     def _refill_spares(self) -> None:
         """Replace the spares the running round took, once it trains (spare_pool.refill_due)."""
