@@ -85,7 +85,7 @@ from elasticjob_runtime.progress import divergence_reporter_from_env, reporter_f
 from elasticjob_runtime.records import DIVERGENCE_ACTIONS, Divergence
 from elasticjob_runtime.round_group import RoundGroup, round_group
 from elasticjob_runtime.sampler import ElasticSampler
-from elasticjob_runtime.seeds import seed_all, step_seed
+from elasticjob_runtime.seeds import fetch_seed, seed_all, step_seed
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +128,11 @@ def steps_left(remaining: int, world_size: int, batch_size: int) -> int:
     return -(-remaining // (world_size * batch_size))
 
 
+class StepBrokeAfterUpdate(RuntimeError):
+    """The group broke after this step's optimizer update: the worker cannot recover in
+    place (its agent restarts it)."""
+
+
 def registered_state(state: Mapping[str, Any]) -> dict[str, Any]:
     """The user's state objects, checked: each a torch Stateful, under a name of its own."""
     out: dict[str, Any] = {}
@@ -146,6 +151,15 @@ def registered_state(state: Mapping[str, Any]) -> dict[str, Any]:
             )
         out[name] = obj
     return out
+
+
+def sampler_position(sampler: ElasticSampler) -> dict[str, Any]:
+    """The sampler's state as compared: a finished epoch is the next one's start (a rank
+    that already moved on and one that has not hold the same position)."""
+    state = dict(sampler.state_dict())
+    if state["consumed"] >= state["num_samples"]:
+        state.update(epoch=int(state["epoch"]) + 1, consumed=0)
+    return state
 
 
 def gather_rows(mine: list[int], device: torch.device) -> list[list[int]]:
@@ -289,6 +303,8 @@ class Run:
         self._registered: dict[str, Any] = {}  # the user's Stateful objects, by name
         self._weighted = False  # a run.loader() exists: DDP weighs ranks by their samples
         self._rank_samples: int | None = None  # this rank's real samples in this step
+        self._updated = False  # an optimizer stepped in the step under way
+        self._plan = 0  # bumped when the state changed under a round's plan (a resync)
         self._ddp: DistributedDataParallel | None = None
         self._ddp_kwargs: dict[str, Any] = {}
         self._live = False  # holds state newer than any checkpoint, after the first sync
@@ -354,6 +370,9 @@ class Run:
         """
         self._registered = registered_state(state or {})
         self._module, self._optimizer, self._sampler = model, optimizer, sampler
+        for optim in (optimizer, *self._registered.values()):
+            if isinstance(optim, torch.optim.Optimizer):
+                optim.register_step_post_hook(self._note_update)
         self._ddp_kwargs = ddp_kwargs
         sampler.reshard(self.rank, self.world_size)
         self._restore_and_wrap()
@@ -432,7 +451,10 @@ class Run:
         started = time.monotonic()
         self._share_state()
         wrapped = time.monotonic()
-        self._ddp = DistributedDataParallel(self._module, **self._ddp_kwargs)
+        # The state was just shared (or restored from one checkpoint) whole, and is
+        # compared below: DDP's own broadcast of every parameter would be a second copy.
+        ddp_kwargs = {"init_sync": False, **self._ddp_kwargs}
+        self._ddp = DistributedDataParallel(self._module, **ddp_kwargs)
         if self._weighted:
             self._ddp.register_comm_hook(self, weighted_allreduce)
         self.timings["restore"] = wrapped - started
@@ -446,13 +468,14 @@ class Run:
     # -- agreement (fingerprint.py)
 
     def _checked_state(self) -> dict[str, Any]:
-        """What every rank must hold identically, by the name a mismatch reports."""
+        """What every rank must hold identically, by the name a mismatch reports.
+        Not ``run.meta``: a script may keep rank 0's own values there (the best accuracy
+        its validation saw); it is saved from one rank and handed to joiners as is."""
         return {
             "model": self._module,
             "optim": self._optimizer,
-            "sampler": self._sampler,
+            "sampler": sampler_position(self.sampler),
             "run": {"step": self.global_step, "samples": self.samples},
-            "run.meta": dict(self.meta),
             **self._registered,
         }
 
@@ -472,16 +495,16 @@ class Run:
             log.error("%s; copying rank 0's state to every rank (on_divergence='resync')", message)
             self._copy_from(0)
             self.resyncs += 1
+            self._plan += 1  # the sampler's position may have moved: plan the round anew
             return
         if self._channel is not None:
             self._channel.say_fatal(message)  # the agent must not restart into the same bug
         raise DivergenceError(message)
 
     def _report_divergence(self, message: str) -> None:
-        """Rank 0 tells the operator (the run's etcd): it fails the job, or says that the
-        ranks were resynced. Every rank saw the same mismatch; one record is enough."""
-        if self.rank != 0:
-            return
+        """Tell the operator (the run's etcd): it fails the job, or says that the ranks
+        were resynced. Every rank writes the step's one key before it stops: a pod that
+        fails before the record exists would be replaced as an ordinary failure."""
         report = divergence_reporter_from_env()
         if report is not None:
             pod = os.environ.get(contract.POD_NAME) or socket.gethostname()
@@ -523,6 +546,8 @@ class Run:
             for j in range(steps):
                 indices = shard[j * batch_size : (j + 1) * batch_size]
                 self._rank_samples = len(indices)
+                if self.seed is not None:  # fetch runs before its step: seeded on its own
+                    seed_all(fetch_seed(self.seed, self.global_step + 1, self.rank))
                 yield fetch(indices)
 
         return self._steps(batch_size, fetch_round)
@@ -607,12 +632,12 @@ class Run:
         while more():
             if self._switch_pending():
                 self._regroup(failed=False)
-            generation = self._generation
+            generation, plan = self._generation, self._plan
             steps = steps_left(sampler.remaining, self.world_size, step_size)
             started = time.monotonic()
             produced = start_round(list(sampler), steps)  # this round's shard
             first = True
-            while generation == self._generation and more():
+            while generation == self._generation and plan == self._plan and more():
                 if self._switch_pending():
                     break  # a new member: switch here, between steps
                 self.global_batch = min(self.world_size * step_size, sampler.remaining)
@@ -638,6 +663,7 @@ class Run:
                 "`with run.step():` goes once around each batch of run.batches() or run.loader()"
             )
         self._phase = "running"
+        self._updated = False
         if self.seed is not None:
             seed_all(step_seed(self.seed, self.global_step + 1, self.rank))
         outcome = StepOutcome()
@@ -645,10 +671,21 @@ class Run:
             yield outcome
         except Exception as exc:
             self._phase = "idle"
-            if self._channel is None or not (
-                collective_failed(exc) or self._aborted_generation == self._generation
-            ):
+            if not self._group_broke(exc):
                 raise
+            if self._updated:
+                # A collective after optimizer.step() failed: the update ran, the rest of
+                # the step (the scaler's update, the scheduler, the EMA) did not. Dropping
+                # the step would apply the update twice, keeping it would leave it half
+                # done: neither is the unfaulted run. This process restarts instead, and
+                # takes the state from a peer that never got so far, or a checkpoint.
+                raise StepBrokeAfterUpdate(
+                    f"step {self.global_step + 1} broke after the optimizer's update (a "
+                    "collective after optimizer.step() failed: "
+                    f"{str(exc).splitlines()[0]}); this worker restarts and resumes from "
+                    "a peer or the last checkpoint. Move collectives of your own before "
+                    "optimizer.step() to recover in place"
+                ) from exc
             log.warning("step %d dropped: %s", self.global_step + 1, str(exc).splitlines()[0])
             self._clear_gradients()
             self._regroup(failed=True)
@@ -659,10 +696,20 @@ class Run:
         try:
             self._check_due()
         except Exception as exc:
-            if self._channel is None or not collective_failed(exc):
+            if not self._group_broke(exc):
                 raise
             log.warning("agreement check after step %d broke: %s", self.global_step, exc)
             self._regroup(failed=True)  # the step stands: peers without it get it
+
+    def _group_broke(self, exc: BaseException) -> bool:
+        """Did ``exc`` come from the group breaking (regroup), not from the script?"""
+        return self._channel is not None and (
+            collective_failed(exc) or self._aborted_generation == self._generation
+        )
+
+    def _note_update(self, *_: Any) -> None:
+        """An optimizer's step-post hook: this step's update has run."""
+        self._updated = True
 
     def _clear_gradients(self) -> None:
         """A dropped step's gradients are partial (some buckets reduced, some not) and

@@ -51,6 +51,8 @@ def value_fingerprint(value: Any) -> int:
     if isinstance(value, Mapping):
         parts = [mix(value_fingerprint(k), value_fingerprint(v)) for k, v in value.items()]
         return mix(0x4D41_5050, len(parts), sum(parts))  # order-free: dicts are unordered
+    if isinstance(value, set | frozenset):  # iteration order varies between processes
+        return mix(0x5345_5421, len(value), sum(value_fingerprint(v) for v in value))
     if isinstance(value, list | tuple):
         return mix(0x5345_5121, len(value), *(value_fingerprint(v) for v in value))
     if isinstance(value, bool):
@@ -64,9 +66,12 @@ def value_fingerprint(value: Any) -> int:
         return mix(0x5354_5221, zlib.crc32(raw), len(raw))
     if value is None:
         return _NONE
-    # Anything else (a user's object inside a state_dict): its repr, the best that is
-    # stable across processes.
-    return mix(0x4F42_4A21, zlib.crc32(repr(value).encode()))
+    # Anything else (a user's object inside a state_dict): its repr, unless that names a
+    # memory address (different in every process): then only its type.
+    text = repr(value)
+    if " at 0x" in text:
+        text = type(value).__qualname__
+    return mix(0x4F42_4A21, zlib.crc32(text.encode()))
 
 
 def fingerprint(obj: Any) -> int:

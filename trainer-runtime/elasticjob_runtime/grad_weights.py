@@ -3,9 +3,10 @@
 DDP averages the ranks' gradients: right when every rank trains on as many samples, off
 at an epoch's uneven end, and wrong for a rank with no sample at all (which must still
 take part in the all-reduce). With :meth:`elasticjob_runtime.elastic.Run.loader` each
-rank's gradient is multiplied by ``samples on this rank / global batch`` before the sum,
-which is DDP's average when the shares are equal, the exact mean over the global batch
-when they are not, and zero for the filler batch of a rank that has no sample left.
+rank's gradient is multiplied by ``samples on this rank / global batch`` before the sum:
+DDP's average when the shares are equal; when they are not, the mean over the global
+batch for a rank loss that is the mean over its own samples; zero for the filler batch
+of a rank that has no sample left.
 
 No ``from __future__ import annotations`` here: DDP checks a hook's annotations at
 ``register_comm_hook`` and refuses them as strings.

@@ -16,8 +16,8 @@ Each step's batch on every rank is real data: where a rank has no sample left in
 epoch's last step (fewer samples than ranks), it gets one *filler* sample whose gradient
 the Run's DDP communication hook weighs by zero, so no script has to handle an empty
 batch. More generally the hook weighs each rank's gradient by its share of the global
-batch (``samples on this rank / global batch``), which is DDP's plain average when
-the shares are equal and the exact mean over the global batch at an epoch's uneven end.
+batch (``samples on this rank / global batch``): DDP's plain average when the shares
+are equal, and at an epoch's uneven end a rank with fewer samples counts for less.
 
 Items are read under a seed fixed by ``(seed, epoch, index)`` (:mod:`elasticjob_runtime.seeds`),
 so random augmentation is the same whichever rank, world size or worker reads a sample.

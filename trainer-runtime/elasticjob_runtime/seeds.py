@@ -26,6 +26,7 @@ _MASK64: Final = (1 << 64) - 1
 # Distinct streams for steps and samples: a step seed never equals a sample seed.
 STEP_STREAM: Final = 0x5354_4550  # "STEP"
 SAMPLE_STREAM: Final = 0x5341_4D50  # "SAMP"
+FETCH_STREAM: Final = 0x4645_5443  # "FETC"
 
 
 def mix(*parts: int) -> int:
@@ -45,6 +46,11 @@ def mix(*parts: int) -> int:
 def step_seed(seed: int, step: int, rank: int) -> int:
     """The seed of global step ``step`` (1-based, the step being taken) on ``rank``."""
     return mix(STEP_STREAM, seed, step, rank)
+
+
+def fetch_seed(seed: int, step: int, rank: int) -> int:
+    """The seed under which ``run.batches`` fetches the batch of ``step`` on ``rank``."""
+    return mix(FETCH_STREAM, seed, step, rank)
 
 
 def sample_seed(seed: int, epoch: int, index: int) -> int:

@@ -83,9 +83,15 @@ def assert_same_training(faulted: str, reference: str) -> None:
 
 
 def assert_every_sample_once_per_epoch(text: str) -> None:
+    """Over the steps that stand: a step redone after a restart from a checkpoint logs
+    its samples again, with the same step number and rank (the last log of each counts)."""
+    stood: dict[tuple[int, str], tuple[int, str]] = {}
+    pattern = r"^samples step=(\d+) epoch=(\d+) world=\d+ rank=(\d+) idx=([\d,]*) t="
+    for step, epoch, rank, idx in re.findall(pattern, text, re.M):
+        stood[(int(step), rank)] = (int(epoch), idx)
     by_epoch: dict[int, Counter[int]] = {}
-    for epoch, idx in re.findall(r"^samples step=\d+ epoch=(\d+) .* idx=([\d,]*) t=", text, re.M):
-        by_epoch.setdefault(int(epoch), Counter()).update(int(i) for i in idx.split(",") if i)
+    for epoch, idx in stood.values():
+        by_epoch.setdefault(epoch, Counter()).update(int(i) for i in idx.split(",") if i)
     assert len(by_epoch) >= 2, sorted(by_epoch)
     for epoch, seen in by_epoch.items():
         assert not [i for i, n in seen.items() if n > 1], f"epoch {epoch} repeated samples"
@@ -176,6 +182,30 @@ def test_a_realistic_script_through_a_kill_and_a_join_trains_what_an_unfaulted_r
     ]
     assert re.search(r"^started \(rank \d at step 12\)", faulted, re.M), faulted[-3000:]
     assert {w for w in worlds(faulted).values()} == {2, 3}
+    assert_same_training(faulted, reference)
+    assert_every_sample_once_per_epoch(faulted)
+
+
+def test_a_step_that_breaks_after_its_update_is_redone_from_a_checkpoint_not_twice(
+    agents: list[subprocess.Popen[bytes]], etcd: EtcdServer, tmp_path: Path
+) -> None:
+    # Every rank all-reduces right after its optimizer update; rank 1 dies at exactly that
+    # point of step 13. The survivor's update of step 13 ran and the rest of its step did
+    # not: dropping the step would apply the update twice, keeping it would leave the
+    # scaler mid-step. It restarts instead, from the step-10 checkpoint, and steps 11-13
+    # are redone. World 2 throughout in both runs.
+    env = {"COLLECTIVE_AFTER_UPDATE": "1"}
+    faulted = run_job(
+        agents,
+        etcd,
+        tmp_path / "faulted",
+        {**env, "CRASH_AFTER_UPDATE_IN_STEP": "13", "CRASH_RANK": "1"},
+        2,
+        "2",
+    )
+    reference = run_job(agents, etcd, tmp_path / "reference", env, 2, "2")
+    assert "step 13 broke after the optimizer's update" in faulted, faulted[-3000:]
+    assert re.search(r"^started \(checkpoint step 10\)", faulted, re.M), faulted[-3000:]
     assert_same_training(faulted, reference)
     assert_every_sample_once_per_epoch(faulted)
 

@@ -12,6 +12,10 @@ optional):
   after exactly that step in every run;
 * ``LOSE_NODE_AT_STEP`` / ``LOSE_NODE_RANK``: that rank SIGKILLs its agent and itself
   (a node lost at once, as when a VM dies);
+* ``COLLECTIVE_AFTER_UPDATE``: every rank all-reduces a tensor right after each
+  optimizer update, inside the step (a script logging an all-reduced value);
+  ``CRASH_AFTER_UPDATE_IN_STEP`` / ``CRASH_RANK``: that rank dies right after its update
+  in that step (first attempt), so its peers' update ran and their collective fails;
 * ``STOP_AT_STEP``: every worker saves that step and exits 0 (an unfaulted end of one
   world size: a test resumes the checkpoint at another, the reference for a lost node);
 * ``UNREGISTERED``: names of ``state=`` entries that ``run.wrap`` does not get (the
@@ -26,6 +30,8 @@ import sys
 import time
 from typing import Any
 
+import torch
+import torch.distributed as dist
 from elasticjob_examples import train_gpt
 
 from elasticjob_runtime import elastic
@@ -71,7 +77,18 @@ def main() -> None:
 
     def forgetful_wrap(self: elastic.Run, *args: Any, state: Any = None, **kw: Any) -> Any:
         kept = {k: v for k, v in (state or {}).items() if k not in dropped}
-        return wrap(self, *args, state=kept, **kw)
+        wrapped = wrap(self, *args, state=kept, **kw)
+        if os.environ.get("COLLECTIVE_AFTER_UPDATE"):
+            run, optim = self, args[1]
+
+            def after_update(*_: Any) -> None:  # after the Run's own hook: it saw the update
+                crash = run.global_step + 1 == _at("CRASH_AFTER_UPDATE_IN_STEP")
+                if crash and first_attempt and str(run.rank) == os.environ["CRASH_RANK"]:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                dist.all_reduce(torch.zeros(1))
+
+            optim.register_step_post_hook(after_update)
+        return wrapped
 
     train_gpt.log_step = faulty_log_step
     elastic.Run.accumulate = faulty_accumulate  # type: ignore[method-assign]

@@ -37,3 +37,16 @@ def test_registered_state_takes_statefuls_under_names_of_their_own() -> None:
         registered_state({"lr": 0.1})
     with pytest.raises(ValueError, match="state name 'model' is not allowed"):
         registered_state({"model": sched})
+
+
+def test_a_finished_epoch_reads_as_the_next_ones_start() -> None:
+    from elasticjob_runtime.elastic import sampler_position
+    from elasticjob_runtime.sampler import ElasticSampler
+
+    done, moved_on = ElasticSampler(10, 0, 1), ElasticSampler(10, 0, 1)
+    done.advance(10)
+    moved_on.set_epoch(1)
+    assert sampler_position(done) == sampler_position(moved_on)
+    midway = ElasticSampler(10, 0, 1)
+    midway.advance(4)
+    assert sampler_position(midway)["consumed"] == 4

@@ -80,3 +80,26 @@ def test_the_message_is_one_line_naming_what_differs_and_how_to_fix_it() -> None
     assert "\n" not in line
     assert "at step 31" in line and "'optim' differs (ranks [0] vs [1])" in line
     assert "run.wrap(..., state=" in line
+
+
+def test_sets_and_objects_with_addresses_fingerprint_alike_in_every_process() -> None:
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "from elasticjob_runtime.fingerprint import value_fingerprint as f\n"
+        "class Thing: pass\n"
+        "print(f({'a', 'b', 'c', 'd'}), f([Thing()]))"
+    )
+    runs = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "PYTHONHASHSEED": str(seed)},
+        ).stdout
+        for seed in (1, 2, 3)
+    }
+    assert len(runs) == 1, runs

@@ -43,3 +43,10 @@ def test_seed_all_seeds_numpy_once_it_is_imported() -> None:
     first = numpy.random.random(3).tolist()
     seed_all(sample_seed(0, 2, 17))
     assert numpy.random.random(3).tolist() == first
+
+
+def test_a_fetch_has_a_stream_of_its_own() -> None:
+    from elasticjob_runtime.seeds import fetch_seed
+
+    assert fetch_seed(0, 5, 1) not in {step_seed(0, 5, 1), sample_seed(0, 5, 1)}
+    assert fetch_seed(0, 5, 1) != fetch_seed(0, 6, 1)
