@@ -38,6 +38,7 @@ LAUNCHERS: dict[str, tuple[list[str], str]] = {
 }
 
 _STEP_RE = re.compile(r"^step=(\d+) .*\bworld=(\d+) .*\bpid=(\d+) t=([0-9.]+)\s*$")
+_RANK_RE = re.compile(r"\brank=(\d+)\b")
 _REGROUP_RE = re.compile(r"^regrouped at step \d+ .*\bt=([0-9.]+)\s*$")
 
 
@@ -52,8 +53,14 @@ class StepLine:
 
 
 def parse_step_line(line: str) -> StepLine | None:
+    """A step line of rank 0 (or of a script that logs no ``rank=``): the bench's step
+    lines are rank 0's, and a script that logs every rank (bench/classic_imagenet.py)
+    would otherwise count each step once per rank."""
     m = _STEP_RE.match(line.strip())
     if m is None:
+        return None
+    rank = _RANK_RE.search(line)
+    if rank is not None and rank.group(1) != "0":
         return None
     return StepLine(int(m.group(1)), int(m.group(2)), int(m.group(3)), float(m.group(4)))
 

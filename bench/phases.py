@@ -24,14 +24,25 @@ step``: process group, state from a peer or a checkpoint, DDP, the agreement che
 the check after it); a script that logs neither (gpt_plain.py) has no *ready*, and its
 *first step* covers everything after the rendezvous (interpreter, imports, process
 group, checkpoint, DDP, DataLoader workers, the step).
+
+A script that logs ``startup phase=<name> pid=<pid> t=<unix>`` at each of its start-up
+marks (bench/classic_imagenet.py: :data:`SCRIPT_MARKS`) gets :func:`classic_breakdown`
+(:data:`CLASSIC`): detect and rendezvous as above, then **worker start** (-> the script's
+``imports`` mark: the process exec, or a warm spare's hand-over, and the script's
+imports), then one phase per mark of the script's own (``process_group``, ``model``,
+``checkpoint``, ``ddp``, ``loader``: its DataLoader workers forked and the first batch
+in), then **first step** (-> rank 0's first step). Each mark is the last new worker's:
+the ranks meet in the process group, DDP's broadcast and the first all-reduce, so the
+slowest rank sets the pace.
 """
 
 from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 
 # torch's glog-style prefix: I1122 12:17:33.560000 22150 torch/...py:123] message
 _TORCH_LINE = re.compile(r"^[IWE](\d\d)(\d\d) (\d\d):(\d\d):(\d\d\.\d+) \d+ \S+\] (.*)$")
@@ -45,6 +56,11 @@ PHASES = ("detect", "rendezvous", "worker_ready", "process_group", "restore", "f
 COARSE = ("detect", "rendezvous", "ready", "first_step")  # coarse_breakdown's phases
 # examples/train_gpt.py: a worker's Run is ready (after run.wrap), or it regrouped in place
 _READY = re.compile(r"^(?:started \(|regrouped at step \d+ ).*\bt=([0-9.]+)\s*$")
+# bench/classic_imagenet.py: startup phase=<name> pid=<pid> t=<unix>, in this order
+SCRIPT_MARKS = ("imports", "process_group", "model", "checkpoint", "ddp", "loader")
+_SCRIPT_MARK = re.compile(r"^startup phase=(\w+) pid=(\d+) t=([0-9.]+)\s*$")
+CLASSIC = ("detect", "rendezvous", "worker_start", *SCRIPT_MARKS[1:], "first_step")
+_ROUNDING = 0.002  # the script's t= has milliseconds, torch's log microseconds
 
 
 @dataclass(frozen=True)
@@ -174,4 +190,64 @@ def coarse_breakdown(
     if ready is not None:
         phases["ready"] = ready - agreed
     phases["first_step"] = first_step - (agreed if ready is None else ready)
+    return {k: round(max(v, 0.0), 3) for k, v in phases.items()}
+
+
+def script_marks(lines: Iterable[str]) -> dict[int, dict[str, float]]:
+    """pid -> mark -> unix time, from the ``startup phase=<mark> pid= t=`` lines a worker
+    prints as it starts (a mark a pid logs twice keeps the later time)."""
+    found: dict[int, dict[str, float]] = {}
+    for line in lines:
+        m = _SCRIPT_MARK.match(line.strip())
+        if m is not None:
+            found.setdefault(int(m.group(2)), {})[m.group(1)] = float(m.group(3))
+    return found
+
+
+def classic_breakdown(
+    fault: float,
+    per_agent: Sequence[tuple[Sequence[AgentEvent], Mapping[int, Mapping[str, float]]]],
+    first_step: float,
+) -> dict[str, float] | None:
+    """The phases (:data:`CLASSIC`) of one recovery of a script that logs its start-up
+    marks: ``per_agent`` is each agent's events and its workers' marks
+    (:func:`script_marks` of its log), ``first_step`` when rank 0 finished the first step
+    after the fault. The new round is each agent's last start of its workers between the
+    first reaction and that step; its workers are those whose ``imports`` came after that
+    start and who had every mark by the step. None when no agent reacted, none started
+    workers, or no such worker logged its marks."""
+    stops = [
+        e.t
+        for events, _ in per_agent
+        for e in events
+        if e.what == "stopping" and fault <= e.t <= first_step
+    ]
+    if not stops:
+        return None
+    detected = min(stops)
+    starts: list[float] = []
+    workers: list[Mapping[str, float]] = []
+    for events, marks in per_agent:
+        mine = [e.t for e in events if e.what == "starting" and detected <= e.t <= first_step]
+        if not mine:
+            continue  # a lost node's agent, or one that kept its workers
+        started = max(mine)
+        starts.append(started)
+        workers += [
+            m
+            for m in marks.values()
+            if all(name in m for name in SCRIPT_MARKS)
+            and started - _ROUNDING <= m["imports"]
+            and m["loader"] <= first_step
+        ]
+    if not starts or not workers:
+        return None
+    agreed = max(starts)
+    last = {name: max(m[name] for m in workers) for name in SCRIPT_MARKS}
+    phases = {"detect": detected - fault, "rendezvous": agreed - detected}
+    phases["worker_start"] = last["imports"] - agreed
+    for before, name in pairwise(SCRIPT_MARKS):
+        phases[name] = last[name] - last[before]
+    phases["first_step"] = first_step - last["loader"]
+    # log timestamps are milliseconds apart: a phase of ~0 may read a hair below it
     return {k: round(max(v, 0.0), 3) for k, v in phases.items()}

@@ -44,6 +44,13 @@ ratio; not in the default set (about 12 minutes more with ``--reps 3``), but
   in percent of a step.
 * ``gpt-goodput`` (only when named): the goodput run with those scripts.
 
+An unchanged classic torchelastic script (:mod:`bench.classic`: bench/classic_imagenet.py,
+its own checkpoints, ``ElasticDistributedSampler``, DataLoader workers, a ResNet-18)
+under both launchers, with each recovery split into the launcher's phases and the
+script's own start-up; not in the default set, but ``--scenarios classic``:
+
+* ``classic-worker-kill``, ``classic-node-kill``, ``classic-scale-up``.
+
 The default set stays under 15 minutes on 2 cores. ``--full`` runs the recovery
 scenarios and every scale scenario at every size (goodput and node-freeze only when
 asked: they take 11 minutes and torchrun's whole recover timeout); a rendezvous handler
@@ -70,7 +77,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench import check_cost, checkpoint_stall, operator_load, phases, rdzv_scale, real_scripts
+from bench import (
+    check_cost,
+    checkpoint_stall,
+    classic,
+    operator_load,
+    phases,
+    rdzv_scale,
+    real_scripts,
+)
 from bench.goodput import Goodput, run_goodput, steady_step_time
 from bench.harness import (
     LAUNCHERS,
@@ -210,9 +225,7 @@ def run_scenario(
         startup = [secs for t, secs in job.startups() if fault_at < t <= after.t]
         result.worker_startup = startup[-1] if startup else None
         result.world_after = after.world
-        before = [s.step for s in job.steps() if s.t <= fault_at]
-        if before:
-            result.steps_redone = max(0, max(before) - (after.step - 1))
+        result.steps_redone = steps_redone(job.steps(), old_pids, fault_at, after)
         last = max((s.t for s in job.steps() if s.t < after.t and s.pid in old_pids), default=None)
         if last is not None:
             result.pause = round(after.t - last, 2)
@@ -227,6 +240,17 @@ def run_scenario(
         job.stop()
         shutil.rmtree(Path("/dev/shm/elasticjob") / run_id, ignore_errors=True)
     return result
+
+
+def steps_redone(
+    steps: Sequence[StepLine], old_pids: set[int], fault_at: float, after: StepLine
+) -> int | None:
+    """How many steps the group that trained ``after`` trains again: the last step done
+    before it (at the fault, or later by an old worker: a scale-up's group trains on
+    while the newcomer starts, a step in flight may finish) less the step ``after``
+    resumed from."""
+    before = [s.step for s in steps if s.t <= fault_at or (s.t < after.t and s.pid in old_pids)]
+    return max(0, max(before) - (after.step - 1)) if before else None
 
 
 def goodput_run(
@@ -290,6 +314,10 @@ def recovery_phases(
             if e.what == "stopping" and reacted_after < e.t < start
         ]
         start = min([start, *early])
+    marks = [phases.script_marks(lines) for lines in logs]
+    if any(t > start for found in marks for m in found.values() for t in m.values()):
+        # a script that logs its start-up marks (bench.classic): the finest split
+        return phases.classic_breakdown(start, list(zip(events, marks, strict=True)), after.t)
     ups = [u for lines in logs for u in phases.startups(lines) if start < u.t <= after.t]
     if not ups:  # a script without the startup= line (bench.real_scripts): coarser phases
         ready = [t for lines in logs for t in phases.ready_marks(lines) if start < t <= after.t]
@@ -375,6 +403,9 @@ LABELS = {
     "scale-up": "agent joins (2->3) -> step at 3",
     "gpt-worker-kill": "train_gpt / gpt_plain: SIGKILL a worker -> next step",
     "gpt-scale-up": "train_gpt / gpt_plain: agent joins (2->3) -> step at 3",
+    "classic-worker-kill": "classic_imagenet: SIGKILL a worker -> next step",
+    "classic-node-kill": "classic_imagenet: SIGKILL an agent (3->2) -> next step",
+    "classic-scale-up": "classic_imagenet: agent joins (2->3) -> step at 3",
 }
 GOODPUT_LABELS = {
     "goodput": "goodput, a worker SIGKILLed every {:.0f} s",
@@ -385,7 +416,17 @@ GOODPUT_LABELS = {
 PHASE_LABELS = {
     phases.PHASES: "detect/rendezvous/worker/pg/restore/step",
     phases.COARSE: "detect/rendezvous/ready/step",
+    phases.CLASSIC: "detect/rendezvous/worker/pg/model/ckpt/ddp/loader/step",
 }
+
+
+def phase_names(scenario: str) -> tuple[str, ...]:
+    """The phases the table shows for ``scenario``'s script."""
+    if scenario in real_scripts.FAULTS:
+        return phases.COARSE
+    if scenario in classic.FAULTS:
+        return phases.CLASSIC
+    return phases.PHASES
 
 
 def table(
@@ -394,14 +435,14 @@ def table(
     goodputs: Sequence[Goodput] = (),
 ) -> str:
     rows = [["scenario", *launchers]]
-    for scenario in (*SCENARIOS, *real_scripts.FAULTS):
+    for scenario in (*SCENARIOS, *real_scripts.FAULTS, *classic.FAULTS):
         if scenario == "goodput":
             continue
         if any(scenario in summary.get(lch, {}) for lch in launchers):
             row = [LABELS[scenario]]
             row += [format_cell(summary.get(lch, {}).get(scenario)) for lch in launchers]
             rows.append(row)
-            names = phases.COARSE if scenario in real_scripts.FAULTS else phases.PHASES
+            names = phase_names(scenario)
             pause = ["  training paused (last step -> next step)"]
             split = ["  " + PHASE_LABELS[names]]
             redone = ["  steps redone (median)"]
@@ -461,12 +502,21 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--scenarios",
         nargs="+",
         default=list(DEFAULT_SCENARIOS),
-        choices=(*SCENARIOS, *SCALE_SCENARIOS, *real_scripts.SCENARIOS, real_scripts.GROUP),
+        choices=(
+            *SCENARIOS,
+            *SCALE_SCENARIOS,
+            *real_scripts.SCENARIOS,
+            real_scripts.GROUP,
+            *classic.SCENARIOS,
+            classic.GROUP,
+        ),
         help="node-freeze (a node that vanishes without closing its sockets) is not in the "
         "default set: torchrun sits in the collective until its timeout; "
         f"{real_scripts.GROUP} = {' '.join(real_scripts.GROUP_SCENARIOS)} (the realistic "
         "script beside its plain-DDP original, and the agreement check's cost; gpt-goodput "
-        "only when named)",
+        "only when named); "
+        f"{classic.GROUP} = {' '.join(classic.SCENARIOS)} (an unchanged classic torchelastic "
+        "script under both launchers, each recovery split into phases)",
     )
     p.add_argument(
         "--full", action="store_true", help=f"every scale scenario at every size: {FULL}"
@@ -507,11 +557,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     if any(n < 2 for n in args.rdzv_sizes):
         p.error(f"--rdzv-sizes must all be at least 2 (got {args.rdzv_sizes})")
     limits = Limits(args.start_timeout, args.recover_timeout)
-    args.scenarios = real_scripts.expand(args.scenarios)
+    args.scenarios = classic.expand(real_scripts.expand(args.scenarios))
     recovery = [s for s in args.scenarios if s in SCENARIOS]
     scale = [s for s in args.scenarios if s in SCALE_SCENARIOS]
     real = [s for s in args.scenarios if s in real_scripts.SCENARIOS]
-    faults = [s for s in args.scenarios if s in (*SCENARIOS, *real_scripts.FAULTS)]
+    unchanged = [s for s in args.scenarios if s in classic.FAULTS]
+    faults = [s for s in args.scenarios if s in (*SCENARIOS, *real_scripts.FAULTS, *classic.FAULTS)]
 
     started = time.monotonic()
     info = machine()
@@ -521,7 +572,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     real_figures: list[Figure] = []
     throughputs: list[real_scripts.Throughput] = []
     figures: list[Figure] = []
-    needs_etcd = recovery or [s for s in real if s != check_cost.SCENARIO]
+    needs_etcd = recovery or unchanged or [s for s in real if s != check_cost.SCENARIO]
     etcd = Etcd.start(workdir / "etcd") if needs_etcd else None
     try:
         if "gpt-throughput" in real:
@@ -545,6 +596,18 @@ def main(argv: Sequence[str] | None = None) -> None:
                             limits,
                             real_scripts.script_for(launcher),
                             real_scripts.FAULT_ARGS,
+                            label=scenario,
+                        )
+                    elif scenario in classic.FAULTS:
+                        r = run_scenario(
+                            classic.FAULTS[scenario],
+                            launcher,
+                            rep,
+                            etcd,
+                            where,
+                            limits,
+                            classic.SCRIPT,
+                            classic.train_args(where),
                             label=scenario,
                         )
                     else:
@@ -601,10 +664,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         png = rdzv_scale.plot_round_times(figures, args.out / "scale-rdzv.png")
         print(f"\n{scale_json.with_suffix('.md').read_text()}")
         print(f"written: {scale_json}" + (f", {png}" if png else ""))
-    if not recovery and not real:
+    if not recovery and not real and not unchanged:
         return
     summary = summarize(results)
     real_figures += real_scripts.fault_figures(summary, args.launchers)
+    classic_figures = classic.figures(summary, args.launchers) if unchanged else []
+    split = classic.breakdown_table(summary, args.launchers) if unchanged else ""
     real_figures += real_scripts.goodput_figures(goodputs, args.launchers)
     print()
     if results or goodputs:
@@ -613,6 +678,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"\n{markdown_table(real_figures)}")
         notes = dict.fromkeys(f"{f.scenario} {f.case}: {f.note}" for f in real_figures if f.note)
         print("\n".join(notes))
+    if classic_figures:
+        print(f"\n{markdown_table(classic_figures)}")
+        notes = dict.fromkeys(f"{f.scenario}: {f.note}" for f in classic_figures if f.note)
+        print("\n".join(notes))
+    if split:
+        print(f"\nWhere the seconds went (medians):\n{split}")
     doc = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": "python -m bench.run " + " ".join(sys.argv[1:] if argv is None else argv),
@@ -634,6 +705,15 @@ def main(argv: Sequence[str] | None = None) -> None:
             "throughput_runs": [asdict(t) for t in throughputs],
         }
         if real
+        else None,
+        # bench.classic: the unchanged classic script's figures and where the seconds went
+        "classic": {
+            "args": classic.ARGS,
+            "figures": [f.to_json() for f in classic_figures],
+            "owner": classic.OWNER,
+            "breakdown": split,
+        }
+        if unchanged
         else None,
     }
     args.out.mkdir(parents=True, exist_ok=True)
