@@ -22,12 +22,11 @@ checkpoint, DDP, loader, then the first step).
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench import phases
+from bench import phases, real_scripts
 from bench.harness import REPO
 from bench.report import Figure, render
 
@@ -108,39 +107,14 @@ def figures(
     summary: dict[str, dict[str, dict[str, Any]]], launchers: Sequence[str]
 ) -> list[Figure]:
     """Each target's figure, ours beside each torchrun launcher, from bench.run's summary."""
-    out: list[Figure] = []
-    for baseline in (lch for lch in launchers if lch != OURS):
-        for scenario, key, metric, target in TARGETS:
-            mine = summary.get(OURS, {}).get(scenario)
-            theirs = summary.get(baseline, {}).get(scenario)
-            if mine is None and theirs is None:
-                continue
-            fig = Figure(
-                scenario,
-                "classic_imagenet.py, unchanged",
-                metric,
-                "s",
-                ours=list(mine[key]) if mine else [],
-                baseline=list(theirs[key]) if theirs else [],
-                baseline_name=baseline,
-                target=None if target is None else f"<= {target:g} s",
-                failures=[f for f in (mine or {}).get("failures", []) if f],
-            )
-            if target is not None and fig.ours_median is not None:
-                fig.met = fig.ours_median <= target
-            if key == "pause":
-                steps = [
-                    f"{statistics.median(c['step_time']):.2f} s"
-                    if c and c.get("step_time")
-                    else "-"
-                    for c in (mine, theirs)
-                ]
-                fig.note = (
-                    f"a pause includes one step; the steady step before the fault: "
-                    f"{steps[0]} (ours), {steps[1]} ({baseline})"
-                )
-            out.append(fig)
-    return out
+    return real_scripts.fault_figures(
+        summary,
+        launchers,
+        TARGETS,
+        "classic_imagenet.py, unchanged",
+        baseline_name=lambda launcher: launcher,
+        note_name=lambda launcher: launcher,
+    )
 
 
 def owned(split: dict[str, float]) -> dict[str, float]:

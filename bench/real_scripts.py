@@ -29,7 +29,7 @@ import re
 import shutil
 import statistics
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
@@ -347,18 +347,27 @@ def cpu_per_step(runs: Sequence[Throughput]) -> dict[str, float]:
 # ---------------------------------------------------------------- faults and goodput
 
 
+# scenario, summary key, metric, target in seconds (None: reported, no target)
+Row = tuple[str, str, str, float | None]
+GPT_ROWS: tuple[Row, ...] = (
+    ("gpt-worker-kill", "seconds", "SIGKILL a worker -> next step", 1.0),
+    ("gpt-worker-kill", "pause", "training paused (last step -> next step)", 1.0),
+    ("gpt-scale-up", "seconds", "agent joins (2->3) -> step at 3", None),
+    ("gpt-scale-up", "pause", "training paused (last step -> next step)", 1.0),
+)
+
+
 def fault_figures(
-    summary: dict[str, dict[str, dict[str, Any]]], launchers: Sequence[str]
+    summary: dict[str, dict[str, dict[str, Any]]],
+    launchers: Sequence[str],
+    rows: Sequence[Row] = GPT_ROWS,
+    case: str = "train_gpt.py vs gpt_plain.py",
+    baseline_name: Callable[[str], str] = lambda launcher: f"gpt_plain.py, {launcher}",
+    note_name: Callable[[str], str] = lambda launcher: "baseline",
 ) -> list[Figure]:
-    """gpt-worker-kill and gpt-scale-up, ours beside each baseline, from bench.run's
-    summary: the time to the next step (kill) and the pause, each with its target."""
+    """Recovery ``rows`` (the GPT ones by default; bench/classic.py passes its own), ours
+    beside each baseline launcher, from bench.run's summary, each with its target."""
     out: list[Figure] = []
-    rows = (
-        ("gpt-worker-kill", "seconds", "SIGKILL a worker -> next step", 1.0),
-        ("gpt-worker-kill", "pause", "training paused (last step -> next step)", 1.0),
-        ("gpt-scale-up", "seconds", "agent joins (2->3) -> step at 3", None),
-        ("gpt-scale-up", "pause", "training paused (last step -> next step)", 1.0),
-    )
     for baseline in (lch for lch in launchers if lch != OURS):
         for scenario, key, metric, target in rows:
             mine = summary.get(OURS, {}).get(scenario)
@@ -367,12 +376,12 @@ def fault_figures(
                 continue
             fig = Figure(
                 scenario,
-                "train_gpt.py vs gpt_plain.py",
+                case,
                 metric,
                 "s",
                 ours=list(mine[key]) if mine else [],
                 baseline=list(theirs[key]) if theirs else [],
-                baseline_name=f"gpt_plain.py, {baseline}",
+                baseline_name=baseline_name(baseline),
                 target=None if target is None else f"<= {target:g} s",
                 failures=[f for f in (mine or {}).get("failures", []) if f],
             )
@@ -387,7 +396,7 @@ def fault_figures(
                 ]
                 fig.note = (
                     f"a pause includes one step; the steady step before the fault: "
-                    f"{steps[0]} (ours), {steps[1]} (baseline)"
+                    f"{steps[0]} (ours), {steps[1]} ({note_name(baseline)})"
                 )
             out.append(fig)
     return out
