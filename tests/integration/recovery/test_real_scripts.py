@@ -23,7 +23,7 @@ from conftest import WORKERS, EtcdServer, result_of, start, wait_for
 from elasticjob_runtime import contract
 from elasticjob_runtime.etcd_client import EtcdClient
 from elasticjob_runtime.etcd_endpoints import parse_endpoints
-from elasticjob_runtime.records import decode_divergence
+from elasticjob_runtime.records import Divergence, decode_divergence
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -97,6 +97,16 @@ def assert_every_sample_once_per_epoch(text: str) -> None:
         assert not [i for i, n in seen.items() if n > 1], f"epoch {epoch} repeated samples"
     for epoch in sorted(by_epoch)[:-1]:
         assert len(by_epoch[epoch]) == SAMPLES, f"epoch {epoch} skipped samples"
+
+
+def divergence_records(etcd: EtcdServer, run_id: str) -> list[Divergence]:
+    """What the run's workers recorded for the operator (its rule "Divergence")."""
+    client = EtcdClient(parse_endpoints(etcd.endpoint, 2379))
+    try:
+        items = client.snapshot(contract.divergence_prefix(run_id)).items
+    finally:
+        client.close()
+    return [decode_divergence(kv.value) for kv in items.values()]
 
 
 def run_job(
@@ -254,12 +264,7 @@ def test_a_script_that_forgets_its_scheduler_stops_naming_the_divergence(
     assert "not restarting the workers: the ranks trained different models" in logs
     assert len(re.findall(r"^started ", logs, re.M)) == 3  # 2 at first, 1 after the kill, no more
     # The operator's input: one record, which its rule "Divergence" turns into a failed job.
-    client = EtcdClient(parse_endpoints(etcd.endpoint, 2379))
-    try:
-        items = client.snapshot(contract.divergence_prefix(run_id)).items
-    finally:
-        client.close()
-    [record] = [decode_divergence(kv.value) for kv in items.values()]
+    [record] = divergence_records(etcd, run_id)
     assert (record.step, record.action) == (13, "stop")
     assert "'optim' differs" in record.message
 
@@ -284,10 +289,5 @@ def test_with_resync_the_ranks_take_rank_0s_state_and_train_on_saying_so(
     resynced = {int(s) for s in re.findall(r"at step (\d+) \([^)]*\) 'optim' differs", logs)}
     assert 13 in resynced
     assert result_of(logs)["steps"] == STEPS
-    client = EtcdClient(parse_endpoints(etcd.endpoint, 2379))
-    try:
-        items = client.snapshot(contract.divergence_prefix(run_id)).items
-    finally:
-        client.close()
-    records = [decode_divergence(kv.value) for kv in items.values()]
+    records = divergence_records(etcd, run_id)
     assert {r.step for r in records} == resynced and {r.action for r in records} == {"resync"}
