@@ -314,6 +314,16 @@ class CheckpointManager:
         self._wakeup_w: int | None = None  # write end of the signal wakeup pipe we own
         self._grace_s = 0.0
 
+    @property
+    def saved_step(self) -> int | None:
+        """The newest step restored, or saved wherever this rank writes with no fault."""
+        return self._saved_step
+
+    @property
+    def pending_step(self) -> int | None:
+        """The step of the asynchronous save not yet waited for (in flight or done)."""
+        return self._pending_step if self._pending is not None else None
+
     # -- saving
 
     def save(self, state: Mapping[str, Any], step: int, *, blocking: bool | None = None) -> None:
@@ -402,7 +412,8 @@ class CheckpointManager:
                 if not self._memory_warned:
                     self._memory_warned = True
                     self._memory_failed(self.memory_dir, step, len(data), exc)
-        if saved or not (to_disk or to_memory):
+        # saved where this rank writes; a directory fault leaves the step to be saved again
+        if (saved and self.save_error is None) or not (to_disk or to_memory):
             self._saved_step = step
 
     def _disk_failed(self, step: int, exc: OSError) -> None:

@@ -234,6 +234,7 @@ class Run:
         seed: int | None = 0,
         check_every: int = 100,
         on_divergence: str = "stop",
+        async_checkpoint: bool = True,
     ) -> None:
         """``in_place`` (default: on unless ``ELASTICJOB_IN_PLACE=0``) regroups a healthy
         worker across membership changes under ``elasticjob-run``; off, it exits and
@@ -246,7 +247,12 @@ class Run:
         compare fingerprints of all training state every that many steps (0: only after
         regroups and restores, and at the first step after one); ``on_divergence``:
         ``"stop"`` raises :class:`DivergenceError` naming what differs, ``"resync"``
-        copies rank 0's state to every rank and says so."""
+        copies rank 0's state to every rank and says so.
+
+        ``async_checkpoint``: a save copies the state to CPU on the training thread and
+        serialises, hashes and writes it in a thread (one save in flight); the price is
+        one CPU copy of the state kept between saves. False writes on the training
+        thread (a 53 MB state: 0.27 s a save here, an fsync the most of it)."""
         if checkpoint_interval < 1:
             raise ValueError(f"checkpoint_interval must be at least 1 (got {checkpoint_interval})")
         if check_every < 0:
@@ -275,7 +281,10 @@ class Run:
         # The node-memory copy is keyed by run id: without a launcher there is none, and
         # a later plain run would silently resume an earlier one, so keep it off there.
         self.ckpt = CheckpointManager(
-            checkpoint_dir or default_checkpoint_dir(), keep=keep, memory=launched
+            checkpoint_dir or default_checkpoint_dir(),
+            keep=keep,
+            memory=launched,
+            async_save=async_checkpoint,
         )
         self.ckpt.install_sigterm_handler(grace_s=sigterm_grace)
         self.ckpt.track(self._state)
@@ -308,7 +317,6 @@ class Run:
         self._ddp: DistributedDataParallel | None = None
         self._ddp_kwargs: dict[str, Any] = {}
         self._live = False  # holds state newer than any checkpoint, after the first sync
-        self._saved_step: int | None = None
         self._batch_size = 1
         self._max_steps: int | None = None
         self._phase = "idle"  # idle -> fetched (a batch is out) -> running (in step())
@@ -421,7 +429,6 @@ class Run:
             resumed = self.ckpt.restore(self._state())  # agrees over the group itself
             if resumed is not None:
                 self._load(resumed.state)
-                self._saved_step = resumed.step
                 self.resumed_from = f"checkpoint step {resumed.step}"
             elif self.world_size > 1:
                 # A fresh start: rank 0's state is the run's (DDP copies only the module's
@@ -733,17 +740,18 @@ class Run:
                 self.global_step,
                 self.global_batch,
                 epoch=self.sampler.epoch,
-                checkpoint_step=self._saved_step,
+                checkpoint_step=self.ckpt.saved_step,
                 world_size=self.world_size,
                 checkpoint_error=self.ckpt.save_error,
             )
 
     def save(self) -> None:
-        """Checkpoint the current step now (e.g. at an epoch's end), besides the interval."""
-        if self._saved_step != self.global_step:
+        """Checkpoint the current step now (e.g. at an epoch's end), besides the interval.
+
+        A save that failed on a full or read-only directory is tried again at the next
+        call (its error is in ``ckpt.save_error`` and the job's progress)."""
+        if self.global_step not in (self.ckpt.saved_step, self.ckpt.pending_step):
             self.ckpt.save(self._state(), self.global_step)
-            if self.ckpt.save_error is None:  # a full or read-only directory: try again later
-                self._saved_step = self.global_step
 
     # -- regrouping
 
@@ -846,6 +854,7 @@ class Run:
         if self.ckpt.stop_requested:
             self.ckpt.mark_step(self.global_step)  # SIGTERM during the last step: save, exit 143
         if self._live:
+            self.ckpt.wait()  # an interval save of this step that failed is made again
             self.save()
         if self._channel is not None:
             self._settle_rounds()

@@ -205,6 +205,19 @@ def test_async_saves_in_reused_buffers_each_hold_their_own_step(tmp_path: Path) 
         assert all(torch.equal(expected[k], v) for k, v in saved.items()), step
 
 
+def test_an_async_save_counts_as_saved_only_once_it_is_written(tmp_path: Path) -> None:
+    """elastic.Run reports ``saved_step`` as the job's checkpoint step, and does not save
+    a step again while its save is ``pending_step``."""
+    mgr = manager(tmp_path, async_save=True)
+    assert (mgr.saved_step, mgr.pending_step) == (None, None)
+    mgr.save({"x": torch.ones(1)}, 4)
+    assert mgr.pending_step == 4 and mgr.saved_step in (None, 4)  # 4 once the thread is done
+    mgr.wait()
+    assert (mgr.saved_step, mgr.pending_step) == (4, None)
+    assert committed_steps(tmp_path / "ckpt") == [4]
+    mgr.close()
+
+
 def test_async_save_error_is_raised_on_the_next_call(tmp_path: Path) -> None:
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("a file where the checkpoint directory should be")
