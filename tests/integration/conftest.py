@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -31,6 +32,7 @@ import pytest
 from elasticjob_runtime import contract
 from elasticjob_runtime.etcd_client import EtcdClient
 from elasticjob_runtime.etcd_tls import EtcdTLS
+from elasticjob_runtime.job_identity import directory_name, job_identity
 from elasticjob_runtime.records import (
     MemoryFallback,
     Progress,
@@ -41,6 +43,7 @@ from elasticjob_runtime.records import (
 CACHE = Path(os.environ.get("ELASTICJOB_CACHE", Path.home() / ".cache" / "elasticjob"))
 HERE = Path(__file__).parent
 WORKERS = HERE / "workers"
+NODE_MEMORY = Path("/dev/shm/elasticjob")  # the runtime's default node-memory root
 os.environ["PYTHONPATH"] = os.pathsep.join(
     p for p in (str(HERE), os.environ.get("PYTHONPATH", "")) if p
 )
@@ -56,6 +59,21 @@ def _etcd_binary(version: str) -> Path | None:
     return found[-1] if found else None
 
 
+# (run id, endpoint) of every agent command line built during the test under way
+_LAUNCHED: set[tuple[str, str]] = set()
+
+
+@pytest.fixture(autouse=True)
+def _node_memory_of_the_test() -> Iterator[None]:
+    """A job that fails keeps its node-memory copy for its next attempt, by design; a
+    test's job has none, so the copy goes with the test (named by the run ids it used)."""
+    yield
+    for run_id, endpoint in _LAUNCHED:
+        name = directory_name(job_identity({}, [f"--rdzv-endpoint={endpoint}"], run_id, 0))
+        shutil.rmtree(NODE_MEMORY / name, ignore_errors=True)
+    _LAUNCHED.clear()
+
+
 def launcher_argv(
     endpoint: str,
     run_id: str,
@@ -69,6 +87,7 @@ def launcher_argv(
 ) -> list[str]:
     """An agent's command line as the integration tests start it (torchrun's flags;
     ``launcher`` defaults to elasticjob-run)."""
+    _LAUNCHED.add((run_id, endpoint))
     return [
         *(launcher or [sys.executable, "-m", "elasticjob_runtime.launcher"]),
         f"--nnodes={nnodes}",
