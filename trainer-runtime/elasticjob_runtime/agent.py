@@ -54,15 +54,12 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from torch.distributed.elastic.agent.server import api as agent_api
-from torch.distributed.elastic.agent.server import local_elastic_agent
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
-from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing.api import PContext
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 from torch.distributed.elastic.utils import store as store_util
@@ -85,13 +82,18 @@ from elasticjob_runtime.hang import (
 )
 from elasticjob_runtime.leases import notice_within
 from elasticjob_runtime.records import Hang, encode_hang
-from elasticjob_runtime.rendezvous import EtcdV3RendezvousHandler
+from elasticjob_runtime.rendezvous_api import membership_of
 from elasticjob_runtime.spare import parse_worker_command
 from elasticjob_runtime.spare_pool import (
     REFILL_DELAY_S,
     SparePool,
     refill_due,
     start_processes_warm,
+)
+from elasticjob_runtime.torch_internals import (
+    TERMINAL_STATE_SYNC_ID,
+    TorchAgent,
+    starting_workers_with,
 )
 
 log = logging.getLogger(__name__)
@@ -123,7 +125,7 @@ def gone_from_exit_barrier(lost: list[str]) -> str | None:
     return f"{', '.join(lost)} left the round and will not reach the exit barrier"
 
 
-class MembershipAwareAgent(LocalElasticAgent):
+class MembershipAwareAgent(TorchAgent):
     """``LocalElasticAgent`` that starts workers from warm spares and does not charge
     restarts for peers that left."""
 
@@ -162,7 +164,9 @@ class MembershipAwareAgent(LocalElasticAgent):
         self._next_start = StartKind()
         self._spares: SparePool | None = None
         self._joined_once = False
-        spec = self._worker_group.spec
+        spec = self.worker_group.spec
+        # None with torch's own rendezvous backends: the agent then behaves as torch's.
+        self._membership = membership_of(spec.rdzv_handler)
         if warm_spares and isinstance(spec.entrypoint, str):
             target = parse_worker_command(
                 spec.entrypoint, [str(a) for a in spec.args], sys.executable
@@ -175,7 +179,7 @@ class MembershipAwareAgent(LocalElasticAgent):
                 )
                 self._spares.fill()  # they warm up while the first rendezvous runs
 
-    def _rendezvous(self, worker_group: WorkerGroup) -> None:
+    def rendezvous(self, worker_group: WorkerGroup) -> None:
         if self._spares is not None and not self._joined_once:
             # Join only once the spares are warm: a running group that this agent's
             # round interrupts then pauses for the switch, not for our imports.
@@ -188,21 +192,20 @@ class MembershipAwareAgent(LocalElasticAgent):
                 "warm spares ready in %.1f s; joining the rendezvous", time.monotonic() - started
             )
         self._joined_once = True
-        super()._rendezvous(worker_group)
+        super().rendezvous(worker_group)
 
     def run(self, role: str = "default") -> Any:
         try:
             result = super().run(role)
-            handler = self._worker_group.spec.rdzv_handler
-            if isinstance(handler, EtcdV3RendezvousHandler) and not result.is_failed():
-                handler.mark_finished()  # before torch's launcher closes the run
+            if self._membership is not None and not result.is_failed():
+                self._membership.mark_finished()  # before torch's launcher closes the run
             return result
         finally:
             if self._spares is not None:
                 self._spares.close()
             shutil.rmtree(self._notes, ignore_errors=True)
 
-    def _restart_workers(self, worker_group: WorkerGroup) -> None:
+    def restart_workers(self, worker_group: WorkerGroup) -> None:
         # torch's loop sets the state before it calls this: HEALTHY is its membership
         # branch (a peer left or came); FAILED/UNHEALTHY means a local worker exited.
         if worker_group.state == WorkerState.HEALTHY and self._workers_regroup_in_place():
@@ -224,12 +227,12 @@ class MembershipAwareAgent(LocalElasticAgent):
                     "a worker has finished training; restarting the workers into the next "
                     "round (they resume from the final checkpoint)"
                 )
-        super()._restart_workers(worker_group)
+        super().restart_workers(worker_group)
 
     def _in_place_refused(self) -> str | None:
         """Why the running workers cannot take the next round in place (hang.py), or None."""
         now = time.monotonic()
-        pids = self._pcontext.pids() if self._pcontext is not None else {}
+        pids = self.worker_pids()
         self._clock = self._clock.observe(group_step(read_steps(str(self._notes))), now)
         untaken = self._untaken(pids)
         return in_place_refusal(
@@ -252,31 +255,27 @@ class MembershipAwareAgent(LocalElasticAgent):
 
     def _workers_regroup_in_place(self) -> bool:
         """Every local worker runs the training-loop API and is the process it said it was."""
-        if self._pcontext is None:
-            return False
-        pids = self._pcontext.pids()
+        pids = self.worker_pids()
         offered = self._channel.in_place_pids()
         return bool(pids) and all(offered.get(rank) == pid for rank, pid in pids.items())
 
     def _regroup_in_place(self, worker_group: WorkerGroup) -> None:
         """The next round for the running workers: rendezvous, then hand each its new
         rank and world through the channel; no process stops or starts."""
-        handler = worker_group.spec.rdzv_handler
-        lost = handler.peers_lost() if isinstance(handler, EtcdV3RendezvousHandler) else []
+        lost = self._membership.peers_lost() if self._membership is not None else []
         log.info(
             "regrouping the running workers in place%s",
             f" (the round lost {lost}: they abandon its collectives)" if lost else "",
         )
         self._next_start = StartKind(in_place=True, abort=bool(lost))
         try:
-            self._initialize_workers(worker_group)
+            self.initialize_workers(worker_group)
         finally:
             self._next_start = StartKind()
 
-    def _stop_workers(self, worker_group: WorkerGroup) -> None:
-        handler = worker_group.spec.rdzv_handler
-        if isinstance(handler, EtcdV3RendezvousHandler):
-            lost = handler.peers_lost()
+    def stop_workers(self, worker_group: WorkerGroup) -> None:
+        if self._membership is not None:
+            lost = self._membership.peers_lost()
             if lost:
                 log.info("the round lost %s: workers save their last step without waiting", lost)
                 self._group_broken.touch()
@@ -290,18 +289,17 @@ class MembershipAwareAgent(LocalElasticAgent):
             self._signal_workers(signal.SIGCONT)
         self._channel.forget_workers()
         forget_steps(str(self._notes))
-        super()._stop_workers(worker_group)
+        super().stop_workers(worker_group)
 
     def _signal_workers(self, sig: signal.Signals) -> None:
-        pids = self._pcontext.pids() if self._pcontext is not None else {}
-        for pid in pids.values():
+        for pid in self.worker_pids().values():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
 
-    def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
+    def start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
         self._group_broken.unlink(missing_ok=True)
         self._generation += 1
-        generation, kind, running = self._generation, self._next_start, self._pcontext
+        generation, kind, running = self._generation, self._next_start, self.workers_context
         spares = self._spares
 
         def start(**kwargs: Any) -> PContext:
@@ -313,7 +311,7 @@ class MembershipAwareAgent(LocalElasticAgent):
             return original(**kwargs)
 
         with starting_workers_with(start) as original:
-            started: dict[int, Any] = super()._start_workers(worker_group)
+            started = super().start_workers(worker_group)
         self.joined.set()
         if spares is not None and not (kind.in_place and running is not None):
             self._refill = (time.monotonic(), group_step(read_steps(str(self._notes))))
@@ -329,10 +327,9 @@ class MembershipAwareAgent(LocalElasticAgent):
         self._clock = StepClock.start(group_step(read_steps(str(self._notes))))
         return started
 
-    def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
-        result: RunResult = super()._monitor_workers(worker_group)
+    def monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
+        result = super().monitor_workers(worker_group)
         self._refill_spares()
-        handler = worker_group.spec.rdzv_handler
         if result.state == WorkerState.HEALTHY:
             if self._channel.regroup_requested(self._generation) and (
                 self._workers_regroup_in_place()
@@ -340,7 +337,7 @@ class MembershipAwareAgent(LocalElasticAgent):
                 # A collective failed with no membership change (yet): a new round for
                 # everyone; the other agents see this node waiting and follow.
                 log.info("a worker's collective failed; opening the next round")
-                self._restart_workers(worker_group)
+                self.restart_workers(worker_group)
                 return result
             return self._check_hang(worker_group) or result
         if result.state not in {WorkerState.FAILED, WorkerState.UNHEALTHY}:
@@ -350,16 +347,17 @@ class MembershipAwareAgent(LocalElasticAgent):
         if fatal is not None:
             # A restart would resume from a checkpoint into the same script bug: fail now.
             log.error("not restarting the workers: %s", fatal)
-            self._remaining_restarts = 0
+            self.stop_restarting()
             return result
-        if not isinstance(handler, EtcdV3RendezvousHandler):
+        membership = self._membership
+        if membership is None:
             return result
         if local_fault([failure.exitcode for failure in result.failures.values()]):
             return result
         # A dead peer's key outlives it by up to notice_within(ttl); the margin is for a
         # busy etcd and the watch that tells us.
-        reason = handler.wait_for_membership_change(
-            notice_within(handler.lease_ttl) + MEMBERSHIP_NOTICE_MARGIN_S
+        reason = membership.wait_for_membership_change(
+            notice_within(membership.lease_ttl) + MEMBERSHIP_NOTICE_MARGIN_S
         )
         if reason is None:
             return result
@@ -392,30 +390,30 @@ class MembershipAwareAgent(LocalElasticAgent):
             self._refill = None
             self._spares.fill()
 
-    def _exit_barrier(self) -> None:
+    def exit_barrier(self) -> None:
         """torch's exit barrier, except that it ends as soon as a participant's lease is
         gone (:func:`gone_from_exit_barrier`); torch would wait its 300 s for it."""
-        handler = self._worker_group.spec.rdzv_handler
-        store = self._store
-        if not isinstance(handler, EtcdV3RendezvousHandler) or not isinstance(store, EtcdV3Store):
-            super()._exit_barrier()  # type: ignore[no-untyped-call]
+        membership = self._membership
+        store = self.rendezvous_store
+        world = self.worker_group.group_world_size
+        if membership is None or not isinstance(store, EtcdV3Store) or world is None:
+            super().exit_barrier()
             return
         started = time.monotonic()
-        store.give_up = lambda: gone_from_exit_barrier(handler.peers_lost())
-        self._in_exit_barrier = True  # torch's health check reads it
+        store.give_up = lambda: gone_from_exit_barrier(membership.peers_lost())
         try:
-            store_util.barrier(
-                store=store,
-                world_size=self._worker_group.group_world_size,
-                key_prefix=agent_api._TERMINAL_STATE_SYNC_ID,
-                barrier_timeout=self._exit_barrier_timeout,
-            )
+            with self.in_exit_barrier():
+                store_util.barrier(
+                    store=store,
+                    world_size=world,
+                    key_prefix=TERMINAL_STATE_SYNC_ID,
+                    barrier_timeout=self.exit_barrier_timeout,
+                )
         except RoundAbandoned as exc:
             log.info("not waiting for the other agents to finish: %s", exc)
         except Exception as exc:  # as torch's: a failed barrier only ends the wait
             log.warning("exit barrier failed after %.1f s: %s", time.monotonic() - started, exc)
         finally:
-            self._in_exit_barrier = False
             store.give_up = None
 
     def _check_hang(self, worker_group: WorkerGroup) -> RunResult | None:
@@ -425,7 +423,7 @@ class MembershipAwareAgent(LocalElasticAgent):
             return None
         self._steps_read_at = now
         self._clock = self._clock.observe(group_step(read_steps(str(self._notes))), now)
-        pids = self._pcontext.pids() if self._pcontext is not None else {}
+        pids = self.worker_pids()
         untaken = self._untaken(pids)
         stalled = unresponsive(self._clock, now, self._handover, untaken)
         if stalled < self.hang_timeout:
@@ -434,7 +432,7 @@ class MembershipAwareAgent(LocalElasticAgent):
         self.hangs += 1
         message = hang_message(step, stalled, self.hang_timeout, untaken)
         log.warning("hang %d: %s", self.hangs, message)
-        self._record_hang(worker_group, Hang(0, "", step, stalled, self.hang_timeout, 0.0))
+        self._record_hang(Hang(0, "", step, stalled, self.hang_timeout, 0.0))
         self._hung = True
         self._clock = StepClock()
         failures = {
@@ -445,17 +443,17 @@ class MembershipAwareAgent(LocalElasticAgent):
         }
         return RunResult(state=WorkerState.FAILED, failures=failures)
 
-    def _record_hang(self, worker_group: WorkerGroup, hang: Hang) -> None:
+    def _record_hang(self, hang: Hang) -> None:
         """Tell the operator, through the run's etcd: one key per round, so agents that
         all noticed the same hang record it once. Failing to is logged, not fatal."""
-        handler = worker_group.spec.rdzv_handler
-        if not isinstance(handler, EtcdV3RendezvousHandler):
+        membership = self._membership
+        if membership is None:
             return
-        pod = os.environ.get(contract.POD_NAME) or handler.node
-        record = replace(hang, round=handler.round_number, pod=pod, updated=time.time())
+        pod = os.environ.get(contract.POD_NAME) or membership.node
+        record = replace(hang, round=membership.round_number, pod=pod, updated=time.time())
         try:
-            handler.put_run_record(
-                contract.hang_key(handler.get_run_id(), record.round), encode_hang(record)
+            membership.put_run_record(
+                contract.hang_key(membership.get_run_id(), record.round), encode_hang(record)
             )
         except EtcdError as exc:
             log.warning("hang not recorded for the operator: %s", exc)
@@ -467,15 +465,3 @@ class StartKind:
 
     in_place: bool = False  # the running workers regroup; nothing is started
     abort: bool = False  # the round they leave lost a peer
-
-
-@contextlib.contextmanager
-def starting_workers_with(start: Callable[..., PContext]) -> Iterator[Callable[..., PContext]]:
-    """While torch's agent starts a round's workers, it calls ``start`` instead of its
-    ``start_processes`` (given back, for ``start`` to fall through to)."""
-    original: Callable[..., PContext] = vars(local_elastic_agent)["start_processes"]
-    setattr(local_elastic_agent, "start_processes", start)  # noqa: B010
-    try:
-        yield original
-    finally:
-        setattr(local_elastic_agent, "start_processes", original)  # noqa: B010

@@ -309,17 +309,17 @@ def _launch(
     # torch 2.13's agent-shared TCPStore crashed c10d scale-up (docs/design.md); ours never shares.
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
 
-    import torch.distributed.launcher.api as launcher_api
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous import RendezvousError
     from torch.distributed.run import run
 
     from elasticjob_runtime.agent import MembershipAwareAgent
     from elasticjob_runtime.rendezvous import RunFinishedError
+    from elasticjob_runtime.torch_internals import launching_agents_with
 
-    # torch's launch_agent builds a LocalElasticAgent by this module-level name; ours
-    # is a subclass with warm spares that does not charge restarts for peers that left.
-    launcher_api.LocalElasticAgent = functools.partial(  # type: ignore[attr-defined,assignment]
+    # torch's launcher builds a LocalElasticAgent; ours is a subclass with warm spares
+    # that does not charge restarts for peers that left.
+    agent = functools.partial(
         MembershipAwareAgent,
         warm_spares=args.warm_spares and spare_count != 0,
         warm_spare_count=spare_count,
@@ -328,7 +328,8 @@ def _launch(
         hang_timeout=hang_timeout,
     )
     try:
-        run(args)  # type: ignore[no-untyped-call]
+        with launching_agents_with(agent):
+            run(args)  # type: ignore[no-untyped-call]
     except ChildFailedError as exc:
         print(f"{PROG}: workers failed and no restarts are left\n{exc}", file=sys.stderr)
         raise SystemExit(1) from None

@@ -170,7 +170,10 @@ class NcclRoundGroup:
         with self._lock:
             live, self._live = self._live, False
         if live and dist.is_initialized():
-            dist.distributed_c10d._abort_process_group()
+            # the fence imports torch's agent, which a worker has no other use for
+            from elasticjob_runtime.torch_internals import abort_process_group
+
+            abort_process_group()
 
     def destroy(self) -> None:
         with self._lock:

@@ -37,13 +37,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torch.distributed.elastic.multiprocessing import start_processes
-from torch.distributed.elastic.multiprocessing.api import PContext, SubprocessContext
+from torch.distributed.elastic.multiprocessing.api import PContext
 from torch.distributed.elastic.multiprocessing.subprocess_handler import (
     SubprocessHandler,
     get_subprocess_handler,
 )
 
 from elasticjob_runtime.spare import WARM, Assignment, Target, send_assignment, spare_env
+from elasticjob_runtime.torch_internals import AdoptedProcess, HandlerChoosingContext
 
 log = logging.getLogger(__name__)
 
@@ -224,7 +225,7 @@ class SparePool:
         self.spares.clear()
 
 
-class SpareHandler(SubprocessHandler):
+class SpareHandler(AdoptedProcess):
     """torch's handler around a spare's process: the spare becomes the worker."""
 
     def __init__(
@@ -236,31 +237,26 @@ class SpareHandler(SubprocessHandler):
         stderr: str | None,
         local_rank_id: int,
     ) -> None:
-        # As SubprocessHandler: torch opens the log files and keeps them until close().
-        self._stdout = open(stdout, "w") if stdout else None  # noqa: SIM115
-        self._stderr = open(stderr, "w") if stderr else None  # noqa: SIM115
-        self.local_rank_id = local_rank_id
-        self.proc = spare.proc
+        super().__init__(spare.proc, stdout, stderr, local_rank_id)
+        logs = [f for f in (self.stdout_file, self.stderr_file) if f is not None]
         assignment = Assignment(
-            [str(a) for a in args], env, self._stdout is not None, self._stderr is not None
+            [str(a) for a in args], env, self.stdout_file is not None, self.stderr_file is not None
         )
-        fds = [f.fileno() for f in (self._stdout, self._stderr) if f is not None]
+        fds = [f.fileno() for f in logs]
         try:
             send_assignment(spare.sock, assignment, fds)
         finally:
             spare.sock.close()
 
 
-class WarmSubprocessContext(SubprocessContext):
+class WarmSubprocessContext(HandlerChoosingContext):
     """``SubprocessContext`` whose ranks start from the pool's spares where it can."""
 
     def __init__(self, pool: SparePool, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._pool = pool
 
-    def _start(self) -> None:
-        if self.subprocess_handlers:
-            raise ValueError("the workers were already started")
+    def start_handlers(self) -> dict[int, SubprocessHandler]:
         handlers: dict[int, SubprocessHandler] = {}
         for rank in range(self.nprocs):
             env = {**os.environ, **self.envs[rank]}
@@ -280,7 +276,7 @@ class WarmSubprocessContext(SubprocessContext):
             handlers[rank] = SpareHandler(
                 spare, self.args[rank], env, self.stdouts[rank], self.stderrs[rank], rank
             )
-        self.subprocess_handlers = handlers  # the agent refills the pool (refill_due)
+        return handlers  # the agent refills the pool (refill_due)
 
 
 def start_processes_warm(pool: SparePool, **kwargs: Any) -> PContext:

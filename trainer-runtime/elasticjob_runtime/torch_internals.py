@@ -1,0 +1,232 @@
+"""Every private name of torch the runtime depends on, in this one module.
+
+torch's elastic agent has no public extension points: what we change (warm spares,
+regrouping in place, not charging restarts for peers that left, an exit barrier that
+stops waiting for the dead) lives in its underscored methods and attributes, and its
+launcher and agent build their parts through module globals. Everything else in the
+runtime uses the public names this module gives them:
+
+* :class:`TorchAgent`: ``LocalElasticAgent`` whose private hooks call public ones
+  (``rendezvous``, ``start_workers``, ...; each defaults to torch's own), and whose
+  private state is read through properties;
+* :func:`starting_workers_with` and :func:`launching_agents_with`: the two module
+  globals we replace, each only for as long as torch needs it;
+* :class:`HandlerChoosingContext` and :class:`AdoptedProcess`: a ``SubprocessContext``
+  that picks each rank's handler, and a handler around a process already running (a
+  warm spare);
+* :data:`TERMINAL_STATE_SYNC_ID` and :func:`abort_process_group`.
+
+:data:`PRIVATE_NAMES`, :data:`AGENT_HOOKS` and :data:`AGENT_ATTRIBUTES` list them;
+``tests/unit/runtime/test_torch_internals.py`` fails, naming the name, when an installed
+torch no longer has one. Written against torch 2.13.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from torch.distributed.elastic.agent.server import api as agent_api
+from torch.distributed.elastic.agent.server import local_elastic_agent
+from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup
+from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+from torch.distributed.elastic.multiprocessing.api import PContext, SubprocessContext
+from torch.distributed.elastic.multiprocessing.subprocess_handler import SubprocessHandler
+
+# (module, name): module-level names we read or replace.
+PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
+    ("torch.distributed.elastic.agent.server.api", "_TERMINAL_STATE_SYNC_ID"),
+    ("torch.distributed.elastic.agent.server.local_elastic_agent", "start_processes"),
+    ("torch.distributed.launcher.api", "LocalElasticAgent"),
+    ("torch.distributed.distributed_c10d", "_abort_process_group"),
+)
+# LocalElasticAgent's methods we override or call, with their parameters after self.
+AGENT_HOOKS: dict[str, tuple[str, ...]] = {
+    "_rendezvous": ("worker_group",),
+    "_start_workers": ("worker_group",),
+    "_stop_workers": ("worker_group",),
+    "_monitor_workers": ("worker_group",),
+    "_restart_workers": ("worker_group",),
+    "_initialize_workers": ("worker_group",),
+    "_exit_barrier": (),
+}
+# LocalElasticAgent's instance attributes we read or set.
+AGENT_ATTRIBUTES = (
+    "_pcontext",
+    "_worker_group",
+    "_remaining_restarts",
+    "_store",
+    "_exit_barrier_timeout",
+    "_in_exit_barrier",
+)
+# SubprocessContext's start hook, and what SubprocessHandler.close() reads.
+CONTEXT_HOOKS = ("_start",)
+HANDLER_ATTRIBUTES = ("_stdout", "_stderr")
+
+TERMINAL_STATE_SYNC_ID: str = agent_api._TERMINAL_STATE_SYNC_ID
+
+
+class TorchAgent(LocalElasticAgent):
+    """torch's ``LocalElasticAgent`` with its private hooks under public names.
+
+    torch's loop calls ``_rendezvous`` and the rest; each calls the public method of the
+    same name, whose default is torch's own. A subclass overrides the public one and
+    calls ``super()`` for torch's behaviour.
+    """
+
+    # -- the hooks torch's loop calls
+
+    def _rendezvous(self, worker_group: WorkerGroup) -> None:
+        self.rendezvous(worker_group)
+
+    def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
+        return self.start_workers(worker_group)
+
+    def _stop_workers(self, worker_group: WorkerGroup) -> None:
+        self.stop_workers(worker_group)
+
+    def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
+        return self.monitor_workers(worker_group)
+
+    def _restart_workers(self, worker_group: WorkerGroup) -> None:
+        self.restart_workers(worker_group)
+
+    def _exit_barrier(self) -> None:
+        self.exit_barrier()
+
+    # -- their public names, torch's behaviour by default
+
+    def rendezvous(self, worker_group: WorkerGroup) -> None:
+        super()._rendezvous(worker_group)
+
+    def start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
+        started: dict[int, Any] = super()._start_workers(worker_group)
+        return started
+
+    def stop_workers(self, worker_group: WorkerGroup) -> None:
+        super()._stop_workers(worker_group)
+
+    def monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
+        result: RunResult = super()._monitor_workers(worker_group)
+        return result
+
+    def restart_workers(self, worker_group: WorkerGroup) -> None:
+        super()._restart_workers(worker_group)
+
+    def exit_barrier(self) -> None:
+        super()._exit_barrier()  # type: ignore[no-untyped-call]
+
+    def initialize_workers(self, worker_group: WorkerGroup) -> None:
+        """torch's round: rendezvous, then start the workers (through the hooks above)."""
+        self._initialize_workers(worker_group)
+
+    # -- torch's private state, read-only unless named otherwise
+
+    @property
+    def workers_context(self) -> PContext | None:
+        """The running workers' processes (None before the first start)."""
+        context: PContext | None = self._pcontext
+        return context
+
+    def worker_pids(self) -> dict[int, int]:
+        """Local rank -> pid of the running workers."""
+        return self._pcontext.pids() if self._pcontext is not None else {}
+
+    @property
+    def worker_group(self) -> WorkerGroup:
+        return self._worker_group
+
+    @property
+    def rendezvous_store(self) -> Any:
+        """The store of the current round (None before the first rendezvous)."""
+        return self._store
+
+    @property
+    def exit_barrier_timeout(self) -> float:
+        return float(self._exit_barrier_timeout)
+
+    def stop_restarting(self) -> None:
+        """No restart left: the next failure ends the run."""
+        self._remaining_restarts = 0
+
+    @contextlib.contextmanager
+    def in_exit_barrier(self) -> Iterator[None]:
+        """Tell torch's health check the agent waits in the exit barrier."""
+        self._in_exit_barrier = True
+        try:
+            yield
+        finally:
+            self._in_exit_barrier = False
+
+
+@contextlib.contextmanager
+def starting_workers_with(start: Callable[..., PContext]) -> Iterator[Callable[..., PContext]]:
+    """While torch's agent starts a round's workers, it calls ``start`` instead of its
+    ``start_processes`` (given back, for ``start`` to fall through to)."""
+    original: Callable[..., PContext] = vars(local_elastic_agent)["start_processes"]
+    setattr(local_elastic_agent, "start_processes", start)  # noqa: B010
+    try:
+        yield original
+    finally:
+        setattr(local_elastic_agent, "start_processes", original)  # noqa: B010
+
+
+@contextlib.contextmanager
+def launching_agents_with(factory: Callable[..., LocalElasticAgent]) -> Iterator[None]:
+    """While torch's launcher runs, it builds its agent with ``factory``."""
+    import torch.distributed.launcher.api as launcher_api
+
+    original = vars(launcher_api)["LocalElasticAgent"]
+    setattr(launcher_api, "LocalElasticAgent", factory)  # noqa: B010
+    try:
+        yield
+    finally:
+        setattr(launcher_api, "LocalElasticAgent", original)  # noqa: B010
+
+
+def abort_process_group() -> None:
+    """Abort the default process group's pending collectives (NCCL only in torch)."""
+    import torch.distributed as dist
+
+    dist.distributed_c10d._abort_process_group()
+
+
+class HandlerChoosingContext(SubprocessContext):
+    """torch's ``SubprocessContext``, whose start asks :meth:`start_handlers` for each
+    rank's handler instead of starting a process per rank itself."""
+
+    def _start(self) -> None:
+        if self.subprocess_handlers:
+            raise ValueError("the workers were already started")
+        self.subprocess_handlers = self.start_handlers()
+
+    def start_handlers(self) -> dict[int, SubprocessHandler]:
+        raise NotImplementedError
+
+
+class AdoptedProcess(SubprocessHandler):
+    """torch's handler around a process that already runs: torch opens the worker's log
+    files and keeps them until ``close()``, as for a process it started; ``proc`` is
+    the adopted one, so exit codes, signals and shutdown are torch's own code."""
+
+    def __init__(
+        self,
+        proc: subprocess.Popen[bytes],
+        stdout: str | None,
+        stderr: str | None,
+        local_rank_id: int,
+    ) -> None:
+        self._stdout = open(stdout, "w") if stdout else None  # noqa: SIM115
+        self._stderr = open(stderr, "w") if stderr else None  # noqa: SIM115
+        self.local_rank_id = local_rank_id
+        self.proc = proc
+
+    @property
+    def stdout_file(self) -> Any:
+        return self._stdout
+
+    @property
+    def stderr_file(self) -> Any:
+        return self._stderr
