@@ -19,8 +19,9 @@ pytestmark = pytest.mark.integration
 
 SCRIPT = textwrap.dedent(
     """
-    import os
-    print("trained", os.environ["RANK"], flush=True)
+    import os, sys
+    # one write: two unbuffered workers share the log, and print() writes word by word
+    sys.stdout.write(f"trained {os.environ['RANK']}\\n")
     """
 )
 
