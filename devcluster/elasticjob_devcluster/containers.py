@@ -22,7 +22,15 @@ import time
 from pathlib import Path
 from typing import IO
 
-from elasticjob_devcluster import cgroups, kubelet_server, logs, network, pod_volumes, procs
+from elasticjob_devcluster import (
+    cgroups,
+    container_images,
+    kubelet_server,
+    logs,
+    network,
+    pod_volumes,
+    procs,
+)
 from elasticjob_devcluster.container_spec import ContainerSpec, error_path
 from elasticjob_devcluster.kubeapi import ApiException, Obj
 from elasticjob_devcluster.node_context import HOST_IP, NodeContext
@@ -50,9 +58,16 @@ class ContainerError(RuntimeError):
     """A fault asked for a container that does not run."""
 
 
-def container_spec(ctx: NodeContext, rt: PodRuntime, c: Obj, services: list[Obj]) -> ContainerSpec:
-    """Everything container_init needs for `c`: its env, argv and mounts resolved from
-    the pod and the objects it refers to (volumes written first, if not yet)."""
+def container_spec(
+    ctx: NodeContext,
+    rt: PodRuntime,
+    c: Obj,
+    services: list[Obj],
+    image: container_images.Image | None,
+) -> ContainerSpec:
+    """Everything container_init needs for `c`: its env, argv (with `image`'s entrypoint
+    if it has no command) and mounts resolved from the pod and the objects it refers to
+    (volumes written first, if not yet)."""
     cms, secrets = pod_volumes.referenced(ctx, rt)
     if not rt.volumes_ready:
         pod_volumes.prepare(ctx, rt, cms, secrets)
@@ -66,7 +81,7 @@ def container_spec(ctx: NodeContext, rt: PodRuntime, c: Obj, services: list[Obj]
         ctx.apiserver_port,
     )
     env = resolve_env(rt.pod, c, PodContext(rt.ip, HOST_IP, ctx.capacity), cms, secrets, base)
-    argv = expand_command(c, env)
+    argv = expand_command(c, env, image)
     mounts = pod_volumes.container_mounts(ctx, rt, c)
     return ContainerSpec(
         netns=str(network.NETNS_DIR / rt.netns) if rt.netns else "",
@@ -81,10 +96,20 @@ def container_spec(ctx: NodeContext, rt: PodRuntime, c: Obj, services: list[Obj]
 
 
 def start(ctx: NodeContext, rt: PodRuntime, name: str, now: float, services: list[Obj]) -> None:
+    """Start container `name`, as kubelet does: its image first (container_images.py), then its
+    config (env, volumes), then the process; a step that fails leaves it waiting with
+    kubelet's reason and is tried again CONFIG_RETRY_S later."""
     c = rt.container(name)
     run = rt.runs.setdefault(name, ContainerRun(name, image=str(c.get("image") or "")))
+    if now < run.next_start_at:
+        return  # a failed step's retry, or a restart's back-off, is not due yet
     try:
-        spec = container_spec(ctx, rt, c, services)
+        image = container_images.pull(c)
+    except container_images.ImageError as e:
+        image_failed(ctx, rt, run, str(c.get("image") or ""), e, now)
+        return
+    try:
+        spec = container_spec(ctx, rt, c, services, image)
     except (EnvError, VolumeError, ApiException, OSError) as e:
         if run.waiting_reason != "CreateContainerConfigError":
             ctx.events.event(rt.pod, "Warning", "Failed", f"Error: {e}")
@@ -120,6 +145,33 @@ def start(ctx: NodeContext, rt: PodRuntime, name: str, now: float, services: lis
     threading.Thread(target=_wake_on_exit, args=(proc, ctx.wake), daemon=True).start()
     log.info("pod %s/%s container %s started pid %d", rt.namespace, rt.name, name, proc.pid)
     ctx.events.event(rt.pod, "Normal", "Started", f"Started container {name}")
+
+
+def image_failed(
+    ctx: NodeContext,
+    rt: PodRuntime,
+    run: ContainerRun,
+    ref: str,
+    e: container_images.ImageError,
+    now: float,
+) -> None:
+    """The image step failed: wait with kubelet's reason (ErrImagePull, then
+    ImagePullBackOff; InvalidImageName) and its events on each change, retry later."""
+    reason, message = container_images.after_failure(run.waiting_reason, e, ref)
+    if reason != run.waiting_reason:
+        if reason == container_images.IMAGE_PULL_BACKOFF:
+            ctx.events.event(rt.pod, "Normal", "BackOff", message)
+        elif reason == container_images.INVALID_IMAGE_NAME:
+            ctx.events.event(rt.pod, "Warning", "InspectFailed", message)
+        else:
+            pulling = f'Failed to pull image "{ref}": {message}'
+            ctx.events.event(rt.pod, "Warning", "Failed", pulling)
+        ctx.events.event(rt.pod, "Warning", "Failed", f"Error: {reason}")
+        log.warning("pod %s/%s container %s: %s", rt.namespace, rt.name, run.name, message)
+    run.waiting_reason = reason
+    run.waiting_message = message[:500]
+    run.next_start_at = now + CONFIG_RETRY_S
+    ctx.wake_in(CONFIG_RETRY_S)
 
 
 def pump_logs(proc: subprocess.Popen[bytes], log_path: Path) -> None:

@@ -10,7 +10,8 @@ the Agent:
     provisioner.py  a hostPath PV for every pending claim (leader node only)
     sandbox.py      a pod's netns and IP (network.py), /etc/hosts (hosts.py), /dev/shm
     pod_volumes.py  its volumes (volumes.py writes them) and each container's mounts
-    containers.py   start (container_spec.py, container_init.py), logs, reap, kill
+    containers.py   start (container_images.py, container_spec.py, container_init.py),
+                    logs, reap, kill
     probes.py       readiness and liveness probes
     events.py       kubelet-style Events
     control.py      the control socket tests inject faults through (faults.py)
@@ -29,7 +30,8 @@ threads only read it, or hand requests over through a queue (control socket, eve
 The prober also keeps its probe counters in each pod's runtime and flips readiness.
 
 What a real kubelet does that this does not: pull images (the command runs from this
-repo's Python environment), resource limits (so no OOMKilled), exec/attach/
+repo's Python environment; container_images.py knows the ENTRYPOINT of the project's images for a
+container without one), resource limits (so no OOMKilled), exec/attach/
 port-forward, startup probes, preStop hooks, UDP Services and service env for
 hostNetwork pods' clusterIPs. Restart back-off is 1 s doubling to 10 s. At agent
 shutdown pods get at most 5 s of grace.

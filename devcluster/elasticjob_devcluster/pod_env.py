@@ -16,6 +16,8 @@ from typing import Any
 
 from kubernetes.utils import quantity
 
+from elasticjob_devcluster.container_images import Image
+
 # the client's helper is untyped; this is its real signature
 parse_quantity: Callable[[str], Decimal] = quantity.parse_quantity
 
@@ -230,16 +232,17 @@ def resolve_env(
     return env
 
 
-def expand_command(container: Obj, env: Mapping[str, str]) -> list[str]:
-    """command + args with $(VAR) expanded; an empty command is an error (no image to run)."""
-    argv = [expand(str(a), env) for a in (container.get("command") or [])]
-    argv += [expand(str(a), env) for a in (container.get("args") or [])]
-    if not container.get("command"):
-        raise EnvError(
-            f"container {container.get('name')!r} has no command: the devcluster does not pull "
-            "images, so give the command to run (e.g. command: [python, -c, ...])"
-        )
-    return argv
+def expand_command(container: Obj, env: Mapping[str, str], image: Image | None = None) -> list[str]:
+    """What the container runs, as on a node: command + args, or without a command the
+    image's ENTRYPOINT + args (or, with no args either, + its CMD). $(VAR) is expanded in
+    the container's own command and args only. No command and no image: an error."""
+    command = [expand(str(a), env) for a in (container.get("command") or [])]
+    args = [expand(str(a), env) for a in (container.get("args") or [])]
+    if command:
+        return command + args
+    if image is None:
+        raise EnvError(f"container {container.get('name')!r} has no command and no image to run")
+    return [*image.entrypoint, *(args or image.cmd)]
 
 
 def _volume_sources(pod: Obj) -> Iterator[Obj]:

@@ -175,6 +175,13 @@ def plan(spec: Obj, runs: Mapping[str, ContainerRun], now: float) -> Plan:
     return out
 
 
+def duration(seconds: float) -> str:
+    """A delay as kubelet's messages print it (Go's time.Duration): 4s, 1m20s, 5m0s."""
+    whole = max(0, round(seconds))
+    minutes, secs = divmod(whole, 60)
+    return f"{minutes}m{secs}s" if minutes else f"{secs}s"
+
+
 def rfc3339(t: float) -> str:
     return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -217,8 +224,9 @@ def container_status(
     elif run.last is not None:
         if (not pod_terminal and should_restart(policy, run.last)) or run.waiting_reason:
             reason = run.waiting_reason or "CrashLoopBackOff"
+            backoff = duration(run.next_start_at - run.last.finished_at)
             message = run.waiting_message or (
-                f"back-off restarting failed container {run.name}"
+                f"back-off {backoff} restarting failed container={run.name}"
                 if reason == "CrashLoopBackOff"
                 else ""
             )

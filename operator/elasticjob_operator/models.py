@@ -645,6 +645,21 @@ class Divergences(_Model):
     time: datetime | None = Field(default=None, description="When the operator reported it.")
 
 
+class StuckWorker(_Model):
+    """A worker pod the kubelet could not start, or kept restarting, as the operator
+    warned about it (a WorkerStuck event): one per pod and reason."""
+
+    pod: str = Field(description="The worker pod.")
+    container: str = Field(default="", description="Its container that waits.")
+    reason: str = Field(
+        description="The kubelet's waiting reason: CreateContainerConfigError, "
+        "CreateContainerError, ImagePullBackOff, ErrImageNeverPull, InvalidImageName, "
+        "ImageInspectError or CrashLoopBackOff."
+    )
+    message: str = Field(default="", description="The kubelet's message when it was warned.")
+    time: datetime | None = Field(default=None, description="When the operator warned.")
+
+
 class WorkerIndexes(_Model):
     """The operator's memory about worker indexes, so that a missing pod can be told apart
     from one never created (a lost worker is counted and replaced per restartPolicy)."""
@@ -726,6 +741,12 @@ class ElasticJobStatus(_Model):
     divergences: Divergences | None = Field(
         default=None,
         description="Set once the workers found their ranks training different models.",
+    )
+    stuck_workers: list[StuckWorker] | None = Field(
+        default=None,
+        description="Worker pods the kubelet cannot start (a missing Secret, an image it "
+        "cannot pull, a crash loop), each warned once per reason (WorkerStuck) and kept "
+        "while that pod exists; the Running condition's message says which wait now.",
     )
 
     def condition(self, type_: ConditionType) -> Condition | None:

@@ -24,6 +24,15 @@ Obj = dict[str, Any]
 
 
 @dataclass(frozen=True)
+class Waiting:
+    """A container of the pod that is not running, and the kubelet's reason why."""
+
+    container: str
+    reason: str  # the kubelet's CamelCase reason: ContainerCreating, ImagePullBackOff, ...
+    message: str = ""
+
+
+@dataclass(frozen=True)
 class ObservedPod:
     """The facts about one worker pod that the decisions use."""
 
@@ -38,6 +47,7 @@ class ObservedPod:
     node_lost_since: datetime | None = None  # marked not ready by the node controller
     # metadata.deletionTimestamp: by then the pod's kubelet should have confirmed the delete
     deletion_deadline: datetime | None = None
+    waiting: tuple[Waiting, ...] = ()  # init containers first, in the pod's order
 
 
 @dataclass(frozen=True)
@@ -102,6 +112,18 @@ def exit_code(pod: Obj) -> int | None:
     return nonzero[0] if nonzero else (codes[0][1] if codes else None)
 
 
+def waiting(pod: Obj) -> tuple[Waiting, ...]:
+    """The pod's containers (init containers first) in a waiting state with a reason."""
+    status = pod.get("status") or {}
+    out = []
+    for cs in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
+        state = (cs.get("state") or {}).get("waiting") or {}
+        if state.get("reason"):
+            message = str(state.get("message") or "")
+            out.append(Waiting(str(cs.get("name", "")), str(state["reason"]), message))
+    return tuple(out)
+
+
 def observe_pod(pod: Obj, job_uid: str) -> ObservedPod | None:
     """Reduce a worker pod to the facts the decisions need; None if it is not a worker."""
     meta = pod.get("metadata") or {}
@@ -125,6 +147,7 @@ def observe_pod(pod: Obj, job_uid: str) -> ObservedPod | None:
         incarnation=incarnation,
         foreign=foreign,
         node_lost_since=node_lost_since(pod),
+        waiting=waiting(pod),
     )
 
 

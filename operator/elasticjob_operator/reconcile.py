@@ -32,6 +32,7 @@ from elasticjob_operator.models import CleanPodPolicy, ConditionType, ElasticJob
 from elasticjob_operator.network_policy import OperatorPeer
 from elasticjob_operator.node_memory import decide_memory_fallback
 from elasticjob_operator.observe import Observed, ObservedPod
+from elasticjob_operator.pod_start_failures import decide_start_failures
 from elasticjob_operator.shared_etcd import SharedEtcd, serves
 from elasticjob_operator.workers import (
     CREATES,
@@ -197,8 +198,10 @@ def decide_outcome(
     below_min_since: datetime | None,
     now: datetime,
     grace: float,
+    waiting: str = "",
 ) -> Outcome:
-    """Rules "Success" and "Failure" (below minReplicas), else the running conditions."""
+    """Rules "Success" and "Failure" (below minReplicas), else the running conditions
+    (``waiting``: the workers the kubelet cannot start, rule "Stuck workers")."""
     desired, ctx, current = spec.desired_replicas, workers.ctx, workers.current
     mine = [p for p in current.values() if ctx.of_run(p)]
     in_job = [i for i in range(desired) if i not in ctx.retired]
@@ -223,11 +226,15 @@ def decide_outcome(
                 f"for more than {grace:g}s"
             )
             return Outcome(Verdict.BELOW_MIN, message, active)
-    return Outcome(Verdict.RUNNING, "", active, since, running_conditions(spec, workers))
+    conditions = running_conditions(spec, workers, waiting)
+    return Outcome(Verdict.RUNNING, "", active, since, conditions)
 
 
-def running_conditions(spec: ElasticJobSpec, workers: WorkerRound) -> tuple[ConditionChange, ...]:
-    """Restarting (a replacement under way), Scaling, and Running (minReplicas running)."""
+def running_conditions(
+    spec: ElasticJobSpec, workers: WorkerRound, waiting: str = ""
+) -> tuple[ConditionChange, ...]:
+    """Restarting (a replacement under way), Scaling, and Running (minReplicas running;
+    its message names the workers that ``waiting`` describes)."""
     desired, ctx, current = spec.desired_replicas, workers.ctx, workers.current
     in_job = [i for i in range(desired) if i not in ctx.retired]
     in_flight = (
@@ -242,6 +249,7 @@ def running_conditions(spec: ElasticJobSpec, workers: WorkerRound) -> tuple[Cond
         1 for p in current.values() if ctx.of_run(p) and p.phase == "Running" and not p.terminating
     )
     is_running = running >= spec.min_replicas
+    counted = f"{running} of {desired} workers running (minReplicas {spec.min_replicas})"
     return (
         ConditionChange(
             C.RESTARTING,
@@ -259,7 +267,7 @@ def running_conditions(spec: ElasticJobSpec, workers: WorkerRound) -> tuple[Cond
             C.RUNNING,
             is_running,
             "WorkersRunning" if is_running else "WaitingForWorkers",
-            f"{running} of {desired} workers running (minReplicas {spec.min_replicas})",
+            f"{counted}; {waiting}" if waiting else counted,
         ),
     )
 
@@ -396,6 +404,7 @@ def _suspend(d: Decision, r: Round) -> Decision:
     st.worker_indexes = models.WorkerIndexes()
     st.start_time = None
     st.below_min_since = None
+    st.stuck_workers = None  # the next run's pods have the same names
     _count(d, r.pods, frozenset(names))
     st.phase = phase_of(st)
     return d
@@ -486,6 +495,23 @@ def _workers(d: Decision, r: Round) -> WorkerRound:
     return WorkerRound(current, actions, ctx, going | frozenset(deleted), scaling.in_progress)
 
 
+def _stuck(d: Decision, r: Round, workers: WorkerRound) -> str:
+    """Rule "Stuck workers": warn about each worker the kubelet cannot start, once per
+    pod and reason (:func:`decide_start_failures`); returns what the Running condition
+    adds."""
+    st, ctx = d.status, workers.ctx
+    kept = [
+        p
+        for p in workers.current.values()
+        if ctx.of_run(p) and not p.terminating and p.name not in workers.going
+    ]
+    existing = frozenset(p.name for p in r.pods if not p.foreign)
+    decided = decide_start_failures(st.stuck_workers or (), kept, existing, r.now)
+    st.stuck_workers = list(decided.remembered) or None
+    d.events += decided.events
+    return decided.summary
+
+
 def _carry_on(d: Decision, r: Round, outcome: Outcome, going: frozenset[str]) -> Decision:
     """A job still running: the below-min clock, the conditions, the counts."""
     st = d.status
@@ -562,7 +588,8 @@ def reconcile(
         _fail(d, workers.failure, r.now)
         return _finish(d, r, workers.going)
     grace = config.below_min_grace_seconds
-    outcome = decide_outcome(spec, workers, st.below_min_since, r.now, grace)
+    waiting = _stuck(d, r, workers)
+    outcome = decide_outcome(spec, workers, st.below_min_since, r.now, grace, waiting)
     if outcome.verdict is Verdict.SUCCEEDED:
         _succeed(d, outcome.message, r.now)
         return _finish(d, r, workers.going)

@@ -85,6 +85,26 @@ def archived(name: str, endpoint: str, command: list[str]) -> Obj:
     }
 
 
+def archived_args_only(name: str, endpoint: str, args: list[str]) -> Obj:
+    """The archived example as it was written: the container gives only `args`, which the
+    image's ENTRYPOINT runs; here the runtime image's, elasticjob-run."""
+    obj = archived(name, endpoint, [])
+    [container] = obj["spec"]["replicaSpecs"]["Worker"]["template"]["spec"]["containers"]
+    del container["command"]
+    container.update(
+        {
+            "image": RUNTIME_IMAGE,
+            "imagePullPolicy": "IfNotPresent",
+            "args": args,
+            "volumeMounts": [{"name": "checkpoints", "mountPath": "/checkpoints"}],
+        }
+    )
+    obj["spec"]["replicaSpecs"]["Worker"]["template"]["spec"]["volumes"] = [
+        {"name": "checkpoints", "emptyDir": {}}
+    ]
+    return obj
+
+
 def _set(path: str, value: Any) -> Callable[[Obj], None]:
     keys = path.split(".")
 

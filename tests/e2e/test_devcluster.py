@@ -150,6 +150,60 @@ def test_a_command_that_does_not_exist_fails_with_start_error(
     assert terminated.reason == "StartError" and "no-such-command-xyz" in terminated.message
 
 
+def test_a_container_with_args_only_runs_its_images_entrypoint(
+    api: client.CoreV1Api, ns: str
+) -> None:
+    """No command: the image's ENTRYPOINT runs the args, as on a node; the runtime
+    image's is elasticjob-run."""
+    manifest = pod_manifest("entry", "")
+    [container] = manifest["spec"]["containers"]
+    del container["command"]
+    container["args"] = ["--help"]
+    create(api, ns, manifest)
+    wait_phase(api, ns, "entry", "Succeeded")
+    assert logs(api, ns, "entry").startswith("usage: elasticjob-run ")
+
+
+def waiting(api: client.CoreV1Api, ns: str, name: str, reason: str) -> Any:
+    def check() -> Any:
+        statuses = api.read_namespaced_pod(name, ns).status.container_statuses or []
+        state = statuses[0].state.waiting if statuses else None
+        return state if state is not None and state.reason == reason else None
+
+    return wait_for(f"pod {name} to wait {reason}", check)
+
+
+def test_an_image_it_cannot_run_or_parse_waits_with_kubelets_reason(
+    api: client.CoreV1Api, ns: str
+) -> None:
+    """An image without a command whose ENTRYPOINT is unknown fails to pull and backs off;
+    a reference that does not parse is InvalidImageName. The pod stays Pending."""
+    unknown = pod_manifest("pull", "")
+    [container] = unknown["spec"]["containers"]
+    del container["command"]
+    container.update({"image": "torchelastic/examples:0.2.0", "args": ["main.py"]})
+    create(api, ns, unknown)
+    backoff = waiting(api, ns, "pull", "ImagePullBackOff")
+    assert backoff.message == 'Back-off pulling image "torchelastic/examples:0.2.0"'
+    invalid = pod_manifest("badref", "print('never')", container={"image": "Not/Valid:x"})
+    create(api, ns, invalid)
+    bad = waiting(api, ns, "badref", "InvalidImageName")
+    assert "invalid reference format" in bad.message
+    for name in ("pull", "badref"):
+        assert phase(api, ns, name) == "Pending"
+    wanted = {
+        ("pull", "Failed", "Error: ErrImagePull"),
+        ("pull", "Failed", "Error: ImagePullBackOff"),
+        ("badref", "Failed", "Error: InvalidImageName"),
+    }
+
+    def said() -> bool:
+        events = api.list_namespaced_event(ns).items
+        return wanted <= {(e.involved_object.name, e.reason, e.message) for e in events}
+
+    wait_for("kubelet's events about the images", said)
+
+
 def test_pod_exiting_3_is_failed_with_exit_code_3(api: client.CoreV1Api, ns: str) -> None:
     create(api, ns, pod_manifest("three", "import sys; sys.exit(3)"))
     pod = wait_phase(api, ns, "three", "Failed")

@@ -28,6 +28,7 @@ from elasticjob_manifests import (
     PUBLISH_PROGRESS_AND_SLEEP,
     RUNTIME_IMAGE,
     archived,
+    archived_args_only,
     job,
     malformed,
 )
@@ -578,6 +579,53 @@ def test_a_checkpoint_too_big_for_dev_shm_is_one_warning_event(operator: Cluster
     assert "raise spec.shmSize (1Mi) to at least 256Mi" in event.message
 
 
+def running_condition(status: Obj) -> Obj:
+    return next(x for x in status.get("conditions", []) if x["type"] == "Running")
+
+
+def test_a_worker_the_kubelet_cannot_start_shows_on_the_job(operator: Cluster, ns: str) -> None:
+    """A worker whose env names a Secret that does not exist waits in
+    CreateContainerConfigError: the job says so in its Running condition and in one
+    Warning event, and starts once the Secret is there."""
+    c = operator
+    spec = job("stuck", PRINT_ENV_AND_SLEEP, replicas=1)
+    [container] = spec["spec"]["replicaSpecs"]["Worker"]["template"]["spec"]["containers"]
+    secret_ref = {"secretKeyRef": {"name": "stuck-token", "key": "token"}}
+    container["env"] = [{"name": "HF_TOKEN", "valueFrom": secret_ref}]
+    name = start_job(c, ns, spec)
+    said = (
+        "stuck-worker-0: CreateContainerConfigError (container trainer): "
+        'secret "stuck-token" not found'
+    )
+
+    def events() -> list[Any]:
+        selector = f"involvedObject.kind=ElasticJob,involvedObject.name={name},reason=WorkerStuck"
+        return list(c.core.list_namespaced_event(ns, field_selector=selector).items)
+
+    [event] = wait_for("the WorkerStuck event", events)
+    assert event.type == "Warning"
+    assert event.message.startswith(f"worker pod {said}; "), event.message
+    running = running_condition(c.status(ns, name))
+    assert (running["status"], running["reason"]) == ("False", "WaitingForWorkers")
+    assert running["message"] == f"0 of 1 workers running (minReplicas 1); {said}"
+    [stuck] = c.status(ns, name)["stuckWorkers"]
+    assert (stuck["pod"], stuck["reason"]) == ("stuck-worker-0", "CreateContainerConfigError")
+    time.sleep(6)  # resyncs (every 2 s) see the same pod: nothing said again
+    [again] = events()
+    assert (again.metadata.name, again.count or 1) == (event.metadata.name, 1)
+
+    secret = {"metadata": {"name": "stuck-token"}, "stringData": {"token": "t0ken"}}
+    c.core.create_namespaced_secret(ns, secret)
+    wait_for(
+        "the worker to start and the Running condition to say only the count",
+        lambda: (
+            running_condition(c.status(ns, name))["message"]
+            == "1 of 1 workers running (minReplicas 1)"
+        ),
+    )
+    assert c.status(ns, name)["stuckWorkers"] == [stuck]  # kept while the pod exists
+
+
 def test_kubectl_scale_changes_the_worker_count(operator: Cluster, ns: str) -> None:
     c = operator
     name = start_job(c, ns, job("scale", PRINT_ENV_AND_SLEEP, replicas=1))
@@ -970,14 +1018,19 @@ TRAIN_WITH_TORCHRUN = [
 ]
 
 
-def test_archived_controller_manifest_applies_and_runs(operator: Cluster, ns: str) -> None:
-    c = operator
+def users_etcd(c: Cluster, ns: str) -> None:
+    """The archived example's etcd-service, running (an earlier test's is reused)."""
     for obj in ETCD_SERVICE:
         c.apply(ns, obj)
     wait_for(
         "the user's etcd",
         lambda: c.apps.read_namespaced_deployment("etcd-service", ns).status.available_replicas,
     )
+
+
+def test_archived_controller_manifest_applies_and_runs(operator: Cluster, ns: str) -> None:
+    c = operator
+    users_etcd(c, ns)
     name = start_job(c, ns, archived("imagenet", "etcd-service:2379", TRAIN_WITH_TORCHRUN))
     status = wait_finished(c, ns, name, timeout=300)
     assert status["phase"] == "Succeeded", status
@@ -994,3 +1047,43 @@ def test_archived_controller_manifest_applies_and_runs(operator: Cluster, ns: st
         "-n", ns, "wait", f"elasticjob/{name}", "--for=condition=Succeeded", "--timeout=10s"
     )
     assert waited.returncode == 0
+
+
+# The archived imagenet.yaml gave the launcher's arguments only (`args`, no `command`): the
+# image's ENTRYPOINT ran them. The runtime image's ENTRYPOINT is elasticjob-run, which the
+# devcluster runs too (container_images.py); here it trains the ImageNet-style example a
+# few steps.
+TRAIN_IMAGENET_ARGS = [
+    "--nproc-per-node=1",
+    "-m",
+    "elasticjob_examples.imagenet",
+    "--epochs=1",
+    "--batch-size=16",
+    "--max-steps=6",
+    "--synthetic-size=256",
+    "--print-freq=2",
+    "--checkpoint-dir=/checkpoints",
+]
+
+
+def test_an_args_only_archived_manifest_of_the_runtime_image_trains(
+    operator: Cluster, ns: str
+) -> None:
+    c = operator
+    users_etcd(c, ns)
+    manifest = archived_args_only("argsonly", "etcd-service:2379", TRAIN_IMAGENET_ARGS)
+    name = start_job(c, ns, manifest)
+    pod = wait_for("a worker pod", lambda: c.workers(ns, name).get("argsonly-worker-0"))
+    [container] = pod.spec.containers
+    assert container.command is None and container.args == TRAIN_IMAGENET_ARGS
+    status = wait_finished(c, ns, name, timeout=400)
+    logs = {i: c.kubectl("-n", ns, "logs", f"argsonly-worker-{i}").stdout for i in (0, 1)}
+    assert status["phase"] == "Succeeded", (status, {i: t[-2000:] for i, t in logs.items()})
+    results = [
+        json.loads(line.split(" ", 1)[1])
+        for text in logs.values()
+        for line in text.splitlines()
+        if line.startswith("ELASTICJOB_RESULT ")
+    ]
+    assert results and all(r["steps"] == 6 for r in results), results
+    assert any("step=6 " in text for text in logs.values())

@@ -6,6 +6,7 @@ import base64
 
 import pytest
 
+from elasticjob_devcluster.container_images import Image
 from elasticjob_devcluster.pod_env import (
     EnvError,
     PodContext,
@@ -96,8 +97,23 @@ def test_missing_required_ref_is_a_config_error_naming_it() -> None:
 def test_command_and_args_expand_and_a_missing_command_is_explained() -> None:
     c = {"name": "c", "command": ["python", "-c"], "args": ["print('$(A)')"]}
     assert expand_command(c, {"A": "hi"}) == ["python", "-c", "print('hi')"]
-    with pytest.raises(EnvError, match="does not pull images"):
+    with pytest.raises(EnvError, match="no command and no image"):
         expand_command({"name": "c", "args": ["x"]}, {})
+
+
+def test_without_a_command_the_images_entrypoint_runs_as_on_a_node() -> None:
+    image = Image(("kopf", "run"), ("--all-namespaces",))
+    env = {"A": "hi"}
+    # args only: ENTRYPOINT + args (expanded); the image's own words are not
+    assert expand_command({"name": "c", "args": ["$(A)"]}, env, image) == ["kopf", "run", "hi"]
+    # neither: ENTRYPOINT + CMD
+    assert expand_command({"name": "c"}, env, image) == ["kopf", "run", "--all-namespaces"]
+    # a command replaces both, and the image's CMD is not appended to it
+    assert expand_command({"name": "c", "command": ["x"]}, env, image) == ["x"]
+    assert expand_command({"name": "c", "args": ["$(A)"]}, env, Image(("$(A)",))) == [
+        "$(A)",
+        "hi",
+    ]
 
 
 def test_referenced_objects_cover_env_and_projected_volumes() -> None:

@@ -6,6 +6,7 @@ from elasticjob_devcluster.pod_status import (
     BACKOFF_CAP_S,
     ContainerRun,
     backoff_delay,
+    duration,
     plan,
     pod_status,
 )
@@ -116,6 +117,7 @@ def test_running_container_is_ready_and_a_crashlooping_one_waits_with_last_state
     c0, c1 = st["containerStatuses"]
     assert c0["state"]["running"] and c0["ready"]
     assert c1["state"]["waiting"]["reason"] == "CrashLoopBackOff"
+    assert c1["state"]["waiting"]["message"] == "back-off 1s restarting failed container=c1"
     assert c1["lastState"]["terminated"]["exitCode"] == 2 and c1["restartCount"] == 1
     ready = next(c for c in st["conditions"] if c["type"] == "Ready")
     assert ready["status"] == "False" and "c1" in ready["message"]
@@ -178,3 +180,7 @@ def test_a_command_that_cannot_start_is_a_start_error() -> None:
     assert run.last is not None and run.last.reason == "StartError"
     st = _running_status({**spec("Never")}, [])  # shape check of a healthy one still passes
     assert st["phase"] == "Running"
+
+
+def test_a_delay_reads_as_kubelet_prints_it() -> None:
+    assert [duration(s) for s in (0, 4, 10.2, 80, 300)] == ["0s", "4s", "10s", "1m20s", "5m0s"]

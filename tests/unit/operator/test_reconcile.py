@@ -26,6 +26,7 @@ from elasticjob_operator.node_memory import suggested_shm_size
 from elasticjob_operator.observe import (
     Observed,
     ObservedPod,
+    Waiting,
     exit_code,
     memory_fallbacks_of,
     observe_pod,
@@ -1131,3 +1132,52 @@ def test_a_hang_the_agents_recorded_is_one_warning_event_and_counted() -> None:
         hangs = [e for e in d.events if e.type == "Warning" and e.reason == "HangDetected"]
         assert len(hangs) == expected
         assert w.status.hangs is not None and w.status.hangs.count == 1
+
+
+# -- stuck workers ---------------------------------------------------------------------
+
+
+def test_a_worker_the_kubelet_cannot_start_is_one_warning_and_named_in_running() -> None:
+    w = World(make_spec(replicas=2, minReplicas=2))
+    w.round()
+    missing = Waiting("trainer", "CreateContainerConfigError", 'secret "token" not found')
+    for i in (0, 1):
+        name = builders.worker_pod_name(REF.name, i)
+        w.pods[name] = replace(w.pods[name], waiting=(missing,))
+    for expected in (2, 0, 0):  # every resync sees the same pods: warned once each
+        w.advance(10)
+        d = w.round()
+        stuck = [e for e in d.events if e.type == "Warning" and e.reason == "WorkerStuck"]
+        assert len(stuck) == expected
+    running = cond(w.status, C.RUNNING)
+    assert (running.status, running.reason) == ("False", "WaitingForWorkers")
+    assert running.message == (
+        "0 of 2 workers running (minReplicas 2); "
+        'train-worker-0: CreateContainerConfigError (container trainer): secret "token" '
+        "not found; train-worker-1: CreateContainerConfigError (container trainer): secret "
+        '"token" not found'
+    )
+    assert [s.pod for s in w.status.stuck_workers or []] == ["train-worker-0", "train-worker-1"]
+    assert w.status.replica_statuses.worker.active == 2  # still pending: not failures
+    for name in list(w.pods):  # the Secret was created: they start
+        w.pods[name] = replace(w.pods[name], phase="Running", waiting=())
+    d = w.round()
+    assert cond(d.status, C.RUNNING).message == "2 of 2 workers running (minReplicas 2)"
+    assert "WorkerStuck" not in reasons(d)
+
+
+def test_suspending_forgets_the_stuck_workers_so_the_next_run_is_warned_again() -> None:
+    w = World(make_spec(replicas=1))
+    w.round()
+    name = builders.worker_pod_name(REF.name, 0)
+    pull = Waiting("trainer", "ImagePullBackOff", 'Back-off pulling image "nope"')
+    w.pods[name] = replace(w.pods[name], waiting=(pull,))
+    assert "WorkerStuck" in reasons(w.round())
+    w.spec = make_spec(replicas=1, suspend=True)
+    w.round()
+    w.settle()
+    assert w.status.stuck_workers is None
+    w.spec = make_spec(replicas=1)
+    w.round()
+    w.pods[name] = replace(w.pods[name], waiting=(pull,))
+    assert "WorkerStuck" in reasons(w.round())
