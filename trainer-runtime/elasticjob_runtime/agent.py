@@ -14,10 +14,11 @@ the failure is reported as a membership change, which restarts the workers into
 the next round without spending a restart. A worker killed by a signal here
 (SIGKILL, the OOM killer, a segfault) is a local fault and is charged at once.
 
-Before it stops workers whose round lost a peer, the agent creates the file named by
-``ELASTICJOB_GROUP_BROKEN_FILE``: their step in flight sits in a collective that can
-never finish, so the checkpoint's SIGTERM path saves the last completed step at once
-instead of waiting its grace for a step boundary (that grace was 5 s of a frozen node).
+Before it stops workers whose round lost a peer, the agent tells them so through the
+channel (``group-broken``, :mod:`elasticjob_runtime.channel`): their step in flight sits
+in a collective that can never finish, so the checkpoint's SIGTERM path saves the last
+completed step at once instead of waiting its grace for a step boundary (that grace was
+5 s of a frozen node).
 
 With a hang timeout (``--hang-timeout``, ``ELASTICJOB_HANG_TIMEOUT``), a group whose
 workers completed no step for that long is restarted as a failed round (it costs a
@@ -69,14 +70,12 @@ from elasticjob_runtime.channel import AgentChannel
 from elasticjob_runtime.etcd_client import EtcdError
 from elasticjob_runtime.etcd_store import EtcdV3Store, RoundAbandoned
 from elasticjob_runtime.hang import (
-    Handover,
+    InPlaceRound,
     StepClock,
-    forget_steps,
     group_step,
-    hand_over,
     hang_message,
     in_place_refusal,
-    read_steps,
+    round_in_place,
     stopped_ranks,
     unresponsive,
 )
@@ -144,7 +143,7 @@ class MembershipAwareAgent(TorchAgent):
         self.hangs = 0  # hangs this agent restarted its workers for
         self._clock = StepClock()
         self._steps_read_at = -1.0
-        self._handover: Handover | None = None  # the last round handed over in place
+        self._in_place_round: InPlaceRound | None = None  # the last round handed over in place
         # When a round last started workers (from spares), and the step it started at:
         # the pool is refilled once that round trains (spare_pool.refill_due).
         self._refill: tuple[float, int | None] | None = None
@@ -152,12 +151,9 @@ class MembershipAwareAgent(TorchAgent):
         self._hung = False  # the group being stopped hung: wake and stop it at once
         # Set once this node's workers first ran in a round (the readiness probe reads it).
         self.joined = joined if joined is not None else threading.Event()
-        # Workers (and the spares, which must see the same environment) learn here that
-        # their round lost a peer: checkpoint.group_broken() then skips the SIGTERM grace.
+        # Every file between this agent and its workers (channel.py), named to them (and
+        # to the spares, which must see the same environment) by one variable.
         self._notes = Path(tempfile.mkdtemp(prefix="elasticjob-agent-"))
-        self._group_broken = self._notes / "group-broken"
-        os.environ[contract.GROUP_BROKEN_FILE] = str(self._group_broken)
-        # Each round's assignment per local rank, and the workers' answers (channel.py).
         self._channel = AgentChannel(self._notes)
         os.environ[contract.AGENT_CHANNEL] = str(self._notes)
         self._generation = 0
@@ -233,10 +229,10 @@ class MembershipAwareAgent(TorchAgent):
         """Why the running workers cannot take the next round in place (hang.py), or None."""
         now = time.monotonic()
         pids = self.worker_pids()
-        self._clock = self._clock.observe(group_step(read_steps(str(self._notes))), now)
+        self._clock = self._clock.observe(group_step(self._channel.steps()), now)
         untaken = self._untaken(pids)
         return in_place_refusal(
-            silent_for=unresponsive(self._clock, now, self._handover, untaken),
+            silent_for=unresponsive(self._clock, now, self._in_place_round, untaken),
             timeout=self.hang_timeout,
             stopped=stopped_ranks(pids),
             asked=[
@@ -249,9 +245,9 @@ class MembershipAwareAgent(TorchAgent):
 
     def _untaken(self, ranks: Iterable[int]) -> list[int]:
         """The local ranks that have not taken the round last handed to them in place."""
-        if self._handover is None:
+        if self._in_place_round is None:
             return []
-        return self._handover.untaken(self._channel.taken(), ranks)
+        return self._in_place_round.untaken(self._channel.taken(), ranks)
 
     def _workers_regroup_in_place(self) -> bool:
         """Every local worker runs the training-loop API and is the process it said it was."""
@@ -278,17 +274,16 @@ class MembershipAwareAgent(TorchAgent):
             lost = self._membership.peers_lost()
             if lost:
                 log.info("the round lost %s: workers save their last step without waiting", lost)
-                self._group_broken.touch()
+                self._channel.mark_group_broken()
         if self._hung:
             # The step in flight will not finish: save the last completed one at once. A
             # stopped (SIGSTOP) worker would hold its SIGTERM until torch's SIGKILL 30 s
             # later; SIGTERM first, then SIGCONT, wakes it into the save-and-exit path.
             self._hung = False
-            self._group_broken.touch()
+            self._channel.mark_group_broken()
             self._signal_workers(signal.SIGTERM)
             self._signal_workers(signal.SIGCONT)
         self._channel.forget_workers()
-        forget_steps(str(self._notes))
         super().stop_workers(worker_group)
 
     def _signal_workers(self, sig: signal.Signals) -> None:
@@ -297,7 +292,7 @@ class MembershipAwareAgent(TorchAgent):
                 os.kill(pid, sig)
 
     def start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
-        self._group_broken.unlink(missing_ok=True)
+        self._channel.clear_group_broken()
         self._generation += 1
         generation, kind, running = self._generation, self._next_start, self.workers_context
         spares = self._spares
@@ -314,17 +309,19 @@ class MembershipAwareAgent(TorchAgent):
             started = super().start_workers(worker_group)
         self.joined.set()
         if spares is not None and not (kind.in_place and running is not None):
-            self._refill = (time.monotonic(), group_step(read_steps(str(self._notes))))
+            self._refill = (time.monotonic(), group_step(self._channel.steps()))
         # Workers started for the round took it; running ones must still take it.
         ranks = range(worker_group.spec.local_world_size)
-        self._handover = (
-            hand_over(self._handover, generation, time.monotonic(), self._channel.taken(), ranks)
+        self._in_place_round = (
+            round_in_place(
+                self._in_place_round, generation, time.monotonic(), self._channel.taken(), ranks
+            )
             if kind.in_place and running is not None
             else None
         )
         # A new round: its clock runs from its first step (workers that regroup in place
         # have reported steps already; only a change counts).
-        self._clock = StepClock.start(group_step(read_steps(str(self._notes))))
+        self._clock = StepClock.start(group_step(self._channel.steps()))
         return started
 
     def monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
@@ -385,7 +382,7 @@ class MembershipAwareAgent(TorchAgent):
             return
         self._refill_checked_at = now
         handed_at, start_step = self._refill
-        step = group_step(read_steps(str(self._notes)))
+        step = group_step(self._channel.steps())
         if refill_due(handed_at, step is not None and step != start_step, now, REFILL_DELAY_S):
             self._refill = None
             self._spares.fill()
@@ -422,10 +419,10 @@ class MembershipAwareAgent(TorchAgent):
         if self.hang_timeout is None or now - self._steps_read_at < STEP_READ_INTERVAL_S:
             return None
         self._steps_read_at = now
-        self._clock = self._clock.observe(group_step(read_steps(str(self._notes))), now)
+        self._clock = self._clock.observe(group_step(self._channel.steps()), now)
         pids = self.worker_pids()
         untaken = self._untaken(pids)
-        stalled = unresponsive(self._clock, now, self._handover, untaken)
+        stalled = unresponsive(self._clock, now, self._in_place_round, untaken)
         if stalled < self.hang_timeout:
             return None
         step = self._clock.last or 0

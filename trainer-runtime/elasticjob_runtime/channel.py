@@ -22,6 +22,16 @@ Workers write these back:
 * ``fatal-<local rank>``: why it is about to fail in a way a restart would repeat (the
   ranks trained different models: fingerprint.py); the agent then fails instead of
   restarting its workers from a checkpoint into the same bug.
+* ``step-<local rank>``: the last step it completed (:class:`StepReporter`), which the
+  agent's hang clock reads (hang.py).
+
+And the agent writes ``group-broken`` before it stops workers whose round lost a peer:
+their step in flight sits in a collective that can never finish, so the checkpoint's
+SIGTERM path saves the last completed step at once (:func:`group_broken`) instead of
+waiting its grace for a step boundary.
+
+This directory, named by the one variable ``ELASTICJOB_AGENT_CHANNEL``, holds every
+file between an agent and its workers; this module is the only one that names them.
 
 Training ends while peers may still come and go, and a round this agent forms for its
 workers must be one they build, or its other members wait in it until their group's
@@ -51,6 +61,8 @@ from elasticjob_runtime import contract
 
 POLL_S = 0.01
 REGROUPING = "regrouping"  # the agent is forming the next round for its workers
+GROUP_BROKEN = "group-broken"  # the agent stops workers whose round lost a peer
+STEP_WIDTH = 20  # digits of a step file, rewritten in place
 
 
 @dataclass(frozen=True)
@@ -149,12 +161,29 @@ class AgentChannel:
                 continue
         return None
 
+    def steps(self) -> dict[int, int]:
+        """Local rank -> the step its worker last reported."""
+        out: dict[int, int] = {}
+        for path in self.directory.glob("step-*"):
+            try:
+                out[int(path.name[len("step-") :])] = int(path.read_text())
+            except (OSError, ValueError):
+                continue
+        return out
+
     def forget_workers(self) -> None:
         """Workers are being replaced: their offers to regroup in place, the rounds they
-        took, and their word that they finished, end with them."""
-        for pattern in ("in-place-*", "taken-*", "finished-*"):
+        took, their word that they finished and the steps they reported end with them."""
+        for pattern in ("in-place-*", "taken-*", "finished-*", "step-*"):
             for path in self.directory.glob(pattern):
                 path.unlink(missing_ok=True)
+
+    def mark_group_broken(self) -> None:
+        """The workers about to be stopped lost a peer: they save without waiting."""
+        (self.directory / GROUP_BROKEN).touch()
+
+    def clear_group_broken(self) -> None:
+        (self.directory / GROUP_BROKEN).unlink(missing_ok=True)
 
     def begin_regroup(self) -> bool:
         """Mark a regroup in place as under way, unless a worker already said it finished
@@ -187,10 +216,10 @@ class WorkerChannel:
     @classmethod
     def from_env(cls) -> WorkerChannel | None:
         """None outside ``elasticjob-run`` (plain torchrun, or no launcher at all)."""
-        directory = os.environ.get(contract.AGENT_CHANNEL)
-        if not directory or not Path(directory).is_dir():
+        directory = _directory_from_env()
+        if directory is None or not directory.is_dir():
             return None
-        return cls(Path(directory), int(os.environ.get("LOCAL_RANK", "0")))
+        return cls(directory, int(os.environ.get("LOCAL_RANK", "0")))
 
     def latest(self) -> Assignment | None:
         """The newest assignment (re-read only when the file changed: one ``stat``)."""
@@ -239,3 +268,49 @@ class WorkerChannel:
     def agent_regrouping(self) -> bool:
         """Is the agent forming a round this worker was offered for?"""
         return (self.directory / REGROUPING).exists()
+
+
+def _directory_from_env() -> Path | None:
+    directory = os.environ.get(contract.AGENT_CHANNEL)
+    return Path(directory) if directory else None
+
+
+def group_broken() -> bool:
+    """True when this worker's agent is stopping it because its round lost a peer: a
+    collective in flight can then never finish, so waiting for a step boundary is moot."""
+    directory = _directory_from_env()
+    return directory is not None and (directory / GROUP_BROKEN).exists()
+
+
+class StepReporter:
+    """A worker's latest step in ``step-<local rank>`` of the agent channel.
+
+    One ``pwrite`` of a fixed-width number into the page cache per step (about a
+    microsecond, no fsync): the agent reads the very last step, so the record of a hang
+    names the step the group stopped after.
+    """
+
+    def __init__(self, directory: Path, local_rank: int) -> None:
+        self.path = directory / f"step-{local_rank}"
+        self._fd: int | None = None
+
+    def report(self, step: int) -> None:
+        try:
+            if self._fd is None:
+                self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
+            os.pwrite(self._fd, f"{step:>{STEP_WIDTH}}".encode(), 0)
+        except OSError:  # the agent went away (its directory with it): nobody to tell
+            pass
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    @classmethod
+    def from_env(cls) -> StepReporter | None:
+        """None outside ``elasticjob-run`` (nobody watches the steps there)."""
+        directory = _directory_from_env()
+        if directory is None or not directory.is_dir():
+            return None
+        return cls(directory, int(os.environ.get("LOCAL_RANK", "0")))

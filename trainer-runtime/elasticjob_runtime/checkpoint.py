@@ -74,6 +74,7 @@ from typing import Any
 import torch
 
 from elasticjob_runtime import contract
+from elasticjob_runtime.channel import StepReporter, group_broken
 from elasticjob_runtime.checkpoint_files import (
     checkpoint_name,
     commit,
@@ -84,7 +85,6 @@ from elasticjob_runtime.checkpoint_files import (
     read_verified,
     steps_on_disk,
 )
-from elasticjob_runtime.hang import StepReporter
 from elasticjob_runtime.job_identity import current_job
 from elasticjob_runtime.records import MemoryFallback
 from elasticjob_runtime.snapshot import Snapshots
@@ -228,14 +228,6 @@ def write_fault_message(directory: Path, step: int, exc: OSError, newest: list[i
 
 def _mib(nbytes: int | None) -> str:
     return "?" if nbytes is None else f"{nbytes / 2**20:.0f} MiB"
-
-
-def group_broken() -> bool:
-    """True when this worker's agent is stopping it because its round lost a peer
-    (``elasticjob-run`` creates the file named by ``ELASTICJOB_GROUP_BROKEN_FILE`` first):
-    a collective in flight can then never finish, so waiting for a step boundary is moot."""
-    path = os.environ.get(contract.GROUP_BROKEN_FILE)
-    return bool(path) and os.path.exists(path or "")
 
 
 def _env_rank(name: str) -> int:

@@ -43,8 +43,6 @@ WARM_SPARES: Final = "ELASTICJOB_WARM_SPARES"
 # elasticjob-run: how many warm spares a node keeps (unset: one per local rank; 0: none)
 WARM_SPARE_COUNT: Final = "ELASTICJOB_WARM_SPARE_COUNT"
 WARM_IMPORT: Final = "ELASTICJOB_WARM_IMPORT"
-# elasticjob-run creates this file before it stops workers whose round lost a peer
-GROUP_BROKEN_FILE: Final = "ELASTICJOB_GROUP_BROKEN_FILE"
 # elasticjob-run's directory of round assignments shared with its workers (channel.py)
 AGENT_CHANNEL: Final = "ELASTICJOB_AGENT_CHANNEL"
 # "0": the training-loop API (elastic.Run) restarts instead of regrouping in place

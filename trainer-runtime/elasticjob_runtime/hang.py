@@ -1,14 +1,14 @@
 """Hang detection: a worker group that makes no step progress for the hang timeout.
 
 The agent (:mod:`elasticjob_runtime.agent`) runs the clock; its workers tell it their
-step through the agent channel (``step-<local rank>``, written by
-:meth:`~elasticjob_runtime.checkpoint.CheckpointManager.mark_step` at most every
-:data:`REPORT_INTERVAL_S`). When the clock runs out, the agent treats the round as
-failed, as torch's agent treats a worker that exited: it stops the workers (a stopped
-process is woken so it can save its last step and exit) and restarts the group, which
-costs one of ``--max-restarts``. The hang is recorded in the run's etcd
-(:class:`~elasticjob_runtime.records.Hang`, one key per round) for the operator, which
-has the Kubernetes access to say so in the job's events and status.
+step through the agent channel (:class:`~elasticjob_runtime.channel.StepReporter`,
+called by :meth:`~elasticjob_runtime.checkpoint.CheckpointManager.mark_step`). When the
+clock runs out, the agent treats the round as failed, as torch's agent treats a worker
+that exited: it stops the workers (a stopped process is woken so it can save its last
+step and exit) and restarts the group, which costs one of ``--max-restarts``. The hang
+is recorded in the run's etcd (:class:`~elasticjob_runtime.records.Hang`, one key per
+round) for the operator, which has the Kubernetes access to say so in the job's events
+and status.
 
 When the clock runs (:class:`StepClock`): not from the round's start, but from the first
 step its workers complete. Rendezvous, restoring a checkpoint, warm-up and the first
@@ -20,7 +20,7 @@ timeout is the longest gap between two steps. A group whose script never calls
 What counts as the group's step: the lowest step any local worker reported. A worker
 that stops stops that number; its peers block in the step's collective and stop too.
 
-A round handed to running workers in place (:class:`Handover`) must be taken: a worker
+A round handed to running workers in place (:class:`InPlaceRound`) must be taken: a worker
 that froze after it offered to regroup in place still looks like one that can, takes
 nothing and reports nothing, and the round's other members wait in it for ever. So the
 wait for a worker to take the round counts as a stall (:func:`unresponsive`): one that
@@ -28,15 +28,12 @@ neither steps nor takes it for the hang timeout is a hang. And a round is not ha
 place to workers that cannot be told from hung ones (:func:`in_place_refusal`): they
 are restarted into it instead, as the agent that declared the hang restarts its own.
 
-Pure, apart from :class:`StepReporter` (a file write), :func:`read_steps`,
-:func:`stopped_ranks` (``/proc``) and reading the environment.
+Pure, apart from :func:`stopped_ranks` (``/proc``) and reading the environment.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
-import os
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
@@ -44,7 +41,6 @@ from elasticjob_runtime import contract
 
 # Characters of a step report: every write covers the whole number, never a tail of an
 # older, longer one.
-STEP_WIDTH = 20
 # Shorter timeouts than this are refused by the operator's CRD: a step, a checkpoint
 # save at a step boundary and the agent's reading interval must all fit in it.
 MIN_TIMEOUT_S = 10
@@ -94,7 +90,7 @@ IN_PLACE_SILENCE_SHARE = 0.5
 
 
 @dataclass(frozen=True)
-class Handover:
+class InPlaceRound:
     """A round handed to the running workers in place: the generation each must take,
     and since when the agent has been waiting for them to."""
 
@@ -107,29 +103,29 @@ class Handover:
         return sorted(rank for rank in ranks if taken.get(rank, -1) < self.generation)
 
 
-def hand_over(
-    previous: Handover | None,
+def round_in_place(
+    previous: InPlaceRound | None,
     generation: int,
     now: float,
     taken: Mapping[int, int],
     ranks: Iterable[int],
-) -> Handover:
+) -> InPlaceRound:
     """The handover of round ``generation`` at ``now``. A worker that still owes the round
     handed over before has been waited for since that one: rounds that keep coming must
     not restart the wait for a worker that takes none."""
     if previous is not None and previous.untaken(taken, ranks):
-        return Handover(generation, previous.since)
-    return Handover(generation, now)
+        return InPlaceRound(generation, previous.since)
+    return InPlaceRound(generation, now)
 
 
 def unresponsive(
-    clock: StepClock, now: float, handover: Handover | None = None, untaken: Sequence[int] = ()
+    clock: StepClock, now: float, in_place: InPlaceRound | None = None, untaken: Sequence[int] = ()
 ) -> float:
     """Seconds the workers have neither stepped (the clock) nor taken the round handed to
     them in place (``untaken``: the ranks that owe it): a healthy worker takes a round at
     its next step boundary, or at once when its collective failed, so the hang timeout,
     the longest gap between two steps, bounds both."""
-    owed = now - handover.since if handover is not None and untaken else 0.0
+    owed = now - in_place.since if in_place is not None and untaken else 0.0
     return max(clock.stalled(now), owed)
 
 
@@ -200,66 +196,6 @@ def timeout_from_env(env: Mapping[str, str]) -> float | None:
     """``ELASTICJOB_HANG_TIMEOUT`` (seconds; the operator sets it from
     ``spec.hangTimeoutSeconds``), or None when hang detection is off."""
     return parse_timeout(env.get(contract.HANG_TIMEOUT, ""), contract.HANG_TIMEOUT)
-
-
-class StepReporter:
-    """A worker's side: its latest step in ``step-<local rank>`` of the agent channel.
-
-    One ``pwrite`` of a fixed-width number into the page cache per step (about a
-    microsecond, no fsync): the agent reads the very last step, so the record of a hang
-    names the step the group stopped after.
-    """
-
-    def __init__(self, directory: str, local_rank: int) -> None:
-        self.path = os.path.join(directory, f"step-{local_rank}")
-        self._fd: int | None = None
-
-    def report(self, step: int) -> None:
-        try:
-            if self._fd is None:
-                self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
-            os.pwrite(self._fd, f"{step:>{STEP_WIDTH}}".encode(), 0)
-        except OSError:  # the agent went away (its directory with it): nobody to tell
-            pass
-
-    def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
-    @classmethod
-    def from_env(cls) -> StepReporter | None:
-        """None outside ``elasticjob-run`` (nobody watches the steps there)."""
-        directory = os.environ.get(contract.AGENT_CHANNEL)
-        if not directory or not os.path.isdir(directory):
-            return None
-        return cls(directory, int(os.environ.get("LOCAL_RANK", "0")))
-
-
-def read_steps(directory: str) -> dict[int, int]:
-    """Local rank -> the step its worker last reported (the agent's side)."""
-    out: dict[int, int] = {}
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return out
-    for name in names:
-        if not name.startswith("step-"):
-            continue
-        try:
-            with open(os.path.join(directory, name)) as f:
-                out[int(name[len("step-") :])] = int(f.read())
-        except (OSError, ValueError):
-            continue
-    return out
-
-
-def forget_steps(directory: str) -> None:
-    """The workers are being replaced: their reports go with them."""
-    for name in os.listdir(directory) if os.path.isdir(directory) else ():
-        if name.startswith("step-"):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(os.path.join(directory, name))
 
 
 def stopped_ranks(pids: Mapping[int, int]) -> list[int]:

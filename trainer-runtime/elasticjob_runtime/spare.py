@@ -7,7 +7,7 @@ with ``--warm-spare-count``), started as ``python [-u] -m elasticjob_runtime.spa
 with the environment the agent's workers inherit. The spare imports torch,
 ``torch.distributed`` and the script's top-level imports (found by parsing the script,
 never by running it), then blocks on a Unix socket. When the agent starts a round's
-workers it sends the round's assignment instead of starting a process: the worker's full
+workers it sends the round's launch instead of starting a process: the worker's full
 environment and argv, plus the stdout/stderr files torch opened for it (as file
 descriptors, so log redirects and tee work unchanged). The spare installs them and runs
 the script or module as ``__main__`` in its main thread, exactly as ``python script.py``
@@ -20,7 +20,7 @@ once it has its round it takes the worker's own command line (``setproctitle``),
 ``ps``, ``top`` and fault injectors see exactly what torch would have started.
 
 The spare dies with the agent: the socket's end of file (the agent exited) ends an
-idle spare, and until its assignment arrives the kernel kills it if the agent dies
+idle spare, and until its launch arrives the kernel kills it if the agent dies
 (``PR_SET_PDEATHSIG``); once it runs the script it behaves like any torch worker.
 """
 
@@ -184,7 +184,7 @@ def warm_up(target: Target, extra: Sequence[str]) -> list[str]:
 
 
 @dataclass(frozen=True)
-class Assignment:
+class WorkerLaunch:
     """A round's worker, as the agent hands it to a spare."""
 
     args: list[str]  # the worker's argv after the interpreter (flags, target, script args)
@@ -197,9 +197,9 @@ class Assignment:
         return json.dumps(doc).encode()
 
     @staticmethod
-    def decode(raw: bytes) -> Assignment:
+    def decode(raw: bytes) -> WorkerLaunch:
         doc = json.loads(raw)
-        return Assignment(
+        return WorkerLaunch(
             [str(a) for a in doc["args"]],
             {str(k): str(v) for k, v in doc["env"].items()},
             bool(doc["stdout"]),
@@ -207,15 +207,15 @@ class Assignment:
         )
 
 
-def send_assignment(sock: socket.socket, assignment: Assignment, fds: Sequence[int]) -> None:
+def send_launch(sock: socket.socket, launch: WorkerLaunch, fds: Sequence[int]) -> None:
     """Agent side: the length prefix carries the descriptors, the JSON follows."""
-    body = assignment.encode()
+    body = launch.encode()
     socket.send_fds(sock, [len(body).to_bytes(_HEADER, "big")], list(fds))
     sock.sendall(body)
 
 
-def receive_assignment(sock: socket.socket) -> tuple[Assignment, list[int]] | None:
-    """Spare side: block until the assignment arrives; None when the agent went away."""
+def receive_launch(sock: socket.socket) -> tuple[WorkerLaunch, list[int]] | None:
+    """Spare side: block until the launch arrives; None when the agent went away."""
     try:
         header, fds, _, _ = socket.recv_fds(sock, _HEADER, 2)
     except OSError:
@@ -226,7 +226,7 @@ def receive_assignment(sock: socket.socket) -> tuple[Assignment, list[int]] | No
         for fd in fds:
             os.close(fd)
         return None
-    return Assignment.decode(body), fds
+    return WorkerLaunch.decode(body), fds
 
 
 def _read_exactly(sock: socket.socket, size: int, into: bytearray) -> bytes | None:
@@ -246,14 +246,14 @@ def _set_parent_death_signal(sig: int) -> None:
         libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
 
 
-def _install(assignment: Assignment, fds: list[int]) -> None:
+def _install(launch: WorkerLaunch, fds: list[int]) -> None:
     """Become the worker torch would have started: its streams, its environment."""
-    streams = [fd for fd, wanted in ((1, assignment.stdout), (2, assignment.stderr)) if wanted]
+    streams = [fd for fd, wanted in ((1, launch.stdout), (2, launch.stderr)) if wanted]
     for target_fd, fd in zip(streams, fds, strict=True):
         os.dup2(fd, target_fd)
         os.close(fd)
     os.environ.clear()
-    os.environ.update(assignment.env)
+    os.environ.update(launch.env)
     os.environ[contract.WORKER_ASSIGNED_AT] = f"{time.time():.6f}"
 
 
@@ -317,16 +317,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     sock = socket.socket(fileno=args.fd)
     with contextlib.suppress(OSError):
         sock.sendall(WARM)  # the agent may wait for this before it joins a round
-    received = receive_assignment(sock)
+    received = receive_launch(sock)
     sock.close()
     if received is None:
         return
-    assignment, fds = received
+    launch, fds = received
     _set_parent_death_signal(0)  # a worker now: it lives and dies like torch's own
-    _set_title(assignment.args)
-    _install(assignment, fds)
+    _set_title(launch.args)
+    _install(launch, fds)
     try:
-        run_target(target, script_argv(target, assignment.args))
+        run_target(target, script_argv(target, launch.args))
     except SystemExit as exc:
         finish(exit_status(exc.code))
     finish(0)

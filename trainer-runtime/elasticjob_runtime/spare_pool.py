@@ -1,10 +1,10 @@
-"""The agent's warm spares: one per local rank (or fewer), handed each round's assignment.
+"""The agent's warm spares: one per local rank (or fewer), handed each round's launch.
 
 torch's agent starts a round's workers through ``start_processes``, which builds a
 ``SubprocessContext`` of one ``SubprocessHandler`` (a ``Popen``) per local rank.
 :class:`WarmSubprocessContext` is that context with one change: where a live spare
 waits for the rank, the handler adopts the spare's process and sends it the
-assignment (:mod:`elasticjob_runtime.spare`) instead of starting a new one. Everything
+launch (:mod:`elasticjob_runtime.spare`) instead of starting a new one. Everything
 downstream is torch's own code on a real ``Popen``: polling exit codes, error files,
 tee, SIGTERM then SIGKILL after the shutdown timeout. Once the round that took spares
 trains (:func:`refill_due`), the pool starts fresh ones, which warm up while it trains:
@@ -43,7 +43,7 @@ from torch.distributed.elastic.multiprocessing.subprocess_handler import (
     get_subprocess_handler,
 )
 
-from elasticjob_runtime.spare import WARM, Assignment, Target, send_assignment, spare_env
+from elasticjob_runtime.spare import WARM, Target, WorkerLaunch, send_launch, spare_env
 from elasticjob_runtime.torch_internals import AdoptedProcess, HandlerChoosingContext
 
 log = logging.getLogger(__name__)
@@ -239,12 +239,12 @@ class SpareHandler(AdoptedProcess):
     ) -> None:
         super().__init__(spare.proc, stdout, stderr, local_rank_id)
         logs = [f for f in (self.stdout_file, self.stderr_file) if f is not None]
-        assignment = Assignment(
+        launch = WorkerLaunch(
             [str(a) for a in args], env, self.stdout_file is not None, self.stderr_file is not None
         )
         fds = [f.fileno() for f in logs]
         try:
-            send_assignment(spare.sock, assignment, fds)
+            send_launch(spare.sock, launch, fds)
         finally:
             spare.sock.close()
 

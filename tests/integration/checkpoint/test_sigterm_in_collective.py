@@ -110,7 +110,8 @@ def test_a_worker_stuck_in_a_collective_saves_and_exits_after_sigterm_within_its
     assert (tmp_path / "ckpt0" / "step-0000000007.pt.commit").exists()
 
 
-BROKEN = {"TEST_GRACE": "60", "ELASTICJOB_GROUP_BROKEN_FILE": "{tmp}/group-broken"}
+# the agent channel elasticjob-run's agent would own (channel.py): only its group-broken mark
+BROKEN = {"TEST_GRACE": "60", "ELASTICJOB_AGENT_CHANNEL": "{tmp}"}
 
 
 @pytest.mark.parametrize("ranks", [BROKEN], indirect=True)

@@ -10,7 +10,13 @@ from pathlib import Path
 import pytest
 
 from elasticjob_runtime import contract
-from elasticjob_runtime.channel import AgentChannel, Assignment, WorkerChannel
+from elasticjob_runtime.channel import (
+    AgentChannel,
+    Assignment,
+    StepReporter,
+    WorkerChannel,
+    group_broken,
+)
 
 ENV = {"RANK": "1", "WORLD_SIZE": "3", "MASTER_ADDR": "10.0.0.7", "MASTER_PORT": "29500"}
 
@@ -82,3 +88,47 @@ def test_a_regroup_and_a_worker_finishing_each_see_the_other_first(tmp_path: Pat
     agent.forget_workers()  # restarted workers have not finished
     assert agent.begin_regroup()
     agent.end_regroup()
+
+
+def test_workers_report_steps_the_agent_reads_until_they_are_replaced(tmp_path: Path) -> None:
+    agent = AgentChannel(tmp_path)
+    a, b = StepReporter(tmp_path, 0), StepReporter(tmp_path, 1)
+    a.report(1000)
+    a.report(3)  # a shorter number leaves no digits of the longer one behind
+    b.report(4)
+    (tmp_path / "step-x").write_text("garbage")  # not a worker's report
+    assert agent.steps() == {0: 3, 1: 4}
+    agent.forget_workers()
+    assert agent.steps() == {}
+    a.report(5)  # a worker still running when its report was removed: nobody reads it
+    a.close()
+    b.close()
+
+
+def test_a_step_reporter_only_under_elasticjob_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(contract.AGENT_CHANNEL, raising=False)
+    assert StepReporter.from_env() is None
+    monkeypatch.setenv(contract.AGENT_CHANNEL, str(tmp_path))
+    monkeypatch.setenv("LOCAL_RANK", "2")
+    reporter = StepReporter.from_env()
+    assert reporter is not None and reporter.path == tmp_path / "step-2"
+
+
+def test_a_step_reporter_whose_agent_is_gone_stays_quiet(tmp_path: Path) -> None:
+    StepReporter(tmp_path / "gone", 0).report(1)  # no error
+
+
+def test_workers_learn_through_the_channel_that_their_group_broke(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(contract.AGENT_CHANNEL, raising=False)
+    assert not group_broken()  # no agent: nobody to say so
+    monkeypatch.setenv(contract.AGENT_CHANNEL, str(tmp_path))
+    agent = AgentChannel(tmp_path)
+    assert not group_broken()
+    agent.mark_group_broken()
+    assert group_broken()
+    agent.clear_group_broken()
+    assert not group_broken()

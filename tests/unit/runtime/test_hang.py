@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
 
 from elasticjob_runtime import contract
 from elasticjob_runtime.hang import (
     StepClock,
-    StepReporter,
-    forget_steps,
     group_step,
     hung_after,
     parse_timeout,
-    read_steps,
     timeout_from_env,
 )
 from elasticjob_runtime.records import Hang, decode_hang, encode_hang
@@ -76,35 +70,6 @@ def test_timeout_off_unless_set() -> None:
     assert timeout_from_env({}) is None
     assert parse_timeout("0", "x") is None
     assert parse_timeout(" 45 ", "x") == 45.0
-
-
-def test_workers_report_steps_the_agent_reads(tmp_path: Path) -> None:
-    a, b = StepReporter(str(tmp_path), 0), StepReporter(str(tmp_path), 1)
-    a.report(1000)
-    a.report(3)  # a shorter number leaves no digits of the longer one behind
-    b.report(4)
-    (tmp_path / "step-x").write_text("garbage")  # not a worker's report
-    assert read_steps(str(tmp_path)) == {0: 3, 1: 4}
-    forget_steps(str(tmp_path))
-    assert read_steps(str(tmp_path)) == {}
-    a.report(5)  # a worker still running when its report was removed: nobody reads it
-    a.close()
-    b.close()
-
-
-def test_a_reporter_only_under_elasticjob_run(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.delenv(contract.AGENT_CHANNEL, raising=False)
-    assert StepReporter.from_env() is None
-    monkeypatch.setenv(contract.AGENT_CHANNEL, str(tmp_path))
-    monkeypatch.setenv("LOCAL_RANK", "2")
-    reporter = StepReporter.from_env()
-    assert reporter is not None and reporter.path == os.path.join(tmp_path, "step-2")
-
-
-def test_a_reporter_whose_agent_is_gone_stays_quiet(tmp_path: Path) -> None:
-    StepReporter(str(tmp_path / "gone"), 0).report(1)  # no error
 
 
 def test_hang_records_round_trip_and_bad_ones_name_the_field() -> None:

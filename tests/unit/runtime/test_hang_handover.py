@@ -17,11 +17,11 @@ import pytest
 
 from elasticjob_runtime.channel import AgentChannel, WorkerChannel
 from elasticjob_runtime.hang import (
-    Handover,
+    InPlaceRound,
     StepClock,
-    hand_over,
     hang_message,
     in_place_refusal,
+    round_in_place,
     stopped_ranks,
     unresponsive,
 )
@@ -69,8 +69,8 @@ def test_workers_that_asked_for_the_round_are_alive_however_long_the_group_stall
 
 def test_a_round_handed_over_in_place_must_be_taken_within_the_hang_timeout() -> None:
     clock = StepClock.start(41)  # a new round: the clock waits for its first step
-    handover = hand_over(None, 7, now=100.0, taken={}, ranks=[0, 1])
-    assert handover == Handover(7, 100.0)
+    handover = round_in_place(None, 7, now=100.0, taken={}, ranks=[0, 1])
+    assert handover == InPlaceRound(7, 100.0)
     assert handover.untaken({0: 7, 1: 6}, [0, 1]) == [1]
     assert handover.untaken({0: 7, 1: 8}, [0, 1]) == []
     # rank 1 never took it: the wait is the stall, and it reaches the timeout
@@ -81,10 +81,10 @@ def test_a_round_handed_over_in_place_must_be_taken_within_the_hang_timeout() ->
 
 
 def test_rounds_that_keep_coming_do_not_restart_the_wait_for_a_worker_that_takes_none() -> None:
-    first = hand_over(None, 3, now=50.0, taken={0: 2}, ranks=[0])
-    assert hand_over(first, 4, now=58.0, taken={0: 2}, ranks=[0]) == Handover(4, 50.0)
+    first = round_in_place(None, 3, now=50.0, taken={0: 2}, ranks=[0])
+    assert round_in_place(first, 4, now=58.0, taken={0: 2}, ranks=[0]) == InPlaceRound(4, 50.0)
     # taken before the next one came: the next wait starts afresh
-    assert hand_over(first, 4, now=58.0, taken={0: 3}, ranks=[0]) == Handover(4, 58.0)
+    assert round_in_place(first, 4, now=58.0, taken={0: 3}, ranks=[0]) == InPlaceRound(4, 58.0)
 
 
 def test_the_hang_message_names_the_worker_that_never_took_its_round() -> None:

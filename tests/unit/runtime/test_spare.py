@@ -7,12 +7,12 @@ import socket
 import sys
 
 from elasticjob_runtime.spare import (
-    Assignment,
     Target,
+    WorkerLaunch,
     parse_worker_command,
-    receive_assignment,
+    receive_launch,
     script_argv,
-    send_assignment,
+    send_launch,
     top_level_imports,
 )
 from elasticjob_runtime.spare_pool import env_differences, spare_count
@@ -78,12 +78,12 @@ def test_the_assignment_and_its_descriptors_cross_the_socket() -> None:
     r, w = socket.socketpair()
     env = {"RANK": "1", "BIG": "x" * 300_000}  # larger than one socket buffer
     try:
-        sent = Assignment(["-u", "train.py", "--a"], env, stdout=True, stderr=False)
+        sent = WorkerLaunch(["-u", "train.py", "--a"], env, stdout=True, stderr=False)
         import threading
 
-        sender = threading.Thread(target=send_assignment, args=(agent, sent, [w.fileno()]))
+        sender = threading.Thread(target=send_launch, args=(agent, sent, [w.fileno()]))
         sender.start()
-        received = receive_assignment(spare)
+        received = receive_launch(spare)
         sender.join()
         assert received is not None
         assignment, fds = received
@@ -92,7 +92,7 @@ def test_the_assignment_and_its_descriptors_cross_the_socket() -> None:
             passed.sendall(b"hello")  # the descriptor is the same socket the agent held
         assert r.recv(5) == b"hello"
         agent.close()
-        assert receive_assignment(spare) is None  # the agent went away: the spare ends
+        assert receive_launch(spare) is None  # the agent went away: the spare ends
     finally:
         for s in (agent, spare, r, w):
             s.close()
@@ -103,7 +103,7 @@ def test_an_agent_that_closes_without_reading_the_warm_byte_ends_the_spare_quiet
     try:
         spare.sendall(b"w")  # unread when the agent closes: the spare's read gets ECONNRESET
         agent.close()
-        assert receive_assignment(spare) is None
+        assert receive_launch(spare) is None
     finally:
         spare.close()
 
