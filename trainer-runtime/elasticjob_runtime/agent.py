@@ -55,8 +55,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -67,20 +66,10 @@ from torch.distributed.elastic.utils import store as store_util
 
 from elasticjob_runtime import contract
 from elasticjob_runtime.channel import AgentChannel
-from elasticjob_runtime.etcd_client import EtcdError
 from elasticjob_runtime.etcd_store import EtcdV3Store, RoundAbandoned
-from elasticjob_runtime.hang import (
-    InPlaceRound,
-    StepClock,
-    group_step,
-    hang_message,
-    in_place_refusal,
-    round_in_place,
-    stopped_ranks,
-    unresponsive,
-)
+from elasticjob_runtime.hang import group_step
+from elasticjob_runtime.hang_watch import STEP_READ_INTERVAL_S, HangWatch
 from elasticjob_runtime.leases import notice_within
-from elasticjob_runtime.records import Hang, encode_hang
 from elasticjob_runtime.rendezvous_api import membership_of
 from elasticjob_runtime.spare import parse_worker_command
 from elasticjob_runtime.spare_pool import (
@@ -99,8 +88,6 @@ log = logging.getLogger(__name__)
 
 # How long a new agent waits for its spares' imports before it joins a round anyway.
 SPARES_WARM_TIMEOUT_S = 120.0
-# How often the agent reads its workers' steps (torch's loop calls it every 0.1 s).
-STEP_READ_INTERVAL_S = 0.5
 # What a hung worker's entry in torch's failure report says it exited with (it did not:
 # the agent stopped it).
 HANG_EXITCODE = 1
@@ -139,11 +126,6 @@ class MembershipAwareAgent(TorchAgent):
         **kw: Any,
     ) -> None:
         super().__init__(*args, **kw)
-        self.hang_timeout = hang_timeout
-        self.hangs = 0  # hangs this agent restarted its workers for
-        self._clock = StepClock()
-        self._steps_read_at = -1.0
-        self._in_place_round: InPlaceRound | None = None  # the last round handed over in place
         # When a round last started workers (from spares), and the step it started at:
         # the pool is refilled once that round trains (spare_pool.refill_due).
         self._refill: tuple[float, int | None] | None = None
@@ -155,14 +137,15 @@ class MembershipAwareAgent(TorchAgent):
         # to the spares, which must see the same environment) by one variable.
         self._notes = Path(tempfile.mkdtemp(prefix="elasticjob-agent-"))
         self._channel = AgentChannel(self._notes)
+        # None with torch's own rendezvous backends: the agent then behaves as torch's.
+        self._membership = membership_of(self.worker_group.spec.rdzv_handler)
+        self.hang_watch = HangWatch(self._channel, hang_timeout, self._membership)
         os.environ[contract.AGENT_CHANNEL] = str(self._notes)
         self._generation = 0
         self._next_start = StartKind()
         self._spares: SparePool | None = None
         self._joined_once = False
         spec = self.worker_group.spec
-        # None with torch's own rendezvous backends: the agent then behaves as torch's.
-        self._membership = membership_of(spec.rdzv_handler)
         if warm_spares and isinstance(spec.entrypoint, str):
             target = parse_worker_command(
                 spec.entrypoint, [str(a) for a in spec.args], sys.executable
@@ -205,7 +188,7 @@ class MembershipAwareAgent(TorchAgent):
         # torch's loop sets the state before it calls this: HEALTHY is its membership
         # branch (a peer left or came); FAILED/UNHEALTHY means a local worker exited.
         if worker_group.state == WorkerState.HEALTHY and self._workers_regroup_in_place():
-            refused = self._in_place_refused()
+            refused = self.hang_watch.in_place_refusal(self.worker_pids(), self._generation)
             if refused is not None:
                 # It would never take the round, and its other members would wait in it.
                 log.warning("not regrouping the workers in place: %s; restarting them", refused)
@@ -224,30 +207,6 @@ class MembershipAwareAgent(TorchAgent):
                     "round (they resume from the final checkpoint)"
                 )
         super().restart_workers(worker_group)
-
-    def _in_place_refused(self) -> str | None:
-        """Why the running workers cannot take the next round in place (hang.py), or None."""
-        now = time.monotonic()
-        pids = self.worker_pids()
-        self._clock = self._clock.observe(group_step(self._channel.steps()), now)
-        untaken = self._untaken(pids)
-        return in_place_refusal(
-            silent_for=unresponsive(self._clock, now, self._in_place_round, untaken),
-            timeout=self.hang_timeout,
-            stopped=stopped_ranks(pids),
-            asked=[
-                rank
-                for rank, generation in self._channel.regroup_requests().items()
-                if generation >= self._generation
-            ],
-            ranks=pids,
-        )
-
-    def _untaken(self, ranks: Iterable[int]) -> list[int]:
-        """The local ranks that have not taken the round last handed to them in place."""
-        if self._in_place_round is None:
-            return []
-        return self._in_place_round.untaken(self._channel.taken(), ranks)
 
     def _workers_regroup_in_place(self) -> bool:
         """Every local worker runs the training-loop API and is the process it said it was."""
@@ -310,18 +269,8 @@ class MembershipAwareAgent(TorchAgent):
         self.joined.set()
         if spares is not None and not (kind.in_place and running is not None):
             self._refill = (time.monotonic(), group_step(self._channel.steps()))
-        # Workers started for the round took it; running ones must still take it.
         ranks = range(worker_group.spec.local_world_size)
-        self._in_place_round = (
-            round_in_place(
-                self._in_place_round, generation, time.monotonic(), self._channel.taken(), ranks
-            )
-            if kind.in_place and running is not None
-            else None
-        )
-        # A new round: its clock runs from its first step (workers that regroup in place
-        # have reported steps already; only a change counts).
-        self._clock = StepClock.start(group_step(self._channel.steps()))
+        self.hang_watch.round_started(generation, ranks, kind.in_place and running is not None)
         return started
 
     def monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
@@ -414,24 +363,11 @@ class MembershipAwareAgent(TorchAgent):
             store.give_up = None
 
     def _check_hang(self, worker_group: WorkerGroup) -> RunResult | None:
-        """A failed round when the workers did no step for the hang timeout, else None."""
-        now = time.monotonic()
-        if self.hang_timeout is None or now - self._steps_read_at < STEP_READ_INTERVAL_S:
-            return None
-        self._steps_read_at = now
-        self._clock = self._clock.observe(group_step(self._channel.steps()), now)
+        """A failed round when the workers hung (hang_watch.py), else None."""
         pids = self.worker_pids()
-        untaken = self._untaken(pids)
-        stalled = unresponsive(self._clock, now, self._in_place_round, untaken)
-        if stalled < self.hang_timeout:
+        if self.hang_watch.hang(pids) is None:
             return None
-        step = self._clock.last or 0
-        self.hangs += 1
-        message = hang_message(step, stalled, self.hang_timeout, untaken)
-        log.warning("hang %d: %s", self.hangs, message)
-        self._record_hang(Hang(0, "", step, stalled, self.hang_timeout, 0.0))
         self._hung = True
-        self._clock = StepClock()
         failures = {
             worker.global_rank: ProcessFailure(
                 worker.local_rank, pids.get(worker.local_rank, -1), HANG_EXITCODE, ""
@@ -439,21 +375,6 @@ class MembershipAwareAgent(TorchAgent):
             for worker in worker_group.workers
         }
         return RunResult(state=WorkerState.FAILED, failures=failures)
-
-    def _record_hang(self, hang: Hang) -> None:
-        """Tell the operator, through the run's etcd: one key per round, so agents that
-        all noticed the same hang record it once. Failing to is logged, not fatal."""
-        membership = self._membership
-        if membership is None:
-            return
-        pod = os.environ.get(contract.POD_NAME) or membership.node
-        record = replace(hang, round=membership.round_number, pod=pod, updated=time.time())
-        try:
-            membership.put_run_record(
-                contract.hang_key(membership.get_run_id(), record.round), encode_hang(record)
-            )
-        except EtcdError as exc:
-            log.warning("hang not recorded for the operator: %s", exc)
 
 
 @dataclass(frozen=True)
