@@ -51,7 +51,6 @@ good checkpoint stays. docs/checkpoints.md has the whole story.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import ctypes
 import errno
@@ -61,20 +60,18 @@ import logging
 import os
 import pickle
 import re
-import signal
 import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import torch
 
 from elasticjob_runtime import contract
-from elasticjob_runtime.channel import StepReporter, group_broken
+from elasticjob_runtime.channel import StepReporter
 from elasticjob_runtime.checkpoint_files import (
     checkpoint_name,
     commit,
@@ -87,11 +84,11 @@ from elasticjob_runtime.checkpoint_files import (
 )
 from elasticjob_runtime.job_identity import current_job
 from elasticjob_runtime.records import MemoryFallback
+from elasticjob_runtime.sigterm_save import SigtermSave
 from elasticjob_runtime.snapshot import Snapshots
 
 log = logging.getLogger(__name__)
 
-SIGTERM_EXIT_CODE = 128 + int(signal.SIGTERM)
 # What a checkpoint filesystem can develop while training runs (full, remounted read-only,
 # permissions changed, a failing disk): a save then fails, and training goes on.
 WRITE_FAULTS = frozenset(
@@ -299,12 +296,7 @@ class CheckpointManager:
         # Under elasticjob-run, each marked step also tells the agent (its hang clock).
         self._step_reporter = StepReporter.from_env()
         self._saved_step: int | None = None
-        self._term_requested = threading.Event()
-        self._term_done = threading.Event()
-        self._term_lock = threading.Lock()
-        self._old_handler: Any = None
-        self._wakeup_w: int | None = None  # write end of the signal wakeup pipe we own
-        self._grace_s = 0.0
+        self._sigterm = SigtermSave(self._save_last_step, lambda: self._step)
 
     @property
     def saved_step(self) -> int | None:
@@ -481,17 +473,7 @@ class CheckpointManager:
             self.wait()
         finally:
             self._snapshots.release()
-            if self._old_handler is not None:
-                signal.signal(signal.SIGTERM, self._old_handler)
-                self._old_handler = None
-            if self._wakeup_w is not None:
-                try:
-                    signal.set_wakeup_fd(-1)
-                except ValueError:
-                    pass  # not the main thread: keep the pipe, a reused fd must not get bytes
-                else:
-                    os.close(self._wakeup_w)  # the watcher thread reads EOF and ends
-                    self._wakeup_w = None
+            self._sigterm.uninstall()
 
     # -- loading
 
@@ -609,7 +591,7 @@ class CheckpointManager:
     @property
     def stop_requested(self) -> bool:
         """True once SIGTERM arrived (the next ``mark_step`` saves and exits)."""
-        return self._term_requested.is_set()
+        return self._sigterm.requested
 
     def mark_step(self, step: int) -> None:
         """Record that ``step`` is complete; after SIGTERM, save it and exit here.
@@ -620,121 +602,30 @@ class CheckpointManager:
         self._step = step
         if self._step_reporter is not None:
             self._step_reporter.report(step)
-        if self._term_requested.is_set():
-            self._save_on_term()
-            raise SystemExit(SIGTERM_EXIT_CODE)
+        self._sigterm.at_step_boundary()
 
     def install_sigterm_handler(self, grace_s: float = 20.0) -> None:
-        """On SIGTERM, save the tracked state at the next ``mark_step`` and exit.
+        """On SIGTERM, save the tracked state at the next ``mark_step`` and exit 143
+        (:mod:`elasticjob_runtime.sigterm_save`: or from a watchdog after ``grace_s``,
+        or at exit). Keep ``grace_s`` below the pod's terminationGracePeriodSeconds and
+        the agent's SIGKILL delay (30 s in torch)."""
+        self._sigterm.install(grace_s)
 
-        If no step boundary comes within ``grace_s`` (a peer vanished and this
-        worker sits in a collective), a watchdog thread saves the tracked state as
-        of the last marked step (parameters change only in ``optimizer.step``, after
-        the collectives) and ends the process; if the step fails instead (a peer
-        that got the same SIGTERM left the collective), the save happens at exit.
-        Keep ``grace_s`` below the pod's terminationGracePeriodSeconds and the
-        agent's SIGKILL delay (30 s in torch).
-        """
-        self._grace_s = grace_s
-        previous = signal.signal(signal.SIGTERM, self._on_sigterm)
-        if self._old_handler is None:
-            self._old_handler = previous
-            atexit.register(self._at_exit)
-            self._watch_wakeup_fd()
-
-    def _watch_wakeup_fd(self) -> None:
-        """Start the SIGTERM path even while the main thread is blocked in C++.
-
-        Python runs signal handlers in the main thread between bytecodes only, so a
-        worker blocked in a collective with a frozen peer never ran ``_on_sigterm`` (nor
-        its watchdog) and ignored SIGTERM until the agent's SIGKILL 30 s later. The
-        C-level handler still writes the signal number to the wakeup fd; a thread
-        reading it starts the same path at once.
-        """
-        r, w = os.pipe()
-        os.set_blocking(w, False)
-        try:
-            previous = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
-        except ValueError:  # not the main thread: the plain handler is all there is
-            os.close(r)
-            os.close(w)
+    def _save_last_step(self) -> None:
+        """The last marked step, as tracked, unless it is saved already."""
+        started = time.monotonic()
+        with contextlib.suppress(CheckpointError):
+            self.wait()  # an async save in flight may be the step we want
+        step, tracked = self._step, self._tracked
+        if step is None or tracked is None:
+            log.warning("SIGTERM: nothing to save (no step marked or no state tracked)")
             return
-        if previous != -1:  # someone else (an asyncio loop) owns the wakeup fd
-            signal.set_wakeup_fd(previous)
-            os.close(r)
-            os.close(w)
+        if self._saved_step == step:
+            log.warning("SIGTERM: step %d is already saved", step)
             return
-        self._wakeup_w = w
-
-        def watch() -> None:
-            with contextlib.suppress(OSError), os.fdopen(r, "rb", buffering=0) as pipe:
-                while data := pipe.read(64):
-                    if int(signal.SIGTERM) in data:
-                        self._on_sigterm(int(signal.SIGTERM), None)
-
-        threading.Thread(target=watch, name="checkpoint-signals", daemon=True).start()
-
-    def _at_exit(self) -> None:
-        """After SIGTERM, a step that failed (its peer already exited) still gets saved."""
-        if self._term_requested.is_set() and not self._term_done.is_set():
-            self._save_on_term()
-
-    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
-        if self._term_requested.is_set():
-            return
-        self._term_requested.set()
-        grace = 0.0 if group_broken() else self._grace_s
-        if grace == 0.0:
-            log.warning(
-                "SIGTERM: the group lost a peer, so the step in flight cannot finish; "
-                "saving the last completed step %s now",
-                self._step,
-            )
-        else:
-            log.warning(
-                "SIGTERM: saving at the next step boundary (last completed step %s; "
-                "watchdog after %.0f s)",
-                self._step,
-                grace,
-            )
-        threading.Thread(
-            target=self._watchdog, args=(grace,), name="checkpoint-sigterm", daemon=True
-        ).start()
-
-    def _watchdog(self, grace: float) -> None:
-        if self._term_done.wait(grace):
-            return
-        if grace > 0:
-            log.warning("SIGTERM: no step boundary within %.0f s, saving from the watchdog", grace)
-        try:
-            self._save_on_term()
-        finally:
-            logging.shutdown()
-            os._exit(SIGTERM_EXIT_CODE)
-
-    def _save_on_term(self) -> None:
-        if not self._term_lock.acquire(blocking=False):
-            self._term_done.wait()  # the other path is saving; wait for it
-            return
-        try:
-            if self._term_done.is_set():
-                return
-            started = time.monotonic()
-            with contextlib.suppress(CheckpointError):
-                self.wait()  # an async save in flight may be the step we want
-            step, tracked = self._step, self._tracked
-            if step is None or tracked is None:
-                log.warning("SIGTERM: nothing to save (no step marked or no state tracked)")
-                return
-            if self._saved_step == step:
-                log.warning("SIGTERM: step %d is already saved", step)
-                return
-            live = tracked() if callable(tracked) else tracked
-            # local rank 0 writes the disk copy too: the writer may be on a node not terminating
-            to_disk = self.writer or self.memory_writer
-            if to_disk or self.memory_writer:
-                self._write(state_to_save(live), step, to_disk)
-                log.warning("SIGTERM: saved step %d in %.2f s", step, time.monotonic() - started)
-        finally:
-            self._term_done.set()
-            self._term_lock.release()
+        live = tracked() if callable(tracked) else tracked
+        # local rank 0 writes the disk copy too: the writer may be on a node not terminating
+        to_disk = self.writer or self.memory_writer
+        if to_disk or self.memory_writer:
+            self._write(state_to_save(live), step, to_disk)
+            log.warning("SIGTERM: saved step %d in %.2f s", step, time.monotonic() - started)
