@@ -1,8 +1,9 @@
 """Pure rendezvous decisions: given a round and what a node knows, what does it do next.
 
-No I/O here, so every rule is tested directly (tests/unit). The etcd-v3 handler
-(:mod:`elasticjob_runtime.rendezvous`) reads, calls these functions, and writes the
-result back.
+No I/O here, so every rule is tested directly (tests/unit). The etcd-v3 rendezvous reads
+(:mod:`elasticjob_runtime.rendezvous_state`), calls these functions (the join loop,
+:mod:`elasticjob_runtime.rendezvous_join`, ``match``es on :func:`decide_next`), and
+carries the result out (:mod:`elasticjob_runtime.join_executor`).
 
 How a round forms, and why it costs each node O(1) etcd requests:
 
@@ -162,7 +163,22 @@ class Closed:
     finished: bool = False
 
 
+@dataclass(frozen=True)
+class CheckSealed:
+    """The round ``me`` entered (``number``) was sealed and a newer one opened before
+    ``me`` read it: read the round's sealed record and :func:`joined_by_record`."""
+
+    number: int
+
+
+@dataclass(frozen=True)
+class Rejoin:
+    """``me``'s own member lease ran out while it led: take a new one, enter again."""
+
+
 Decision = Joined | Open | Enter | Lead | Follow | Standby | Closed
+# What the join loop acts on: a decision, or first the binding-sealed-round check.
+Step = Decision | CheckSealed
 
 
 def lost_participants(participants: Sequence[str], live: frozenset[str]) -> list[str]:
@@ -216,6 +232,68 @@ def decide_join(
     if current.leader == me:
         return Lead(current.number)
     return Follow(current.number, current.leader)
+
+
+def binding_round(current: Round | None, entered: int | None, last_joined: int) -> int | None:
+    """The round whose sealed record ``me`` must read before anything else, or None.
+
+    A sealed round is binding: if the round ``me`` entered (newer than the last it ran) is
+    behind the round key, it was sealed (a newer round opens only over a sealed one) and
+    ``me`` may be in it, with peers waiting for it there.
+    """
+    if entered is None or current is None:
+        return None
+    return entered if current.number > entered > last_joined else None
+
+
+def joined_by_record(number: int, participants: Sequence[str], me: str) -> Joined | None:
+    """``me``'s place in round ``number`` as its sealed record has it; None: not in it."""
+    if me not in participants:
+        return None
+    return Joined(number, tuple(participants), list(participants).index(me))
+
+
+def decide_next(
+    current: Round | None,
+    me: str,
+    limits: Limits,
+    last_joined: int,
+    entered: int | None,
+    leading: int | None,
+) -> Step:
+    """The join loop's rule: :func:`binding_round` first, then :func:`decide_join`, with
+    a round that ``me`` took over (``leading``, see :func:`takes_over`) led by ``me``
+    although the round key still names its gone opener."""
+    binding = binding_round(current, entered, last_joined)
+    if binding is not None:
+        return CheckSealed(binding)
+    decision = decide_join(current, me, limits, last_joined, entered)
+    match decision:
+        case Follow(number=number) if number == leading:
+            return Lead(number)
+        case _:
+            return decision
+
+
+def takes_over(me: str, leader: str, joins: Sequence[str], live: frozenset[str]) -> bool:
+    """A follower's rule on a quiet spell: ``me`` leads the round from now on when its
+    leader's lease is gone and ``me`` is the earliest live entrant (:func:`leader_of`)."""
+    return leader not in live and leader_of(leader, joins, live) == me
+
+
+def decide_lead(
+    me: str,
+    joins: Sequence[str],
+    live: frozenset[str],
+    limits: Limits,
+    deadline: float | None,
+    now: float,
+) -> Seal | Wait | Rejoin:
+    """The leader's step: :func:`decide_seal`, unless its own lease ran out; its join key
+    went with it, so it must take a new lease and enter again before it can seal."""
+    if me not in live:
+        return Rejoin()
+    return decide_seal(joins, live, limits, deadline, now)
 
 
 def decide_standby(current: Round, me: str, live: frozenset[str]) -> Open | Wait:

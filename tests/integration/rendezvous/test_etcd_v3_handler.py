@@ -461,7 +461,7 @@ def test_a_join_takes_a_new_lease_when_etcd_no_longer_knows_its_own(
     monkeypatch.setattr("elasticjob_runtime.leases.JOB_LEASE_REFRESH_S", 1e9)  # no keeper help
     a, client = handlers(lo=1, hi=1, join_timeout=30)
     join_all(a)
-    client.revoke(a._job_lease)  # its round key goes with it: the next join must open one
+    client.revoke(a._leases.job_lease)  # its round key goes with it: the next join must open one
     started = time.monotonic()
     (info,) = join_all(a)
     assert info.world_size == 1

@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from elasticjob_runtime.membership import (
+    CheckSealed,
     Closed,
     Enter,
     Follow,
@@ -16,18 +17,24 @@ from elasticjob_runtime.membership import (
     Lead,
     Limits,
     Open,
+    Rejoin,
     Round,
     Seal,
     Standby,
     Wait,
+    binding_round,
     decide_join,
+    decide_lead,
+    decide_next,
     decide_seal,
     decide_standby,
     decode_participants,
     encode_participants,
     gone_on_without,
+    joined_by_record,
     leader_of,
     restart_reason,
+    takes_over,
 )
 
 LIMITS = Limits(min_nodes=2, max_nodes=3, last_call=15.0)
@@ -53,14 +60,11 @@ class Node:
 
 def step(etcd: Etcd, node: Node, live: frozenset[str], limits: Limits, now: float) -> bool:
     """One action of ``node`` as the handler takes it; True if it changed anything."""
-    if node.entered is not None and etcd.state and etcd.state.number > node.entered:
-        record = etcd.sealed.get(node.entered, ())
-        if node.name in record:
-            node.joined = Joined(node.entered, record, record.index(node.name))
-            node.entered = None
-            return True
-        node.entered = None
-    decision = decide_join(etcd.state, node.name, limits, node.last_joined, node.entered)
+    decision = decide_next(etcd.state, node.name, limits, node.last_joined, node.entered, None)
+    if isinstance(decision, CheckSealed):
+        record = etcd.sealed.get(decision.number, ())
+        node.joined, node.entered = joined_by_record(decision.number, record, node.name), None
+        return True
     if isinstance(decision, Joined):
         node.joined, node.entered = decision, None
         return True
@@ -271,3 +275,43 @@ def test_peers_that_sealed_a_newer_round_without_this_node_have_left_its_group()
     assert gone_on_without(Round(3, ours, complete=True), "b", 3, ours) == []
     assert gone_on_without(Round(4, ("a",), complete=True, closed=True), "b", 3, ours) == []
     assert gone_on_without(None, "b", 3, ours) == []
+
+
+def test_a_node_reads_the_sealed_record_of_its_round_once_the_round_key_is_past_it() -> None:
+    assert binding_round(Round(3, leader="c"), entered=2, last_joined=1) == 2
+    assert decide_next(Round(3, leader="c"), "b", LIMITS, 1, 2, None) == CheckSealed(2)
+    # its round is still the current one, it never entered, or it already ran it
+    assert binding_round(Round(2, leader="a"), entered=2, last_joined=1) is None
+    assert binding_round(Round(3, leader="c"), entered=None, last_joined=1) is None
+    assert binding_round(Round(3, leader="c"), entered=2, last_joined=2) is None
+    assert binding_round(None, entered=2, last_joined=1) is None
+
+
+def test_the_sealed_record_binds_only_the_nodes_in_it_at_their_rank() -> None:
+    assert joined_by_record(2, ("a", "b"), "b") == Joined(2, ("a", "b"), 1)
+    assert joined_by_record(2, ("a", "b"), "c") is None
+
+
+def test_a_follower_takes_over_only_when_its_leader_is_gone_and_it_entered_first() -> None:
+    joins = ["a", "b", "c"]
+    assert not takes_over("b", "a", joins, frozenset("abc"))  # the leader lives
+    assert takes_over("b", "a", joins, frozenset("bc"))
+    assert not takes_over("c", "a", joins, frozenset("bc"))  # b entered before it
+    assert takes_over("c", "a", joins, frozenset("c"))
+
+
+def test_a_node_that_took_over_a_round_leads_it_though_the_round_key_names_its_opener() -> None:
+    forming = Round(2, leader="a")
+    assert decide_next(forming, "b", LIMITS, 1, 2, leading=None) == Follow(2, "a")
+    assert decide_next(forming, "b", LIMITS, 1, 2, leading=2) == Lead(2)
+    assert decide_next(forming, "b", LIMITS, 1, 2, leading=1) == Follow(2, "a")  # an old one
+    assert decide_next(forming, "b", LIMITS, 1, None, leading=2) == Enter(2)  # enter first
+
+
+def test_a_leader_whose_own_lease_ran_out_enters_again_before_it_seals() -> None:
+    assert decide_lead("a", ["b", "c"], frozenset("bc"), LIMITS, None, 0.0) == Rejoin()
+    live = frozenset("abc")
+    joins = ["a", "b", "c"]
+    assert decide_lead("a", joins, live, LIMITS, None, 0.0) == decide_seal(
+        joins, live, LIMITS, None, 0.0
+    )
