@@ -57,6 +57,7 @@ COPY README.md ./
 COPY operator ./operator
 COPY trainer-runtime ./trainer-runtime
 COPY devcluster/elasticjob_devcluster ./devcluster/elasticjob_devcluster
+COPY pki ./pki
 COPY examples ./examples
 RUN /opt/venv/bin/pip install --no-deps --no-build-isolation --target /opt/elasticjob . \
  && python -c "import elasticjob_operator.handlers, sys; assert not {'torch', 'grpc'} & set(sys.modules)"
@@ -77,6 +78,7 @@ COPY README.md ./
 COPY operator ./operator
 COPY trainer-runtime ./trainer-runtime
 COPY devcluster/elasticjob_devcluster ./devcluster/elasticjob_devcluster
+COPY pki ./pki
 COPY examples ./examples
 RUN /opt/venv/bin/pip install --no-deps --no-build-isolation --target /opt/elasticjob . \
  && python -c "import elasticjob_runtime.launcher, torch"

@@ -2,21 +2,23 @@
 client certs for each component, and the service-account signing key pair.
 
 Generated once per cluster directory with the ``cryptography`` library, so no
-openssl invocation or config file is involved and every name is visible here.
+openssl invocation or config file is involved and every name is visible here; the chain
+is built by :mod:`elasticjob_pki.x509_builder`, as the operator builds its etcds'.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import ipaddress
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from elasticjob_pki import x509_builder as build
 
 _VALIDITY = dt.timedelta(days=365)
 APISERVER_DNS_NAMES = (
@@ -110,10 +112,7 @@ def _name(common_name: str, organization: str | None = None) -> x509.Name:
 
 
 def _load_ca(pki: ClusterPKI) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
-    cert = x509.load_pem_x509_certificate(pki.ca.cert.read_bytes())
-    key = serialization.load_pem_private_key(pki.ca.key.read_bytes(), password=None)
-    assert isinstance(key, ec.EllipticCurvePrivateKey)
-    return cert, key
+    return build.load_ca(pki.ca.cert.read_bytes(), pki.ca.key.read_bytes())
 
 
 def _issue(
@@ -127,62 +126,22 @@ def _issue(
     ips: tuple[str, ...] = (),
 ) -> None:
     ca_cert, ca_key = _load_ca(pki)
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = dt.datetime.now(dt.UTC)
+    key = build.new_key()
     usages = ([ExtendedKeyUsageOID.SERVER_AUTH] if server else []) + (
         [ExtendedKeyUsageOID.CLIENT_AUTH] if client else []
     )
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + _VALIDITY)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
-    )
-    alt_names: list[x509.GeneralName] = [x509.DNSName(n) for n in dns_names]
-    alt_names += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]
-    if alt_names:
-        builder = builder.add_extension(x509.SubjectAlternativeName(alt_names), critical=False)
-    cert = builder.sign(ca_key, hashes.SHA256())
+    san = build.subject_alt_name(dns_names, ips) if dns_names or ips else None
+    now = dt.datetime.now(dt.UTC)
+    cert = build.leaf(subject, key, ca_cert, ca_key, usages, now, _VALIDITY, san)
     _write_key(key, pair.key)
-    pair.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    pair.cert.write_bytes(build.pem_cert(cert))
 
 
 def _create_ca(pki: ClusterPKI) -> None:
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = dt.datetime.now(dt.UTC)
-    subject = _name("elasticjob-devcluster-ca")
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + _VALIDITY)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .sign(key, hashes.SHA256())
-    )
+    key = build.new_key()
+    cert = build.ca(_name("elasticjob-devcluster-ca"), key, dt.datetime.now(dt.UTC), _VALIDITY)
     _write_key(key, pki.ca.key)
-    pki.ca.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    pki.ca.cert.write_bytes(build.pem_cert(cert))
 
 
 def ensure_node_agent_cert(pki: ClusterPKI, node: str) -> KeyPair:

@@ -27,7 +27,7 @@ MANAGER: Final = "elasticjob-operator"
 ROLE_WORKER: Final = "worker"
 ROLE_ETCD: Final = "etcd"
 ETCD_DATA_DIR: Final = "/var/lib/etcd"
-# The provisioned etcd speaks mutual TLS (elasticjob_operator.etcd_secrets): its server
+# The provisioned etcd speaks mutual TLS (elasticjob_operator.etcd.secrets): its server
 # Secret is mounted here in the etcd pod, the client Secret (or spec.rdzvTLS's) in workers.
 ETCD_TLS_DIR: Final = "/etc/etcd/tls"
 WORKER_ETCD_TLS_DIR: Final = "/etc/elasticjob/etcd-tls"
@@ -37,7 +37,7 @@ TLS_CA: Final = "ca.crt"
 TLS_CERT: Final = "tls.crt"
 TLS_KEY: Final = "tls.key"
 # the CA's key, in the server Secret only, and never mounted: the operator issues a new
-# client certificate with it (elasticjob_operator.etcd_secrets)
+# client certificate with it (elasticjob_operator.etcd.secrets)
 TLS_CA_KEY: Final = "ca.key"
 ETCD_MOUNTED_KEYS: Final = (TLS_CA, TLS_CERT, TLS_KEY)
 # /health without a client certificate, for the readiness probe (serves no keys)
@@ -128,7 +128,7 @@ def etcd_selector(job: str) -> dict[str, str]:
 
 def rdzv_endpoint(ref: JobRef, spec: models.ElasticJobSpec, shared: str | None = None) -> str:
     """Where the workers rendezvous: the user's endpoint, the ``shared`` etcd's endpoint
-    when the job uses it (:func:`elasticjob_operator.shared_etcd.serves`), our etcd of
+    when the job uses it (:func:`elasticjob_operator.etcd.shared.serves`), our etcd of
     the job's own, or worker 0 (c10d)."""
     if spec.rdzv_endpoint is not None:
         return spec.rdzv_endpoint
@@ -399,19 +399,35 @@ def etcd_service(ref: JobRef) -> Obj:
     }
 
 
-def etcd_deployment(ref: JobRef, spec: models.ElasticJobSpec) -> Obj:
-    """A single-member etcd for the job's rendezvous (state lives as long as the job).
-
-    Recreate strategy: two members with one data dir would not be a cluster. Clients
-    speak mutual TLS: only a certificate from the job's own CA (the workers' client
-    Secret) is accepted; the server Secret is mounted here only, without its CA key.
-    """
-    settings = spec.etcd or models.EtcdSpec()
-    name = etcd_name(ref.name)
+def _etcd_args(name: str, namespace: str) -> list[str]:
+    """A single member serving mutual TLS on the pod IP and loopback, its /health plain."""
     port = contract.DEFAULT_ETCD_PORT
     metrics = ETCD_METRICS_PORT
-    advertise = f"https://{name}.{ref.namespace}.svc:{port}"
+    advertise = f"https://{name}.{namespace}.svc:{port}"
     pod_ip = f"$({contract.POD_IP})"
+    return [
+        f"--name={name}",
+        f"--data-dir={ETCD_DATA_DIR}",
+        f"--listen-client-urls=https://{pod_ip}:{port},https://127.0.0.1:{port}",
+        f"--advertise-client-urls={advertise}",
+        "--client-cert-auth",
+        f"--trusted-ca-file={ETCD_TLS_DIR}/{TLS_CA}",
+        f"--cert-file={ETCD_TLS_DIR}/{TLS_CERT}",
+        f"--key-file={ETCD_TLS_DIR}/{TLS_KEY}",
+        # plain http, /health and /metrics only: what the kubelet's probe can reach
+        f"--listen-metrics-urls=http://{pod_ip}:{metrics},http://127.0.0.1:{metrics}",
+        "--listen-peer-urls=http://127.0.0.1:2380",
+        "--initial-advertise-peer-urls=http://127.0.0.1:2380",
+        f"--initial-cluster={name}=http://127.0.0.1:2380",
+        "--auto-compaction-mode=revision",
+        "--auto-compaction-retention=1000",
+        # grants the runtime's 1 s member leases (etcd's defaults raise them to 2 s)
+        *contract.ETCD_FAST_LEASE_FLAGS,
+    ]
+
+
+def _etcd_container(ref: JobRef, settings: models.EtcdSpec) -> Obj:
+    metrics = ETCD_METRICS_PORT
     container: Obj = {
         "name": "etcd",
         "image": settings.image,
@@ -419,27 +435,9 @@ def etcd_deployment(ref: JobRef, spec: models.ElasticJobSpec) -> Obj:
         # Listen on the pod IP (what the Service targets) and loopback, not 0.0.0.0: a
         # node-local service proxy may hold clusterIP:2379 inside the pod's netns.
         "env": [_field_env(contract.POD_IP, "status.podIP")],
-        "args": [
-            f"--name={name}",
-            f"--data-dir={ETCD_DATA_DIR}",
-            f"--listen-client-urls=https://{pod_ip}:{port},https://127.0.0.1:{port}",
-            f"--advertise-client-urls={advertise}",
-            "--client-cert-auth",
-            f"--trusted-ca-file={ETCD_TLS_DIR}/{TLS_CA}",
-            f"--cert-file={ETCD_TLS_DIR}/{TLS_CERT}",
-            f"--key-file={ETCD_TLS_DIR}/{TLS_KEY}",
-            # plain http, /health and /metrics only: what the kubelet's probe can reach
-            f"--listen-metrics-urls=http://{pod_ip}:{metrics},http://127.0.0.1:{metrics}",
-            "--listen-peer-urls=http://127.0.0.1:2380",
-            "--initial-advertise-peer-urls=http://127.0.0.1:2380",
-            f"--initial-cluster={name}=http://127.0.0.1:2380",
-            "--auto-compaction-mode=revision",
-            "--auto-compaction-retention=1000",
-            # grants the runtime's 1 s member leases (etcd's defaults raise them to 2 s)
-            *contract.ETCD_FAST_LEASE_FLAGS,
-        ],
+        "args": _etcd_args(etcd_name(ref.name), ref.namespace),
         "ports": [
-            {"name": "client", "containerPort": port, "protocol": "TCP"},
+            {"name": "client", "containerPort": contract.DEFAULT_ETCD_PORT, "protocol": "TCP"},
             {"name": "metrics", "containerPort": metrics, "protocol": "TCP"},
         ],
         # ready once it serves (has a leader): the Service sends workers only then
@@ -456,9 +454,13 @@ def etcd_deployment(ref: JobRef, spec: models.ElasticJobSpec) -> Obj:
     }
     if settings.resources:
         container["resources"] = settings.resources
+    return container
+
+
+def _etcd_pod_spec(ref: JobRef, settings: models.EtcdSpec) -> Obj:
     pod_spec: Obj = {
         "securityContext": dict(pod_security.ETCD_POD_SECURITY),
-        "containers": [container],
+        "containers": [_etcd_container(ref, settings)],
         "volumes": [
             {"name": "data", "emptyDir": {}},
             {
@@ -474,6 +476,18 @@ def etcd_deployment(ref: JobRef, spec: models.ElasticJobSpec) -> Obj:
     # as the workers: on a lost node the default 300 s would keep the job without its
     # etcd (no regroup, no join) for five minutes before the ReplicaSet replaced it
     add_node_lost_tolerations(pod_spec)
+    return pod_spec
+
+
+def etcd_deployment(ref: JobRef, spec: models.ElasticJobSpec) -> Obj:
+    """A single-member etcd for the job's rendezvous (state lives as long as the job).
+
+    Recreate strategy: two members with one data dir would not be a cluster. Clients
+    speak mutual TLS: only a certificate from the job's own CA (the workers' client
+    Secret) is accepted; the server Secret is mounted here only, without its CA key.
+    """
+    name = etcd_name(ref.name)
+    pod_spec = _etcd_pod_spec(ref, spec.etcd or models.EtcdSpec())
     metadata = child_meta(ref, name, etcd_selector(ref.name))
     return {
         "apiVersion": "apps/v1",

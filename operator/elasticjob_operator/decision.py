@@ -1,6 +1,7 @@
-"""What one round of reconciling decides: children to create and delete, the new status,
-the events to post. Plain data: :mod:`elasticjob_operator.reconcile` fills it in,
-:mod:`elasticjob_operator.kube` applies it."""
+"""What one round of reconciling decides: the job's etcd credentials to make sure of,
+children to create and delete, the new status, the events to post. Plain data:
+:mod:`elasticjob_operator.reconcile` fills it in, :mod:`elasticjob_operator.job_round`
+carries it out (the Kubernetes part through :mod:`elasticjob_operator.kube`)."""
 
 from __future__ import annotations
 
@@ -34,8 +35,20 @@ class ChildRef:
     force: bool = False  # delete with grace 0: no kubelet is left to confirm it
 
 
+@dataclass(frozen=True)
+class Credentials:
+    """The job's etcd certificates, made sure of before any child is created: its Secrets
+    (looked at again when a child that mounts them is created, so a client Secret deleted
+    mid-job is issued again) and, on the shared etcd, first its user there, whom its
+    certificate names."""
+
+    recheck: bool
+    shared: bool
+
+
 @dataclass
 class Decision:
+    credentials: Credentials | None = None
     create: list[Obj] = field(default_factory=list)
     delete: list[ChildRef] = field(default_factory=list)
     status: ElasticJobStatus = field(default_factory=ElasticJobStatus)

@@ -252,13 +252,14 @@ class Kube:
         meta = job["metadata"]
         return bool(meta.get("uid") == ref.uid and not meta.get("deletionTimestamp"))
 
-    def apply(self, ref: builders.JobRef, job: Obj, decision: Decision) -> None:
-        """Children first, then events, then status: a status is written only for a world
-        that exists, so a crash in between is repaired by the next round's observation.
-        A child the API server refuses ends the round with that said instead (refusals.py)."""
+    def apply(self, ref: builders.JobRef, job: Obj, decision: Decision) -> Event | None:
+        """Children first, then events, then the decided status: a status is written only
+        for a world that exists, so a crash in between is repaired by the next round's
+        observation. A child the API server refuses ends the round with nothing more
+        written; its refusal event is returned for the caller to decide on (refusals.py)."""
         ns = ref.namespace
         if (decision.create or decision.delete) and not self._still_there(ref):
-            return  # deleted while we decided: the garbage collector owns the children now
+            return None  # deleted while we decided: the garbage collector owns the children now
         for child in decision.delete:
             self._delete(ns, child)
         conflict: Conflict | None = None
@@ -271,16 +272,12 @@ class Kube:
             except Refused as exc:
                 refused = refused or exc
         if refused is not None:
-            self._report_refusal(ref, job, refused)
-            return
+            return refused.event
         for event in decision.events:
             self.post_event(ref, event)
         if conflict is not None:
             raise conflict
-        status = decision.status
-        if decision.create:
-            status = refusals.created_status(status, datetime.now(UTC).replace(microsecond=0))
-        self._patch_status(ref, job, status)
+        self._patch_status(ref, job, decision.status)
         if decision.delete_job:
             try:
                 self.rest.delete(
@@ -290,6 +287,7 @@ class Kube:
             except ApiException as exc:
                 if exc.status != 404:
                     raise
+        return None
 
     def _patch_status(
         self, ref: builders.JobRef, job: Obj, status: models.ElasticJobStatus
@@ -307,15 +305,3 @@ class Kube:
         except ApiException as exc:
             if exc.status != 404:  # deleted meanwhile: nothing to record
                 raise
-
-    def _report_refusal(self, ref: builders.JobRef, job: Obj, refused: Refused) -> None:
-        """A refused child: a Warning event and ReplicaFailure on the job's previous status
-        (this round's status would count the refused pods as launched; see refusals.py)."""
-        log.warning("%s/%s: %s", ref.namespace, ref.name, refused.event.message)
-        self.post_event(ref, refused.event)
-        try:
-            previous = models.ElasticJobStatus.model_validate(job.get("status") or {})
-        except ValueError:
-            previous = models.ElasticJobStatus()
-        now = datetime.now(UTC).replace(microsecond=0)
-        self._patch_status(ref, job, refusals.refused_status(previous, refused.event, now))

@@ -25,15 +25,16 @@ from typing import Final
 from elasticjob_operator import builders, models, network_policy
 from elasticjob_operator.builders import JobRef
 from elasticjob_operator.conditions import ConditionChange, phase_of, set_condition
-from elasticjob_operator.decision import ChildRef, Decision, Event, normal, warning
+from elasticjob_operator.decision import ChildRef, Credentials, Decision, Event, normal, warning
 from elasticjob_operator.divergence import decide_divergences
+from elasticjob_operator.etcd.shared import SharedEtcd, serves
 from elasticjob_operator.hangs import decide_hangs
 from elasticjob_operator.models import CleanPodPolicy, ConditionType, ElasticJobSpec
 from elasticjob_operator.network_policy import OperatorPeer
 from elasticjob_operator.node_memory import decide_memory_fallback
 from elasticjob_operator.observe import Observed, ObservedPod
 from elasticjob_operator.pod_start_failures import decide_start_failures
-from elasticjob_operator.shared_etcd import SharedEtcd, serves
+from elasticjob_operator.refusals import created_status
 from elasticjob_operator.workers import (
     CREATES,
     RESTARTS,
@@ -542,6 +543,15 @@ def invalid_spec(status: models.ElasticJobStatus, message: str, now: datetime) -
     return d
 
 
+def shared_etcd_of(
+    ref: JobRef, spec: ElasticJobSpec, observed: Observed, config: Config
+) -> SharedEtcd | None:
+    """The shared etcd if this job rendezvouses there, else None: decided once per round,
+    before the run's records are read from that etcd and the round is decided."""
+    own = builders.etcd_name(ref.name) in observed.deployments
+    return serves(spec, config.shared_etcd, runs_own_etcd=own)
+
+
 def reconcile(
     ref: JobRef,
     generation: int | None,
@@ -550,22 +560,30 @@ def reconcile(
     observed: Observed,
     now: datetime,
     config: Config = Config(),
+    shared: SharedEtcd | None = None,
 ) -> Decision:
-    """Everything the operator decides for one job, from what it observed."""
-    pods = tuple(sorted(observed.pods, key=lambda p: p.index))
-    own = builders.etcd_name(ref.name) in observed.deployments
-    shared = serves(spec, config.shared_etcd, runs_own_etcd=own)
+    """Everything the operator decides for one job, from what it observed; ``shared`` is
+    :func:`shared_etcd_of` this round."""
     r = Round(
         ref,
         spec,
         observed,
-        pods,
+        tuple(sorted(observed.pods, key=lambda p: p.index)),
         now.replace(microsecond=0),
         config,
         shared.endpoint if shared is not None else None,
     )
-    d = Decision(status=status.model_copy(deep=True))
-    st = d.status
+    d = _decide(Decision(status=status.model_copy(deep=True)), r, generation)
+    if spec.provisions_etcd and not status.finished:
+        mounts = any(obj.get("kind") in ("Pod", "Deployment") for obj in d.create)
+        d.credentials = Credentials(recheck=mounts, shared=shared is not None)
+    if d.create:  # written only if all of them are (refusals.py)
+        d.status = created_status(d.status, r.now)
+    return d
+
+
+def _decide(d: Decision, r: Round, generation: int | None) -> Decision:
+    spec, st, config = r.spec, d.status, r.config
     diverged = _observe(d, r, generation)
     if st.finished:
         return _finish(d, r, frozenset())

@@ -8,8 +8,10 @@ condition ``ReplicaFailure`` with the API server's message, as a ReplicaSet repo
 
 The round's own status is not written after a refusal: it would record the refused pods
 as launched, and the next round would count their absence as failures against
-backoffLimit. The job's previous status plus the condition is written instead; the round
-is decided again next time. The condition turns False once a round creates what it asks.
+backoffLimit. The job's previous status plus the condition is written instead
+(:func:`refused`, decided on what :meth:`~elasticjob_operator.kube.Kube.apply` returns);
+the round is decided again next time. The condition turns False in the decided status of
+a round that creates children (:func:`created_status`), written only if all of them are.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from datetime import datetime
 from typing import Final
 
 from elasticjob_operator.conditions import phase_of, set_condition
-from elasticjob_operator.decision import Event, warning
+from elasticjob_operator.decision import Decision, Event, warning
 from elasticjob_operator.models import ConditionType, ElasticJobStatus
 
 REASON: Final = "FailedCreate"
@@ -66,6 +68,12 @@ def refused_status(previous: ElasticJobStatus, event: Event, now: datetime) -> E
     set_condition(status, ConditionType.REPLICA_FAILURE, True, REASON, event.message, now)
     status.phase = phase_of(status)
     return status
+
+
+def refused(previous: ElasticJobStatus, event: Event, now: datetime) -> Decision:
+    """What a round whose child was refused writes instead of its own decision: the
+    refusal's event and :func:`refused_status`."""
+    return Decision(status=refused_status(previous, event, now), events=[event])
 
 
 def created_status(status: ElasticJobStatus, now: datetime) -> ElasticJobStatus:

@@ -213,7 +213,7 @@ def _issue_job_certificates(where: Path) -> tuple[list[str], EtcdTLS | None]:
     """The operator's certificates for a job ``train``: etcd's flags, the client's files."""
     from datetime import UTC, datetime
 
-    from elasticjob_operator.etcd_certs import issue
+    from elasticjob_operator.etcd.certs import issue
 
     issued = issue("train", "ml", "train-etcd", "train-worker", datetime.now(UTC))
     where.mkdir(parents=True, exist_ok=True)
@@ -384,7 +384,7 @@ def result_of(text: str) -> dict[str, Any]:
 
 # -- what a run published in etcd, read as the tests check it (an etcd error raises: a
 # record must not look absent because the store did not answer; the operator's own
-# reader, elasticjob_operator.etcd_reader, reads the same keys and forgives errors)
+# reader, elasticjob_operator.etcd.reader, reads the same keys and forgives errors)
 
 
 def read_progress(client: EtcdClient, run_id: str) -> Progress | None:

@@ -1,7 +1,7 @@
 """Where an etcd cluster is and how to trust it: plain data, no grpc.
 
 The runtime's client (:mod:`elasticjob_runtime.etcd_client`) and the operator's reader
-(:mod:`elasticjob_operator.etcd_reader`, which speaks etcd's JSON gateway so the operator
+(:mod:`elasticjob_operator.etcd.reader`, which speaks etcd's JSON gateway so the operator
 carries no grpc) parse endpoints and hold credentials the same way.
 """
 

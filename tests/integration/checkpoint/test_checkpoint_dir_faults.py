@@ -26,7 +26,8 @@ from typing import Any
 import pytest
 from conftest import EtcdServer, launcher_argv, result_of, wait_for
 
-from elasticjob_operator import etcd_reader, observe
+from elasticjob_operator import observe
+from elasticjob_operator.etcd import reader as etcd_reader
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from conftest import EtcdServer, read_memory_fallbacks
 
-from elasticjob_operator import builders, etcd_reader, models, observe
+from elasticjob_operator import builders, models, observe
+from elasticjob_operator.etcd import reader as etcd_reader
 from elasticjob_operator.reconcile import Observed, reconcile
 from elasticjob_runtime import contract
 from elasticjob_runtime.checkpoint_files import checkpoint_name, committed_steps

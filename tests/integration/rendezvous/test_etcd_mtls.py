@@ -26,7 +26,9 @@ from torch.distributed.elastic.rendezvous.api import (
     RendezvousParameters,
 )
 
-from elasticjob_operator import etcd_certs, etcd_reader, observe
+from elasticjob_operator import observe
+from elasticjob_operator.etcd import certs as etcd_certs
+from elasticjob_operator.etcd import reader as etcd_reader
 from elasticjob_runtime import contract, rendezvous
 from elasticjob_runtime.etcd_client import EtcdError, EtcdTLSError
 from elasticjob_runtime.etcd_endpoints import parse_endpoints

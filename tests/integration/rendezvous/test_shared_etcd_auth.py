@@ -17,8 +17,11 @@ from pathlib import Path
 import pytest
 from conftest import EtcdServer, read_progress, start, start_etcd, wait_for
 
-from elasticjob_operator import etcd_certs, etcd_reader, observe, shared_etcd
-from elasticjob_operator.etcd_users import EtcdUsers, SharedEtcdNotReady
+from elasticjob_operator import observe
+from elasticjob_operator.etcd import certs as etcd_certs
+from elasticjob_operator.etcd import reader as etcd_reader
+from elasticjob_operator.etcd import shared as shared_etcd
+from elasticjob_operator.etcd.users import EtcdUsers, SharedEtcdNotReady
 from elasticjob_runtime import contract
 from elasticjob_runtime.etcd_client import EtcdClient, EtcdError
 from elasticjob_runtime.etcd_endpoints import TLSCredentials, parse_endpoints

@@ -10,7 +10,7 @@ import pytest
 from conftest import EtcdServer, free_port
 
 from elasticjob_operator import observe
-from elasticjob_operator.etcd_reader import RunRecords, read_run_records
+from elasticjob_operator.etcd.reader import RunRecords, read_run_records
 from elasticjob_runtime import contract
 from elasticjob_runtime.etcd_client import EtcdClient
 from elasticjob_runtime.etcd_endpoints import parse_endpoints

@@ -19,7 +19,7 @@ from cryptography.x509.verification import (
     VerificationError,
 )
 
-from elasticjob_operator import etcd_certs
+from elasticjob_operator.etcd import certs as etcd_certs
 
 NOW = datetime(2026, 11, 23, 8, 0, tzinfo=UTC)
 

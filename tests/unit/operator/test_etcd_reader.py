@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import socket
 
-from elasticjob_operator import etcd_reader
-from elasticjob_operator.shared_etcd import prefix_end
+from elasticjob_operator.etcd import reader as etcd_reader
+from elasticjob_operator.etcd.shared import prefix_end
 
 
 def test_a_prefix_range_ends_after_every_key_that_starts_with_it() -> None:

@@ -13,8 +13,10 @@ from cryptography import x509
 from cryptography.x509.verification import PolicyBuilder, Store
 
 from elasticjob_devcluster.volumes import materialise
-from elasticjob_operator import builders, etcd_certs, etcd_secrets
+from elasticjob_operator import builders
 from elasticjob_operator.builders import JobRef, Obj
+from elasticjob_operator.etcd import certs as etcd_certs
+from elasticjob_operator.etcd import secrets as etcd_secrets
 from elasticjob_operator.models import ElasticJobSpec
 
 NOW = datetime.now(UTC)

@@ -296,8 +296,8 @@ def test_operator_modules_never_import_torch() -> None:
     code = (
         "import sys\n"
         "import elasticjob_operator.handlers, elasticjob_operator.crd, "
-        "elasticjob_operator.etcd_reader, elasticjob_operator.metrics\n"
-        "from elasticjob_operator import etcd_reader\n"
+        "elasticjob_operator.etcd.reader, elasticjob_operator.metrics\n"
+        "from elasticjob_operator.etcd import reader as etcd_reader\n"
         "etcd_reader.read_run_records('127.0.0.1:1', 'x', timeout=0.2)\n"
         "assert 'torch' not in sys.modules, 'the operator imported torch'\n"
         "print('ok')\n"

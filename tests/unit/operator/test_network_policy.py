@@ -11,10 +11,10 @@ import pytest
 
 from elasticjob_operator import models, network_policy
 from elasticjob_operator.builders import JobRef
+from elasticjob_operator.etcd.shared import SharedEtcd
 from elasticjob_operator.network_policy import OperatorPeer, peer_from_env
 from elasticjob_operator.observe import Observed
-from elasticjob_operator.reconcile import Config, reconcile
-from elasticjob_operator.shared_etcd import SharedEtcd
+from elasticjob_operator.reconcile import Config, reconcile, shared_etcd_of
 
 REF = JobRef(name="train", namespace="ml", uid="uid-1")
 OPERATOR = OperatorPeer(
@@ -81,7 +81,8 @@ def test_etcd_accepts_its_workers_and_the_operators_pods_on_the_client_port() ->
 
 def _policies_created(spec: models.ElasticJobSpec, config: Config) -> list[str]:
     now = datetime(2026, 1, 1, tzinfo=UTC)
-    d = reconcile(REF, 1, spec, models.ElasticJobStatus(), Observed(), now, config)
+    shared = shared_etcd_of(REF, spec, Observed(), config)
+    d = reconcile(REF, 1, spec, models.ElasticJobStatus(), Observed(), now, config, shared)
     return [o["metadata"]["name"] for o in d.create if o["kind"] == "NetworkPolicy"]
 
 

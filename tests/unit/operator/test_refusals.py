@@ -87,3 +87,11 @@ def test_an_invalid_child_is_one_line_naming_the_spec_field_and_the_api_servers_
     )
     long = refusals.invalid_message("Pod", "p", json.dumps({"message": "x" * 10_000}), None)
     assert len(long) < 1200 and "\n" not in long
+
+
+def test_a_refused_round_writes_its_previous_status_and_the_refusal() -> None:
+    event = refusals.refusal_event("Pod", "train-worker-0", "forbidden")
+    decision = refusals.refused(running_status(), event, T0)
+    assert decision.events == [event] and not decision.create and not decision.delete
+    assert decision.status.is_true(C.REPLICA_FAILURE)
+    assert decision.status.worker_indexes.launched == [0, 1]  # the refused pods not counted

@@ -13,11 +13,14 @@ import pytest
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
-from elasticjob_operator import builders, etcd_certs, etcd_secrets, models, shared_etcd
+from elasticjob_operator import builders, models
 from elasticjob_operator.builders import JobRef
+from elasticjob_operator.etcd import certs as etcd_certs
+from elasticjob_operator.etcd import secrets as etcd_secrets
+from elasticjob_operator.etcd import shared as shared_etcd
+from elasticjob_operator.etcd.shared import SharedEtcd
 from elasticjob_operator.observe import Observed
-from elasticjob_operator.reconcile import Config, reconcile
-from elasticjob_operator.shared_etcd import SharedEtcd
+from elasticjob_operator.reconcile import Config, reconcile, shared_etcd_of
 from elasticjob_runtime import contract
 
 NOW = datetime(2026, 11, 23, tzinfo=UTC)
@@ -79,9 +82,10 @@ def test_users_of_gone_jobs_are_stale_and_root_never_is() -> None:
 
 
 def test_a_round_creates_no_etcd_and_points_the_workers_at_the_shared_one() -> None:
-    d = reconcile(
-        REF, 1, make_spec(), models.ElasticJobStatus(), Observed(), NOW, Config(shared_etcd=SHARED)
-    )
+    config = Config(shared_etcd=SHARED)
+    shared = shared_etcd_of(REF, make_spec(), Observed(), config)
+    assert shared == SHARED
+    d = reconcile(REF, 1, make_spec(), models.ElasticJobStatus(), Observed(), NOW, config, shared)
     kinds = sorted(o["kind"] for o in d.create)
     assert "Deployment" not in kinds and kinds.count("Service") == 1  # the workers' only
     pods = [o for o in d.create if o["kind"] == "Pod"]
@@ -96,9 +100,10 @@ def test_a_round_creates_no_etcd_and_points_the_workers_at_the_shared_one() -> N
 
 def test_a_job_running_its_own_etcd_keeps_it_when_the_shared_one_appears() -> None:
     observed = Observed(deployments=frozenset({builders.etcd_name(REF.name)}))
-    d = reconcile(
-        REF, 1, make_spec(), models.ElasticJobStatus(), observed, NOW, Config(shared_etcd=SHARED)
-    )
+    config = Config(shared_etcd=SHARED)
+    shared = shared_etcd_of(REF, make_spec(), observed, config)
+    assert shared is None
+    d = reconcile(REF, 1, make_spec(), models.ElasticJobStatus(), observed, NOW, config, shared)
     own = f"https://{builders.etcd_name(REF.name)}.ml.svc:2379"
     for pod in (o for o in d.create if o["kind"] == "Pod"):
         env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}

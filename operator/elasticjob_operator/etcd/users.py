@@ -1,6 +1,6 @@
 """The shared etcd's users and roles: authentication switched on, one user per job.
 
-The I/O half of :mod:`elasticjob_operator.shared_etcd` (which holds the rules): every
+The I/O half of :mod:`elasticjob_operator.etcd.shared` (which holds the rules): every
 call goes to the etcd's JSON gateway as root, with a token from the root password in the
 shared Secret. The gateway ignores a client certificate's common name (etcd uses it only
 on gRPC, which is what the workers speak), hence a password for the operator and none
@@ -22,8 +22,8 @@ import logging
 import threading
 from typing import Any
 
-from elasticjob_operator import shared_etcd
-from elasticjob_operator.etcd_gateway import INVALID_TOKEN, Gateway, GatewayError, b64
+from elasticjob_operator.etcd import shared as shared_etcd
+from elasticjob_operator.etcd.gateway import INVALID_TOKEN, Gateway, GatewayError, b64
 from elasticjob_runtime.etcd_endpoints import TLSCredentials, parse_endpoints
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """The certificates of a job's etcd: a CA of its own, a server and a client certificate.
 
 Pure (the clock is a parameter): what the operator stores in the job's two Secrets
-(:mod:`elasticjob_operator.etcd_secrets`). Each job gets a CA of its own, so a worker's
+(:mod:`elasticjob_operator.etcd.secrets`). Each job gets a CA of its own, so a worker's
 client certificate opens only its own job's etcd, never another job's.
 
 The CA's private key is kept, in the job's server Secret only (never mounted into a
@@ -13,28 +13,25 @@ already, which is all the etcd asks of a client. The certificates are never rene
 hence the long :data:`VALIDITY`: a job's etcd must never start refusing its workers
 mid-run, and its CA is trusted by that one etcd only and deleted with the job.
 
-ECDSA P-256 keys: quick to generate (once per job, inside a reconcile round) and what
-etcd, gRPC and Go's TLS all accept.
+The chain itself (profile, keys, PEM) is :mod:`elasticjob_pki.x509_builder`'s, shared
+with the devcluster.
 """
 
 from __future__ import annotations
 
-import ipaddress
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Final
 
 from cryptography import x509
-from cryptography.exceptions import UnsupportedAlgorithm
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from elasticjob_pki import x509_builder as build
+from elasticjob_pki.x509_builder import pem_cert, pem_key
 
 # Ten years: longer than any job runs (there is no renewal; see the module docstring).
 VALIDITY: Final = timedelta(days=3650)
-# Valid from a little before issuing, so a node whose clock lags the operator's still
-# accepts them.
-BACKDATE: Final = timedelta(minutes=5)
+BACKDATE: Final = build.BACKDATE
 ORGANIZATION: Final = "elasticjob"
 
 
@@ -90,112 +87,24 @@ def _name(common_name: str | None) -> x509.Name:
     return x509.Name(attributes)
 
 
-def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
-
-
-def _pem_cert(cert: x509.Certificate) -> bytes:
-    return cert.public_bytes(serialization.Encoding.PEM)
-
-
-def _leaf(
-    subject: str | None,
-    key: ec.EllipticCurvePrivateKey,
-    ca: x509.Certificate,
-    ca_key: ec.EllipticCurvePrivateKey,
-    usages: list[x509.ObjectIdentifier],
-    now: datetime,
-    san: x509.SubjectAlternativeName | None = None,
-) -> x509.Certificate:
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(_name(subject))
-        .issuer_name(ca.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - BACKDATE)
-        .not_valid_after(now + VALIDITY)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=False,
-                crl_sign=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
-        )
-    )
-    if san is not None:
-        builder = builder.add_extension(san, critical=False)
-    return builder.sign(ca_key, hashes.SHA256())
-
-
-def _ca(common_name: str, now: datetime) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = _name(common_name)
-    ca = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - BACKDATE)
-        .not_valid_after(now + VALIDITY)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=False,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    return ca, ca_key
-
-
 def _server(
     namespace: str,
     service: str,
     ca: x509.Certificate,
-    ca_key: ec.EllipticCurvePrivateKey,
+    ca_key: build.Key,
     now: datetime,
-) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
-    san = x509.SubjectAlternativeName(
-        [x509.DNSName(n) for n in server_names(namespace, service)]
-        + [x509.IPAddress(ipaddress.ip_address(ip)) for ip in SERVER_IPS]
-    )
-    server_key = ec.generate_private_key(ec.SECP256R1())
-    server = _leaf(
-        f"{service}.{namespace}.svc",
+) -> tuple[x509.Certificate, build.Key]:
+    san = build.subject_alt_name(server_names(namespace, service), SERVER_IPS)
+    server_key = build.new_key()
+    server = build.leaf(
+        _name(f"{service}.{namespace}.svc"),
         server_key,
         ca,
         ca_key,
         # etcd's gRPC gateway connects to etcd itself with the server certificate
         [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH],
         now,
+        VALIDITY,
         san,
     )
     return server, server_key
@@ -236,14 +145,15 @@ def _issue(
 ) -> IssuedCerts:
     """A new CA, a server certificate for ``service`` and a client certificate named
     ``client_name`` (common name, DNS name)."""
-    ca, ca_key = _ca(ca_name, now)
+    ca_key = build.new_key()
+    ca = build.ca(_name(ca_name), ca_key, now, VALIDITY)
     server, server_key = _server(namespace, service, ca, ca_key, now)
     client = _client(*client_name, ca, ca_key, now)
     return IssuedCerts(
-        ca_cert=_pem_cert(ca),
-        ca_key=_pem_key(ca_key),
-        server_cert=_pem_cert(server),
-        server_key=_pem_key(server_key),
+        ca_cert=pem_cert(ca),
+        ca_key=pem_key(ca_key),
+        server_cert=pem_cert(server),
+        server_key=pem_key(server_key),
         client_cert=client.cert,
         client_key=client.key,
     )
@@ -253,20 +163,21 @@ def _client(
     common_name: str | None,
     dns_name: str,
     ca: x509.Certificate,
-    ca_key: ec.EllipticCurvePrivateKey,
+    ca_key: build.Key,
     now: datetime,
 ) -> ClientCert:
-    key = ec.generate_private_key(ec.SECP256R1())
-    cert = _leaf(
-        common_name,
+    key = build.new_key()
+    cert = build.leaf(
+        _name(common_name),
         key,
         ca,
         ca_key,
         [ExtendedKeyUsageOID.CLIENT_AUTH],
         now,
-        x509.SubjectAlternativeName([x509.DNSName(dns_name)]),
+        VALIDITY,
+        build.subject_alt_name([dns_name]),
     )
-    return ClientCert(_pem_cert(cert), _pem_key(key))
+    return ClientCert(pem_cert(cert), pem_key(key))
 
 
 def issue_client(
@@ -281,15 +192,9 @@ def issue_client(
     """A new client certificate for the workers of ``namespace/job``, signed by the job's
     CA (``ca_cert``, ``ca_key``: PEM, as :func:`issue` made them), so the job's etcd
     trusts it as it trusts the first one. With ``user``, its common name is that etcd
-    user (the shared etcd's, :mod:`elasticjob_operator.shared_etcd`). ValueError if the
+    user (the shared etcd's, :mod:`elasticjob_operator.etcd.shared`). ValueError if the
     two are not a CA and its key.
     """
-    try:
-        ca = x509.load_pem_x509_certificate(ca_cert)
-        key = serialization.load_pem_private_key(ca_key, None)
-    except (ValueError, TypeError, UnsupportedAlgorithm):
-        raise ValueError("the CA certificate or key is not PEM as the operator writes it") from None
-    if not isinstance(key, ec.EllipticCurvePrivateKey) or key.public_key() != ca.public_key():
-        raise ValueError("the CA key is not the key of the CA certificate")
+    ca, key = build.load_ca(ca_cert, ca_key)
     name = user if user is not None else f"workers of {namespace}/{job}"
     return _client(name, f"{workers}.{namespace}.svc", ca, key, now)

@@ -5,11 +5,11 @@ The operator's only etcd I/O: the raw bytes, decoded by :mod:`elasticjob_operato
 Every member of the endpoint list is tried (the rendezvous fails over between them too).
 An unreachable store reads as nothing: progress is a nicety and must not stop reconciling.
 The job's etcd speaks mutual TLS: the caller passes the client certificate
-(:meth:`elasticjob_operator.etcd_secrets.EtcdSecrets.client_credentials`), held in
+(:meth:`elasticjob_operator.etcd.secrets.EtcdSecrets.client_credentials`), held in
 memory only and never logged.
 
 Three range reads per job and resync need no grpc: they go to etcd's JSON gateway
-(:mod:`elasticjob_operator.etcd_gateway`).
+(:mod:`elasticjob_operator.etcd.gateway`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import http.client
 import logging
 from dataclasses import dataclass
 
-from elasticjob_operator.etcd_gateway import Gateway
+from elasticjob_operator.etcd.gateway import Gateway
 from elasticjob_runtime import contract
 from elasticjob_runtime.etcd_endpoints import TLSCredentials, parse_endpoints
 

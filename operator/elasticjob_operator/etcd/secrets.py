@@ -15,7 +15,7 @@ running workers keep their mounted copies, which are as good. A client Secret wi
 its server Secret means the server Secret was deleted: with it went the only CA key the
 workers' certificates chain to, so that job must be created again.
 
-With the chart's shared etcd (:mod:`elasticjob_operator.shared_etcd`) there is one more
+With the chart's shared etcd (:mod:`elasticjob_operator.etcd.shared`) there is one more
 Secret, in the operator's own namespace, issued when the operator starts: the shared
 etcd's CA and key, its server certificate, the operator's client certificate and root's
 password. A job that rendezvouses there has only a client Secret, issued from that CA
@@ -38,9 +38,11 @@ from typing import Any, Final
 
 from kubernetes.client.exceptions import ApiException
 
-from elasticjob_operator import builders, etcd_certs, models, shared_etcd
+from elasticjob_operator import builders, models
+from elasticjob_operator.etcd import certs as etcd_certs
+from elasticjob_operator.etcd import shared as shared_etcd
+from elasticjob_operator.etcd.shared import SharedEtcd
 from elasticjob_operator.rest import Rest, path
-from elasticjob_operator.shared_etcd import SharedEtcd
 from elasticjob_runtime.etcd_endpoints import TLSCredentials
 
 log = logging.getLogger(__name__)

@@ -3,7 +3,7 @@
 The operator's every etcd call goes through here, with the standard library: that keeps
 grpc and protobuf out of the operator (16 MiB of its memory, measured). TLS credentials
 are held in memory only and never logged; an auth token, when the etcd has
-authentication on (:mod:`elasticjob_operator.shared_etcd`), rides in the
+authentication on (:mod:`elasticjob_operator.etcd.shared`), rides in the
 ``Authorization`` header as etcd's gateway wants it.
 """
 
@@ -19,7 +19,7 @@ import ssl
 from collections.abc import Iterator
 from typing import Any
 
-from elasticjob_operator.shared_etcd import prefix_end
+from elasticjob_operator.etcd.shared import prefix_end
 from elasticjob_runtime.etcd_endpoints import Endpoint, TLSCredentials
 
 # what the gateway answers for a token it does not know (expired: etcd forgets a simple

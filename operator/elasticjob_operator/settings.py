@@ -1,0 +1,59 @@
+"""The operator's settings, read once from the environment the chart gives it, pure.
+
+Everything a bad value can stop is checked here, before the operator connects to
+anything, and stops it with one line naming the variable to fix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from elasticjob_operator import network_policy
+from elasticjob_operator.etcd import shared as shared_etcd
+from elasticjob_operator.reconcile import Config
+
+
+@dataclass(frozen=True)
+class Settings:
+    namespaces: tuple[str, ...]  # watched; empty: all
+    resync_seconds: float
+    # threads that reconcile jobs (each job one at a time; one kept for urgent jobs): how
+    # many API requests at once (the chart's reconcileWorkers)
+    workers: int
+    metrics_port: int
+    # loopback unless told otherwise (the chart sets 0.0.0.0 inside the operator's pod)
+    metrics_addr: str
+    config: Config
+
+
+def _float(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name, "")
+    try:
+        return float(raw) if raw else default
+    except ValueError:
+        raise SystemExit(f"{name}={raw!r} is not a number; set it to seconds, e.g. 10") from None
+
+
+def from_env(env: Mapping[str, str]) -> Settings:
+    """The settings, or SystemExit with one line saying what to set."""
+    workers = int(_float(env, "ELASTICJOB_RECONCILE_WORKERS", 8))
+    if workers < 2:
+        raise SystemExit(f"ELASTICJOB_RECONCILE_WORKERS={workers}: set it to 2 or more")
+    try:
+        config = Config(
+            below_min_grace_seconds=_float(env, "ELASTICJOB_BELOW_MIN_GRACE_SECONDS", 300.0),
+            node_lost_grace_seconds=_float(env, "ELASTICJOB_NODE_LOST_GRACE_SECONDS", 10.0),
+            network_policy=network_policy.peer_from_env(env),
+            shared_etcd=shared_etcd.from_env(env),
+        )
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    return Settings(
+        namespaces=tuple(n for n in env.get("ELASTICJOB_NAMESPACES", "").split(",") if n.strip()),
+        resync_seconds=_float(env, "ELASTICJOB_RESYNC_SECONDS", 10.0),
+        workers=workers,
+        metrics_port=int(_float(env, "ELASTICJOB_METRICS_PORT", 8000)),
+        metrics_addr=env.get("ELASTICJOB_METRICS_ADDR", "127.0.0.1"),
+        config=config,
+    )
