@@ -216,10 +216,8 @@ class WorkerChannel:
     @classmethod
     def from_env(cls) -> WorkerChannel | None:
         """None outside ``elasticjob-run`` (plain torchrun, or no launcher at all)."""
-        directory = _directory_from_env()
-        if directory is None or not directory.is_dir():
-            return None
-        return cls(directory, int(os.environ.get("LOCAL_RANK", "0")))
+        found = _local_rank_from_env()
+        return cls(*found) if found is not None else None
 
     def latest(self) -> Assignment | None:
         """The newest assignment (re-read only when the file changed: one ``stat``)."""
@@ -275,6 +273,14 @@ def _directory_from_env() -> Path | None:
     return Path(directory) if directory else None
 
 
+def _local_rank_from_env() -> tuple[Path, int] | None:
+    """This worker's channel directory and local rank, or None without an agent's."""
+    directory = _directory_from_env()
+    if directory is None or not directory.is_dir():
+        return None
+    return directory, int(os.environ.get("LOCAL_RANK", "0"))
+
+
 def group_broken() -> bool:
     """True when this worker's agent is stopping it because its round lost a peer: a
     collective in flight can then never finish, so waiting for a step boundary is moot."""
@@ -310,7 +316,5 @@ class StepReporter:
     @classmethod
     def from_env(cls) -> StepReporter | None:
         """None outside ``elasticjob-run`` (nobody watches the steps there)."""
-        directory = _directory_from_env()
-        if directory is None or not directory.is_dir():
-            return None
-        return cls(directory, int(os.environ.get("LOCAL_RANK", "0")))
+        found = _local_rank_from_env()
+        return cls(*found) if found is not None else None
