@@ -314,7 +314,7 @@ def _launch(
     from torch.distributed.run import run
 
     from elasticjob_runtime.agent import MembershipAwareAgent
-    from elasticjob_runtime.rendezvous import RunFinishedError
+    from elasticjob_runtime.rendezvous_join import RunFinishedError
     from elasticjob_runtime.torch_internals import launching_agents_with
 
     # torch's launcher builds a LocalElasticAgent; ours is a subclass with warm spares

@@ -8,8 +8,8 @@ over small parts, split the way torch splits its dynamic handler:
   :mod:`~elasticjob_runtime.join_executor`: the join loop that ``match``es on the rules'
   decisions, and the executor that carries each one out;
 * :mod:`~elasticjob_runtime.rendezvous_state`: the reads, and the round key's writes
-  through :class:`EtcdV3RendezvousBackend` (torch's ``RendezvousBackend`` contract, so it
-  also plugs into torch's ``DynamicRendezvousHandler``);
+  through :mod:`~elasticjob_runtime.rendezvous_backend` (torch's ``RendezvousBackend``
+  contract, so it also plugs into torch's ``DynamicRendezvousHandler``);
 * :mod:`~elasticjob_runtime.lease_holder`: the leases and their keeper thread;
 * :mod:`~elasticjob_runtime.round_watch`: the running round and its watch;
 * :mod:`~elasticjob_runtime.rendezvous_keys`: every key.
@@ -54,39 +54,16 @@ from elasticjob_runtime.etcd_client import EtcdClient, EtcdError
 from elasticjob_runtime.etcd_store import EtcdV3Store, RoundAbandoned
 from elasticjob_runtime.etcd_tls import connect
 from elasticjob_runtime.join_executor import JoinExecutor
-from elasticjob_runtime.lease_holder import KEEP_ALIVE_QUIET_S, LeaseHolder
+from elasticjob_runtime.lease_holder import LeaseHolder
 from elasticjob_runtime.leases import DEFAULT_LEASE_TTL
 from elasticjob_runtime.membership import Joined, Limits, Round
-from elasticjob_runtime.rendezvous_backend import (
-    BACKEND_NAME,
-    EtcdV3RendezvousBackend,
-    state_digest,
-    state_problem,
-)
-from elasticjob_runtime.rendezvous_join import RunFinishedError, finished_run_message, join_round
-from elasticjob_runtime.rendezvous_keys import (
-    RendezvousKeys,
-    members_prefix,
-    state_digest_key,
-    state_key,
-)
+from elasticjob_runtime.rendezvous_backend import BACKEND_NAME
+from elasticjob_runtime.rendezvous_join import join_round
+from elasticjob_runtime.rendezvous_keys import RendezvousKeys
 from elasticjob_runtime.rendezvous_state import RendezvousState
 from elasticjob_runtime.round_watch import RoundWatch
 
-__all__ = [  # what callers import from here, wherever it lives now
-    "BACKEND_NAME",
-    "KEEP_ALIVE_QUIET_S",
-    "EtcdV3RendezvousBackend",
-    "EtcdV3RendezvousHandler",
-    "RunFinishedError",
-    "finished_run_message",
-    "handler_from_params",
-    "members_prefix",
-    "state_digest",
-    "state_digest_key",
-    "state_key",
-    "state_problem",
-]
+__all__ = ["EtcdV3RendezvousHandler", "handler_from_params"]
 
 log = logging.getLogger(__name__)
 

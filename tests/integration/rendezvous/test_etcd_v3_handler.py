@@ -27,13 +27,10 @@ from elasticjob_runtime import contract
 from elasticjob_runtime.etcd_client import EtcdClient, EtcdError
 from elasticjob_runtime.etcd_endpoints import parse_endpoints
 from elasticjob_runtime.membership import Limits, Round, encode_participants
-from elasticjob_runtime.rendezvous import (
-    EtcdV3RendezvousBackend,
-    EtcdV3RendezvousHandler,
-    RunFinishedError,
-    members_prefix,
-    state_key,
-)
+from elasticjob_runtime.rendezvous import EtcdV3RendezvousHandler
+from elasticjob_runtime.rendezvous_backend import EtcdV3RendezvousBackend
+from elasticjob_runtime.rendezvous_join import RunFinishedError
+from elasticjob_runtime.rendezvous_keys import members_prefix, state_key
 
 pytestmark = pytest.mark.integration
 

@@ -27,7 +27,8 @@ from elasticjob_devcluster.network import pipe
 from elasticjob_runtime.etcd_client import EtcdClient
 from elasticjob_runtime.etcd_endpoints import parse_endpoints
 from elasticjob_runtime.membership import Limits
-from elasticjob_runtime.rendezvous import EtcdV3RendezvousHandler, members_prefix
+from elasticjob_runtime.rendezvous import EtcdV3RendezvousHandler
+from elasticjob_runtime.rendezvous_keys import members_prefix
 
 pytestmark = pytest.mark.integration
 

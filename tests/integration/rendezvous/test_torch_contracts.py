@@ -29,7 +29,8 @@ from torch.distributed.elastic.rendezvous import (
 from elasticjob_runtime.etcd_client import EtcdClient
 from elasticjob_runtime.etcd_endpoints import parse_endpoints
 from elasticjob_runtime.etcd_store import EtcdV3Store
-from elasticjob_runtime.rendezvous import EtcdV3RendezvousBackend, state_key
+from elasticjob_runtime.rendezvous_backend import EtcdV3RendezvousBackend
+from elasticjob_runtime.rendezvous_keys import state_key
 
 pytestmark = pytest.mark.integration
 

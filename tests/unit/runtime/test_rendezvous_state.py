@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from elasticjob_runtime.rendezvous import state_digest, state_digest_key, state_problem
+from elasticjob_runtime.rendezvous_backend import state_digest, state_problem
+from elasticjob_runtime.rendezvous_keys import state_digest_key
 
 DIGEST_KEY = state_digest_key("run")
 
