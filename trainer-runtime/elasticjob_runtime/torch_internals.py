@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import subprocess
 from collections.abc import Callable, Iterator
+from types import ModuleType
 from typing import Any
 
 from torch.distributed.elastic.agent.server import api as agent_api
@@ -162,28 +163,31 @@ class TorchAgent(LocalElasticAgent):
 
 
 @contextlib.contextmanager
-def starting_workers_with(start: Callable[..., PContext]) -> Iterator[Callable[..., PContext]]:
-    """While torch's agent starts a round's workers, it calls ``start`` instead of its
-    ``start_processes`` (given back, for ``start`` to fall through to)."""
-    original: Callable[..., PContext] = vars(local_elastic_agent)["start_processes"]
-    setattr(local_elastic_agent, "start_processes", start)  # noqa: B010
+def _replaced(module: ModuleType, name: str, value: Any) -> Iterator[Any]:
+    """``module.name`` is ``value`` inside the block (the original is yielded)."""
+    original = vars(module)[name]
+    setattr(module, name, value)
     try:
         yield original
     finally:
-        setattr(local_elastic_agent, "start_processes", original)  # noqa: B010
+        setattr(module, name, original)
 
 
-@contextlib.contextmanager
-def launching_agents_with(factory: Callable[..., LocalElasticAgent]) -> Iterator[None]:
+def starting_workers_with(
+    start: Callable[..., PContext],
+) -> contextlib.AbstractContextManager[Callable[..., PContext]]:
+    """While torch's agent starts a round's workers, it calls ``start`` instead of its
+    ``start_processes`` (given back, for ``start`` to fall through to)."""
+    return _replaced(local_elastic_agent, "start_processes", start)
+
+
+def launching_agents_with(
+    factory: Callable[..., LocalElasticAgent],
+) -> contextlib.AbstractContextManager[Any]:
     """While torch's launcher runs, it builds its agent with ``factory``."""
     import torch.distributed.launcher.api as launcher_api
 
-    original = vars(launcher_api)["LocalElasticAgent"]
-    setattr(launcher_api, "LocalElasticAgent", factory)  # noqa: B010
-    try:
-        yield
-    finally:
-        setattr(launcher_api, "LocalElasticAgent", original)  # noqa: B010
+    return _replaced(launcher_api, "LocalElasticAgent", factory)
 
 
 def abort_process_group() -> None:
