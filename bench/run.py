@@ -586,32 +586,18 @@ def main(argv: Sequence[str] | None = None) -> None:
                     continue
                 for launcher in args.launchers:
                     where = workdir / f"{scenario}-{launcher}-{rep}"
+                    # the fault bench.run knows, and the script it runs this time
+                    fault, script, train_args = scenario, SCRIPT, list(TRAIN_ARGS)
                     if scenario in real_scripts.FAULTS:
-                        r = run_scenario(
-                            real_scripts.FAULTS[scenario],
-                            launcher,
-                            rep,
-                            etcd,
-                            where,
-                            limits,
-                            real_scripts.script_for(launcher),
-                            real_scripts.FAULT_ARGS,
-                            label=scenario,
-                        )
+                        fault = real_scripts.FAULTS[scenario]
+                        script = real_scripts.script_for(launcher)
+                        train_args = list(real_scripts.FAULT_ARGS)
                     elif scenario in classic.FAULTS:
-                        r = run_scenario(
-                            classic.FAULTS[scenario],
-                            launcher,
-                            rep,
-                            etcd,
-                            where,
-                            limits,
-                            classic.SCRIPT,
-                            classic.train_args(where),
-                            label=scenario,
-                        )
-                    else:
-                        r = run_scenario(scenario, launcher, rep, etcd, where, limits)
+                        fault = classic.FAULTS[scenario]
+                        script, train_args = classic.SCRIPT, classic.train_args(where)
+                    r = run_scenario(
+                        fault, launcher, rep, etcd, where, limits, script, train_args, scenario
+                    )
                     shown = f"{r.seconds:.2f} s" if r.seconds is not None else f"FAILED: {r.error}"
                     print(f"{scenario:<15} {launcher:<17} rep {rep}: {shown}", flush=True)
                     results.append(r)
