@@ -18,10 +18,19 @@ class Event:
     type: Literal["Normal", "Warning"]
     reason: str
     message: str
+    # The children ("Kind/name") whose creation this event reports: it is posted once
+    # they exist even when the round stops at a later child (the next round would not
+    # create them, so it would never say so).
+    reports: tuple[str, ...] = ()
 
 
-def normal(reason: str, message: str) -> Event:
-    return Event("Normal", reason, message)
+def normal(reason: str, message: str, reports: tuple[str, ...] = ()) -> Event:
+    return Event("Normal", reason, message, reports)
+
+
+def child_key(obj: Obj) -> str:
+    """How an event names a child it reports: ``Kind/name``."""
+    return f"{obj['kind']}/{obj['metadata']['name']}"
 
 
 def warning(reason: str, message: str) -> Event:
@@ -55,8 +64,8 @@ class Decision:
     events: list[Event] = field(default_factory=list)
     delete_job: bool = False
 
-    def normal(self, reason: str, message: str) -> None:
-        self.events.append(normal(reason, message))
+    def normal(self, reason: str, message: str, reports: tuple[str, ...] = ()) -> None:
+        self.events.append(normal(reason, message, reports))
 
     def warning(self, reason: str, message: str) -> None:
         self.events.append(warning(reason, message))

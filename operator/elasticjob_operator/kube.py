@@ -18,7 +18,7 @@ import kubernetes.config
 from kubernetes.client.exceptions import ApiException
 
 from elasticjob_operator import builders, models, refusals
-from elasticjob_operator.decision import ChildRef, Decision, Event
+from elasticjob_operator.decision import ChildRef, Decision, Event, child_key
 from elasticjob_operator.observe import Observed, observe_pod
 from elasticjob_operator.rest import Rest, path
 
@@ -264,14 +264,21 @@ class Kube:
             self._delete(ns, child)
         conflict: Conflict | None = None
         refused: Refused | None = None
-        for obj in decision.create:
-            try:
-                self._create(ns, obj)
-            except Conflict as exc:
-                conflict = exc
-            except Refused as exc:
-                refused = refused or exc
+        created: set[str] = set()
+        try:
+            for obj in decision.create:
+                try:
+                    self._create(ns, obj)
+                    created.add(child_key(obj))
+                except Conflict as exc:
+                    conflict = exc
+                except Refused as exc:
+                    refused = refused or exc
+        except BaseException:
+            self._post_reports(ref, decision.events, created)
+            raise
         if refused is not None:
+            self._post_reports(ref, decision.events, created)
             return refused.event
         for event in decision.events:
             self.post_event(ref, event)
@@ -288,6 +295,12 @@ class Kube:
                 if exc.status != 404:
                     raise
         return None
+
+    def _post_reports(self, ref: builders.JobRef, events: list[Event], created: set[str]) -> None:
+        """A round that stops before its events: say what it did create (decision.Event)."""
+        for event in events:
+            if event.reports and created.issuperset(event.reports):
+                self.post_event(ref, event)
 
     def _patch_status(
         self, ref: builders.JobRef, job: Obj, status: models.ElasticJobStatus

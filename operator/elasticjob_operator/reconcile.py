@@ -25,7 +25,15 @@ from typing import Final
 from elasticjob_operator import builders, models, network_policy
 from elasticjob_operator.builders import JobRef
 from elasticjob_operator.conditions import ConditionChange, phase_of, set_condition
-from elasticjob_operator.decision import ChildRef, Credentials, Decision, Event, normal, warning
+from elasticjob_operator.decision import (
+    ChildRef,
+    Credentials,
+    Decision,
+    Event,
+    child_key,
+    normal,
+    warning,
+)
 from elasticjob_operator.divergence import decide_divergences
 from elasticjob_operator.etcd.shared import SharedEtcd, serves
 from elasticjob_operator.hangs import decide_hangs
@@ -433,8 +441,13 @@ def _provision(d: Decision, r: Round) -> None:
     if r.own_etcd:
         etcd = builders.etcd_name(ref.name)
         if etcd not in observed.deployments:
-            d.create.append(builders.etcd_deployment(ref, r.spec))
-            d.normal("ProvisionedEtcd", f"created etcd {etcd} for the rendezvous")
+            deployment = builders.etcd_deployment(ref, r.spec)
+            d.create.append(deployment)
+            d.normal(
+                "ProvisionedEtcd",
+                f"created etcd {etcd} for the rendezvous",
+                reports=(child_key(deployment),),
+            )
         if etcd not in observed.services:
             d.create.append(builders.etcd_service(ref))
 
@@ -473,12 +486,15 @@ def _workers(d: Decision, r: Round) -> WorkerRound:
         r.ref.name, r.spec, st.incarnation, st.restart_count, st.worker_indexes, current, lost
     )
     actions, ctx = decide_workers(start, current, desired)
-    created, deleted = [], []
+    created: list[str] = []
+    deleted: list[str] = []
+    pods: list[str] = []  # "Pod/name" of those created
     for a in actions:
         if a.act in CREATES:
             pod = builders.worker_pod(r.ref, r.spec, a.index, st.incarnation, r.shared)
             d.create.append(pod)
             created.append(builders.worker_pod_name(r.ref.name, a.index))
+            pods.append(child_key(pod))
         elif a.act is Act.DELETE_TO_REPLACE and a.pod is not None:
             d.delete.append(ChildRef("Pod", a.pod.name, force=a.force))
             deleted.append(a.pod.name)
@@ -489,6 +505,7 @@ def _workers(d: Decision, r: Round) -> WorkerRound:
         d.normal(
             "ReplacedWorkers" if replaced else "CreatedWorkers",
             f"created worker pods {', '.join(created)}",
+            reports=tuple(pods),
         )
     st.worker_indexes = ctx.indexes()
     st.restart_count = ctx.restart_count

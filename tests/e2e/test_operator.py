@@ -115,6 +115,16 @@ def operator_pods(c: Cluster, running: bool = False) -> list[Any]:
     return Operator(c, RELEASE, OP_NS, JOB_NS).pods(running)
 
 
+def operator_log(c: Cluster) -> str:
+    """Every operator pod's log with its restart count: what a failed check prints."""
+    return "".join(
+        f"--- {p.metadata.name} (restarts: "
+        f"{sum(s.restart_count for s in p.status.container_statuses or [])})\n"
+        + c.kubectl("-n", OP_NS, "logs", p.metadata.name, "--all-containers", check=False).stdout
+        for p in operator_pods(c)
+    )
+
+
 def start_job(c: Cluster, ns: str, obj: Obj) -> str:
     c.apply(ns, obj)
     name: str = obj["metadata"]["name"]
@@ -230,7 +240,10 @@ def test_job_gets_its_workers_services_etcd_and_the_env_contract(
         ),
     )
     described = c.kubectl("-n", ns, "describe", "elasticjob", name).stdout
-    assert "CreatedWorkers" in described and "ProvisionedEtcd" in described
+    events = described[described.find("Events:") :]
+    assert "CreatedWorkers" in events and "ProvisionedEtcd" in events, (
+        events + "\noperator log:\n" + operator_log(c)
+    )
 
 
 # What the runtime's rank 0 does: publish its progress record (elasticjob_runtime.records)
@@ -504,13 +517,10 @@ def test_no_certificate_or_key_in_the_operators_log_or_the_jobs_events_or_status
     selector = f"involvedObject.name={name}"
     events = c.core.list_namespaced_event(ns, field_selector=selector).items
     assert {e.reason for e in events} >= {"ProvisionedEtcd", "CreatedWorkers"}
-    operator_log = "".join(
-        c.kubectl("-n", OP_NS, "logs", p.metadata.name, "--all-containers", check=False).stdout
-        for p in operator_pods(c)
-    )
-    assert f"{ns}/{name}" in operator_log  # the log that is scanned is the one for this job
+    log = operator_log(c)
+    assert f"{ns}/{name}" in log  # the log that is scanned is the one for this job
     texts = {
-        "the operator's log": operator_log,
+        "the operator's log": log,
         "the job's events": json.dumps([(e.reason, e.message) for e in events]),
         "the job's status": json.dumps(c.status(ns, name)),
         "kubectl describe": c.kubectl("-n", ns, "describe", "elasticjob", name).stdout,

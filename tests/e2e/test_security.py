@@ -247,6 +247,11 @@ def test_a_template_the_restricted_profile_forbids_is_refused_and_said_so(
         ns, field_selector="involvedObject.name=rooted,reason=FailedCreate"
     ).items
     assert [(e.type, e.message) for e in events] == [("Warning", failure["message"])]
+    # the etcd was created in the round that stopped at the refused pod: that is said too
+    provisioned = c.core.list_namespaced_event(
+        ns, field_selector="involvedObject.name=rooted,reason=ProvisionedEtcd"
+    ).items
+    assert [e.message for e in provisioned] == ["created etcd rooted-etcd for the rendezvous"]
     assert c.status(ns, "rooted").get("restartCount", 0) == 0  # no replacement counted
     assert not c.workers(ns, "rooted")
     # the operator carried on: not a crash, not a restart
