@@ -170,7 +170,7 @@ def _worker(rank: int, port: int, case: str, directory: str, results: Any) -> No
     import torch.distributed as dist
 
     from elasticjob_runtime import elastic
-    from elasticjob_runtime.elastic import gather_rows
+    from elasticjob_runtime.agreement import gather_rows
     from elasticjob_runtime.fingerprint import fingerprint
     from elasticjob_runtime.seeds import seed_all, step_seed
 
@@ -210,9 +210,9 @@ def _worker(rank: int, port: int, case: str, directory: str, results: Any) -> No
             out.append(time.perf_counter() - began)
         return out
 
-    checked = run._checked_state()
+    checked = run._state.checked()
     device = torch.device("cpu")
-    check = timed(lambda: run._check_agreement("check-cost"), calls)
+    check = timed(lambda: run._loop.check("check-cost"), calls)
     prints = timed(lambda: [fingerprint(obj) for obj in checked.values()], calls)
     gather = timed(lambda: gather_rows([0] * len(checked), device), calls)
     began = time.perf_counter()

@@ -23,14 +23,15 @@ if TYPE_CHECKING:
         CheckpointManager,
         UnsafeCheckpointError,
     )
-    from elasticjob_runtime.elastic import Run, StepBrokeAfterUpdate
+    from elasticjob_runtime.elastic import Run
     from elasticjob_runtime.fingerprint import DivergenceError
     from elasticjob_runtime.sampler import ElasticSampler
+    from elasticjob_runtime.step_loop import StepBrokeAfterUpdate
 
 # public name -> the module that defines it
 _EXPORTS = {
     "Run": "elasticjob_runtime.elastic",
-    "StepBrokeAfterUpdate": "elasticjob_runtime.elastic",
+    "StepBrokeAfterUpdate": "elasticjob_runtime.step_loop",
     "ElasticSampler": "elasticjob_runtime.sampler",
     "CheckpointManager": "elasticjob_runtime.checkpoint",
     "CheckpointError": "elasticjob_runtime.checkpoint",

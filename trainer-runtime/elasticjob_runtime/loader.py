@@ -35,7 +35,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from elasticjob_runtime.seeds import sample_seed, seed_all
 
 if TYPE_CHECKING:
-    from elasticjob_runtime.elastic import Run
+    from elasticjob_runtime.step_loop import StepLoop
 
 
 @dataclass(frozen=True)
@@ -107,7 +107,7 @@ class ElasticLoader:
 
     def __init__(
         self,
-        run: Run,
+        loop: StepLoop,
         dataset: Dataset[Any],
         batch_size: int,
         *,
@@ -126,12 +126,12 @@ class ElasticLoader:
         if accumulate < 1:
             raise ValueError(f"accumulate must be at least 1 (got {accumulate})")
         size = len(dataset)  # type: ignore[arg-type]
-        if size != run.sampler.num_samples:
+        if size != loop.sampler.num_samples:
             raise ValueError(
                 f"the dataset has {size} samples but the sampler given to run.wrap() has "
-                f"{run.sampler.num_samples}; make it ElasticSampler(len(dataset), ...)"
+                f"{loop.sampler.num_samples}; make it ElasticSampler(len(dataset), ...)"
             )
-        self._run = run
+        self._loop = loop
         self.batch_size = batch_size
         self.accumulate = accumulate
         self._batches = RoundBatches()
@@ -160,14 +160,14 @@ class ElasticLoader:
         return self.batch_size * self.accumulate
 
     def __iter__(self) -> Iterator[Any]:
-        return self._run._steps(self.step_size, self._start_round)
+        return self._loop.rounds_of_steps(self.step_size, self._start_round)
 
     def _start_round(self, shard: list[int], steps: int) -> Iterator[Any]:
         """The batches of this round's ``steps`` from this rank's ``shard``, in order."""
         plan = plan_steps(shard, steps, self.step_size, self.batch_size, filler=0)
-        self._batches.load(self._run.sampler.epoch, plan)
+        self._batches.load(self._loop.sampler.epoch, plan)
         produced = iter(self.dataloader)  # persistent workers: a reset, not a new set
         for step in plan:
             micro = [next(produced) for _ in step.micro]
-            self._run._set_rank_samples(step.samples)
+            self._loop.rank_samples = step.samples
             yield micro if self.accumulate > 1 else micro[0]

@@ -301,6 +301,16 @@ def reporter_from_env(*, ttl: int = 15, min_interval: float = 1.0) -> ProgressRe
         return None
 
 
+def reporter_for_rank(rank: int, current: ProgressReporter | None) -> ProgressReporter | None:
+    """Global rank 0 publishes progress; after a regroup that may be another process."""
+    if rank == 0 and current is None:
+        return reporter_from_env()
+    if rank != 0 and current is not None:
+        current.close(wait=0)  # the new rank 0 publishes; training goes on now
+        return None
+    return current
+
+
 # -- node-memory checkpoint copies that failed ------------------------------------------
 
 # The report outlives its writer (the operator must see it even if the pod dies at once)

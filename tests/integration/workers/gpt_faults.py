@@ -64,7 +64,7 @@ def main() -> None:
         if step == _at("HOLD_AT_STEP") and run.world_size == int(os.environ["HOLD_WORLD"]):
             print(f"held at step {step} rank={run.rank}", flush=True)
             deadline = time.monotonic() + 240
-            while not run._switch_pending() and time.monotonic() < deadline:
+            while not run._rounds.switch_pending() and time.monotonic() < deadline:
                 time.sleep(0.05)
 
     def faulty_accumulate(self: elastic.Run, micro_batches: Any) -> Any:
