@@ -55,6 +55,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,7 +69,7 @@ from elasticjob_runtime import contract
 from elasticjob_runtime.channel import AgentChannel
 from elasticjob_runtime.etcd_store import EtcdV3Store, RoundAbandoned
 from elasticjob_runtime.hang import group_step
-from elasticjob_runtime.hang_watch import STEP_READ_INTERVAL_S, HangWatch
+from elasticjob_runtime.hang_watch import HangWatch
 from elasticjob_runtime.leases import notice_within
 from elasticjob_runtime.rendezvous_api import membership_of
 from elasticjob_runtime.spare import parse_worker_command
@@ -96,10 +97,22 @@ HANG_EXITCODE = 1
 # to report a lost peer before the failure counts as this node's own.
 MEMBERSHIP_NOTICE_MARGIN_S = 0.5
 
+# How often the agent reads its workers' steps (torch's loop asks every 0.1 s): a hang is
+# seen at most this late, and the spares are refilled at most this late.
+STEP_READ_INTERVAL_S = 0.5
+
 
 def local_fault(exitcodes: list[int]) -> bool:
     """A worker that died by a signal failed here; an exception may be a peer's doing."""
     return any(code < 0 for code in exitcodes)
+
+
+def steps_due(read_at: float, now: float, wanted: bool) -> bool:
+    """Whether this monitor pass reads the workers' step files (last read at ``read_at``):
+    at most every :data:`STEP_READ_INTERVAL_S`, and only when a reader wants them
+    (``wanted``: the hang watch judges hangs, or spares wait for a refill). One read
+    serves every reader of the pass, so they all see the same steps."""
+    return wanted and now - read_at >= STEP_READ_INTERVAL_S
 
 
 def gone_from_exit_barrier(lost: list[str]) -> str | None:
@@ -129,7 +142,7 @@ class MembershipAwareAgent(TorchAgent):
         # When a round last started workers (from spares), and the step it started at:
         # the pool is refilled once that round trains (spare_pool.refill_due).
         self._refill: tuple[float, int | None] | None = None
-        self._refill_checked_at = -1.0
+        self._steps_read_at = -1.0  # when a monitor pass last read the steps (steps_due)
         self._hung = False  # the group being stopped hung: wake and stop it at once
         # Set once this node's workers first ran in a round (the readiness probe reads it).
         self.joined = joined if joined is not None else threading.Event()
@@ -188,7 +201,10 @@ class MembershipAwareAgent(TorchAgent):
         # torch's loop sets the state before it calls this: HEALTHY is its membership
         # branch (a peer left or came); FAILED/UNHEALTHY means a local worker exited.
         if worker_group.state == WorkerState.HEALTHY and self._workers_regroup_in_place():
-            refused = self.hang_watch.in_place_refusal(self.worker_pids(), self._generation)
+            # Read now, not at the last monitor pass: the round opens at this moment.
+            refused = self.hang_watch.in_place_refusal(
+                self.worker_pids(), self._generation, self._channel.steps(), time.monotonic()
+            )
             if refused is not None:
                 # It would never take the round, and its other members would wait in it.
                 log.warning("not regrouping the workers in place: %s; restarting them", refused)
@@ -267,15 +283,20 @@ class MembershipAwareAgent(TorchAgent):
         with starting_workers_with(start) as original:
             started = super().start_workers(worker_group)
         self.joined.set()
-        if spares is not None and not (kind.in_place and running is not None):
-            self._refill = (time.monotonic(), group_step(self._channel.steps()))
+        in_place = kind.in_place and running is not None
+        # One read for both: the step the refill waits to see change, the hang clock's start.
+        steps, now = self._channel.steps(), time.monotonic()
+        if spares is not None and not in_place:
+            self._refill = (now, group_step(steps))
         ranks = range(worker_group.spec.local_world_size)
-        self.hang_watch.round_started(generation, ranks, kind.in_place and running is not None)
+        self.hang_watch.round_started(generation, ranks, in_place, steps, now)
         return started
 
     def monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         result = super().monitor_workers(worker_group)
-        self._refill_spares()
+        now = time.monotonic()
+        steps = self._read_steps(now)
+        self._refill_spares(steps, now)
         if result.state == WorkerState.HEALTHY:
             if self._channel.regroup_requested(self._generation) and (
                 self._workers_regroup_in_place()
@@ -285,7 +306,7 @@ class MembershipAwareAgent(TorchAgent):
                 log.info("a worker's collective failed; opening the next round")
                 self.restart_workers(worker_group)
                 return result
-            return self._check_hang(worker_group) or result
+            return self._check_hang(worker_group, steps, now) or result
         if result.state not in {WorkerState.FAILED, WorkerState.UNHEALTHY}:
             return result
         self._kill_orphans(result)
@@ -322,16 +343,22 @@ class MembershipAwareAgent(TorchAgent):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(failure.pid, signal.SIGKILL)  # a worker leads its own session
 
-    def _refill_spares(self) -> None:
-        """Replace the spares the running round took, once it trains (spare_pool.refill_due)."""
-        now = time.monotonic()
-        if self._spares is None or self._refill is None:
+    def _read_steps(self, now: float) -> dict[int, int] | None:
+        """The workers' steps for this monitor pass's readers, or None when the pass reads
+        none (:func:`steps_due`): the one read of the step files per pass."""
+        wanted = self.hang_watch.watching or (self._spares is not None and self._refill is not None)
+        if not steps_due(self._steps_read_at, now, wanted):
+            return None
+        self._steps_read_at = now
+        return self._channel.steps()
+
+    def _refill_spares(self, steps: Mapping[int, int] | None, now: float) -> None:
+        """Replace the spares the running round took, once it trains (spare_pool.refill_due);
+        judged only on a pass that read the ``steps``, as the hang is."""
+        if self._spares is None or self._refill is None or steps is None:
             return
-        if now - self._refill_checked_at < STEP_READ_INTERVAL_S:
-            return
-        self._refill_checked_at = now
         handed_at, start_step = self._refill
-        step = group_step(self._channel.steps())
+        step = group_step(steps)
         if refill_due(handed_at, step is not None and step != start_step, now, REFILL_DELAY_S):
             self._refill = None
             self._spares.fill()
@@ -362,10 +389,15 @@ class MembershipAwareAgent(TorchAgent):
         finally:
             store.give_up = None
 
-    def _check_hang(self, worker_group: WorkerGroup) -> RunResult | None:
-        """A failed round when the workers hung (hang_watch.py), else None."""
+    def _check_hang(
+        self, worker_group: WorkerGroup, steps: Mapping[int, int] | None, now: float
+    ) -> RunResult | None:
+        """A failed round when the workers hung (hang_watch.py), else None; judged only on
+        a pass that read the ``steps``."""
+        if steps is None:
+            return None
         pids = self.worker_pids()
-        if self.hang_watch.hang(pids) is None:
+        if self.hang_watch.hang(pids, steps, now) is None:
             return None
         self._hung = True
         failures = {

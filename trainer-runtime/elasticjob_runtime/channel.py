@@ -22,8 +22,9 @@ Workers write these back:
 * ``fatal-<local rank>``: why it is about to fail in a way a restart would repeat (the
   ranks trained different models: fingerprint.py); the agent then fails instead of
   restarting its workers from a checkpoint into the same bug.
-* ``step-<local rank>``: the last step it completed (:class:`StepReporter`), which the
-  agent's hang clock reads (hang.py).
+* ``step-<local rank>``: the last step it completed (:class:`StepReporter`). The agent
+  reads them once per monitor pass for all its readers: the hang clock (hang.py) and the
+  refill of the spares the round took (spare_pool.py).
 
 And the agent writes ``group-broken`` before it stops workers whose round lost a peer:
 their step in flight sits in a collective that can never finish, so the checkpoint's

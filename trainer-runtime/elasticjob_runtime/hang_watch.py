@@ -2,9 +2,14 @@
 them in place, and the record of a hang for the operator.
 
 The rules are :mod:`elasticjob_runtime.hang`'s (pure); this holds what they need between
-calls and does the reading (the channel's step files, ``/proc``) and the one write (the
-hang record in the run's etcd). :class:`~elasticjob_runtime.agent.MembershipAwareAgent`
-asks it whether its workers hung, and whether they can be handed a round in place.
+calls (the clock keeps the last group step it saw), reads what only it needs (the rounds
+taken, ``/proc``) and does the one write (the hang record in the run's etcd).
+:class:`~elasticjob_runtime.agent.MembershipAwareAgent` asks it whether its workers hung,
+and whether they can be handed a round in place.
+
+It reads no step files: the agent reads them once per monitor pass and hands the same
+steps, and the time it read them, to every reader of that pass (this watch and the spare
+refill), so the clock runs on what the agent saw, not on a second read moments later.
 """
 
 from __future__ import annotations
@@ -33,9 +38,6 @@ from elasticjob_runtime.rendezvous_api import MembershipRendezvous
 
 log = logging.getLogger(__name__)
 
-# How often the agent reads its workers' steps (torch's loop asks every 0.1 s).
-STEP_READ_INTERVAL_S = 0.5
-
 
 @dataclass
 class HangWatch:
@@ -48,24 +50,35 @@ class HangWatch:
     hangs: int = 0  # hangs judged so far
     clock: StepClock = field(default_factory=StepClock)
     in_place: InPlaceRound | None = None  # the last round handed to the workers in place
-    _read_at: float = -1.0
 
-    def round_started(self, generation: int, ranks: Iterable[int], in_place: bool) -> None:
-        """A round reached the workers: started ones took it; running ones must still.
-        Its clock runs from its first step (workers regrouping in place have reported
-        steps already; only a change counts)."""
+    @property
+    def watching(self) -> bool:
+        """Whether hangs are judged: only then does the agent read steps for this watch."""
+        return self.timeout is not None
+
+    def round_started(
+        self,
+        generation: int,
+        ranks: Iterable[int],
+        in_place: bool,
+        steps: Mapping[int, int],
+        now: float,
+    ) -> None:
+        """A round reached the workers at ``now``, when they had reported ``steps``:
+        started ones took it; running ones must still. Its clock runs from its first step
+        (workers regrouping in place have reported steps already; only a change counts)."""
         taken = self.channel.taken()
         self.in_place = (
-            round_in_place(self.in_place, generation, time.monotonic(), taken, ranks)
-            if in_place
-            else None
+            round_in_place(self.in_place, generation, now, taken, ranks) if in_place else None
         )
-        self.clock = StepClock.start(group_step(self.channel.steps()))
+        self.clock = StepClock.start(group_step(steps))
 
-    def in_place_refusal(self, pids: Mapping[int, int], generation: int) -> str | None:
-        """Why the running workers cannot take the next round in place, or None."""
-        now = time.monotonic()
-        self.clock = self.clock.observe(group_step(self.channel.steps()), now)
+    def in_place_refusal(
+        self, pids: Mapping[int, int], generation: int, steps: Mapping[int, int], now: float
+    ) -> str | None:
+        """Why the running workers cannot take the next round in place, or None (``steps``:
+        what they reported, read at ``now``)."""
+        self.clock = self.clock.observe(group_step(steps), now)
         untaken = self._untaken(pids)
         return in_place_refusal(
             silent_for=unresponsive(self.clock, now, self.in_place, untaken),
@@ -75,15 +88,14 @@ class HangWatch:
             ranks=pids,
         )
 
-    def hang(self, pids: Mapping[int, int]) -> str | None:
+    def hang(self, pids: Mapping[int, int], steps: Mapping[int, int], now: float) -> str | None:
         """The message of a hang when the workers did no step (nor took their round) for
-        the timeout, recorded for the operator; else None. Reads at most every
-        :data:`STEP_READ_INTERVAL_S`."""
-        now = time.monotonic()
-        if self.timeout is None or now - self._read_at < STEP_READ_INTERVAL_S:
+        the timeout, recorded for the operator; else None. ``steps``: what they reported,
+        read at ``now``; the agent calls this each time it reads them (how often decides
+        how late a hang is seen)."""
+        if self.timeout is None:
             return None
-        self._read_at = now
-        self.clock = self.clock.observe(group_step(self.channel.steps()), now)
+        self.clock = self.clock.observe(group_step(steps), now)
         untaken = self._untaken(pids)
         stalled = unresponsive(self.clock, now, self.in_place, untaken)
         if stalled < self.timeout:
