@@ -18,11 +18,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from elasticjob_runtime.checkpoint import (
-        CheckpointError,
-        CheckpointManager,
-        UnsafeCheckpointError,
-    )
+    from elasticjob_runtime.checkpoint import CheckpointManager
+    from elasticjob_runtime.checkpoint_format import CheckpointError, UnsafeCheckpointError
     from elasticjob_runtime.elastic import Run
     from elasticjob_runtime.fingerprint import DivergenceError
     from elasticjob_runtime.sampler import ElasticSampler
@@ -34,8 +31,8 @@ _EXPORTS = {
     "StepBrokeAfterUpdate": "elasticjob_runtime.step_loop",
     "ElasticSampler": "elasticjob_runtime.sampler",
     "CheckpointManager": "elasticjob_runtime.checkpoint",
-    "CheckpointError": "elasticjob_runtime.checkpoint",
-    "UnsafeCheckpointError": "elasticjob_runtime.checkpoint",
+    "CheckpointError": "elasticjob_runtime.checkpoint_format",
+    "UnsafeCheckpointError": "elasticjob_runtime.checkpoint_format",
     "DivergenceError": "elasticjob_runtime.fingerprint",
 }
 

@@ -11,7 +11,8 @@ what was committed before stays as it was.
 Also where this pod's node-memory copy lives (``/dev/shm/elasticjob/<job>/<pod>``, made
 0700, the job part named by its identity), its removal once the job has succeeded, and how
 much room its filesystem has. Bytes in, bytes out, no torch:
-:mod:`elasticjob_runtime.checkpoint` turns training state into those bytes and back.
+:mod:`elasticjob_runtime.checkpoint_format` turns training state into those bytes and
+back.
 """
 
 from __future__ import annotations

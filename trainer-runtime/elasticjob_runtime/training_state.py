@@ -15,16 +15,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from elasticjob_runtime.checkpoint import (
+from elasticjob_runtime.checkpoint import CheckpointManager
+from elasticjob_runtime.checkpoint_format import (
     CheckpointError,
-    CheckpointManager,
-    broadcast_bytes,
     deserialize,
-    gather_steps,
     serialize,
     state_to_save,
 )
 from elasticjob_runtime.sampler import ElasticSampler
+from elasticjob_runtime.state_transfer import broadcast_bytes, gather_steps
 
 # The Run's own entries in the state; what users register goes beside them.
 RESERVED_STATE = ("model", "optim", "sampler", "run")

@@ -147,7 +147,8 @@ def peer_worker(workdir: str, rank: int) -> None:
     directory, receives rank 0's checkpoint and must not unpickle it."""
     import torch.distributed as dist
 
-    from elasticjob_runtime.checkpoint import CheckpointManager, UnsafeCheckpointError
+    from elasticjob_runtime.checkpoint import CheckpointManager
+    from elasticjob_runtime.checkpoint_format import UnsafeCheckpointError
 
     work = Path(workdir)
     os.environ["RANK"] = str(rank)
