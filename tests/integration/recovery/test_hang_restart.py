@@ -94,7 +94,10 @@ def test_a_frozen_training_process_restarts_the_group_and_training_goes_on(
         sides = "\n".join(f"--- {log.name}\n{log.read_text()[-3000:]}" for log in logs)
         pytest.fail(f"{exc}\n{sides}\n--- node b's workers\n{workers_of('b')[-3000:]}")
     for proc, log in zip(procs, logs, strict=True):
-        assert proc.returncode == 0, log.read_text()[-4000:]
+        assert proc.returncode == 0, (  # the workers' side too: where each resumed from
+            f"{log.read_text()[-4000:]}\n--- node a's workers\n{workers_of('a')[-3000:]}"
+            f"\n--- node b's workers\n{workers_of('b')[-3000:]}"
+        )
     agent_logs = "\n".join(log.read_text() for log in logs)
     assert re.search(r"hang 1: no training step for \d+ s \(hang timeout 5 s\)", agent_logs), (
         agent_logs[-4000:]
