@@ -81,7 +81,7 @@ COPY devcluster/elasticjob_devcluster ./devcluster/elasticjob_devcluster
 COPY pki ./pki
 COPY examples ./examples
 RUN /opt/venv/bin/pip install --no-deps --no-build-isolation --target /opt/elasticjob . \
- && python -c "import elasticjob_runtime.launcher, torch"
+ && python -c "import elasticjob_runtime.launch.launcher, torch"
 
 FROM ${PYTHON_IMAGE} AS operator
 LABEL org.opencontainers.image.title="elasticjob-operator" \

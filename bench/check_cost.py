@@ -1,13 +1,13 @@
 """Scenario ``check-cost``: what the Run's per-step bookkeeping costs a training step.
 
-Every ``check_every`` steps (elastic.Run's default: 100) the ranks compare fingerprints of
+Every ``check_every`` steps (Run's default: 100) the ranks compare fingerprints of
 model, optimizer, sampler, counters and registered state (``Run._check_agreement``: one
 pass over every tensor, then an all-gather of one int64 per object), and every step the
 Run seeds the random generators (``seeds.seed_all``). Timing a whole job with the check
 on and off cannot resolve 1 % on two busy cores, so each is timed directly, in the
 process that pays it: two processes (``multiprocessing``, spawn) form a gloo group on
 loopback, build a script's model and optimizer as the script does under an
-``elastic.Run`` (``in_place=False``: no agent), train ``steps`` steps after a warm-up
+``Run`` (``in_place=False``: no agent), train ``steps`` steps after a warm-up
 (``check_every=0``, so no check lands in them), then call ``_check_agreement`` ``calls``
 times, and ``seed_all`` 1000 times.
 
@@ -72,10 +72,10 @@ def per_step(cost: float, every: int, step: float) -> float:
 
 
 def default_check_every() -> int:
-    """elastic.Run's own default, so the figure follows the runtime."""
-    from elasticjob_runtime import elastic
+    """Run's own default, so the figure follows the runtime."""
+    from elasticjob_runtime import Run
 
-    return int(inspect.signature(elastic.Run).parameters["check_every"].default)
+    return int(inspect.signature(Run).parameters["check_every"].default)
 
 
 # ---------------------------------------------------------------- in each process
@@ -91,7 +91,7 @@ def _build(case: str, run: Any) -> tuple[Any, Any]:
     import torch
     from torch import nn
 
-    from elasticjob_runtime.sampler import ElasticSampler
+    from elasticjob_runtime.training.sampler import ElasticSampler
 
     if case == "train_regression":
         reg = _example("train_regression")
@@ -169,14 +169,14 @@ def _worker(rank: int, port: int, case: str, directory: str, results: Any) -> No
     import torch
     import torch.distributed as dist
 
-    from elasticjob_runtime import elastic
-    from elasticjob_runtime.agreement import gather_rows
-    from elasticjob_runtime.fingerprint import fingerprint
-    from elasticjob_runtime.seeds import seed_all, step_seed
+    from elasticjob_runtime import Run
+    from elasticjob_runtime.training.agreement import gather_rows
+    from elasticjob_runtime.training.fingerprint import fingerprint
+    from elasticjob_runtime.training.seeds import seed_all, step_seed
 
     torch.set_num_threads(1)
     warmup, steps, calls = SIZES[case]
-    run = elastic.Run(
+    run = Run(
         checkpoint_dir=Path(directory) / f"rank{rank}",
         checkpoint_interval=10**9,  # no save among the timed steps
         in_place=False,

@@ -244,7 +244,7 @@ def drop_cached(directory: Path) -> None:
 
 def repetition(nbytes: int, parent: Path | None, rep: int) -> Sample:
     """One repetition in fresh temp directories (removed at the end)."""
-    from elasticjob_runtime.checkpoint import CheckpointManager
+    from elasticjob_runtime.checkpoints.manager import CheckpointManager
 
     model, opt, actual = build_state(nbytes)
     state: dict[str, Any] = {"model": model, "optim": opt}

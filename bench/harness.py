@@ -23,8 +23,8 @@ from typing import TypeVar
 
 from elasticjob_devcluster.procs import descendants, start_ticks
 from elasticjob_runtime import contract
-from elasticjob_runtime.etcd_client import EtcdClient, EtcdError
-from elasticjob_runtime.etcd_endpoints import parse_endpoints
+from elasticjob_runtime.etcd.client import EtcdClient, EtcdError
+from elasticjob_runtime.etcd.endpoints import parse_endpoints
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "examples" / "train_regression.py"
@@ -32,7 +32,7 @@ T = TypeVar("T")
 
 # launcher name -> (command prefix, rendezvous backend)
 LAUNCHERS: dict[str, tuple[list[str], str]] = {
-    "elasticjob-run": ([sys.executable, "-m", "elasticjob_runtime.launcher"], "etcd-v3"),
+    "elasticjob-run": ([sys.executable, "-m", "elasticjob_runtime.launch.launcher"], "etcd-v3"),
     "torchrun-c10d": ([sys.executable, "-m", "torch.distributed.run"], "c10d"),
     "torchrun-etcd-v3": ([sys.executable, "-m", "torch.distributed.run"], "etcd-v3"),
 }

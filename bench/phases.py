@@ -50,7 +50,7 @@ _STARTUP = re.compile(
     r"\bstartup=([0-9.]+)s\(imports=([0-9.]+),process_group=([0-9.]+),ddp=([0-9.]+),"
     r"restore=([0-9.]+)\).*\bt=([0-9.]+)\s*$"
 )
-# ours: [2026-11-22 16:31:14,319] elasticjob_runtime.agent: regrouping the running workers...
+# ours: [2026-11-22 16:31:14,319] elasticjob_runtime.launch.agent: regrouping the running workers...
 _OUR_LINE = re.compile(r"^\[(\d{4})-(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d),(\d{3})\] \S+: (.*)$")
 PHASES = ("detect", "rendezvous", "worker_ready", "process_group", "restore", "first_step")
 COARSE = ("detect", "rendezvous", "ready", "first_step")  # coarse_breakdown's phases

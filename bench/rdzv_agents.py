@@ -41,10 +41,10 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
     RendezvousTimeout,
 )
 
-from elasticjob_runtime.etcd_client import EtcdClient
-from elasticjob_runtime.etcd_endpoints import parse_endpoints
-from elasticjob_runtime.membership import Limits
-from elasticjob_runtime.rendezvous import EtcdV3RendezvousHandler
+from elasticjob_runtime.etcd.client import EtcdClient
+from elasticjob_runtime.etcd.endpoints import parse_endpoints
+from elasticjob_runtime.rendezvous.handler import EtcdV3RendezvousHandler
+from elasticjob_runtime.rendezvous.membership import Limits
 
 OURS, TORCH = "ours", "torch"
 LOCAL_ADDR = "127.0.0.1"

@@ -1,6 +1,6 @@
 """The realistic script beside its plain-DDP original: what converting costs and buys.
 
-examples/train_gpt.py (the training-loop API: ``elastic.Run``, ``run.wrap(...,
+examples/train_gpt.py (the training-loop API: ``Run``, ``run.wrap(...,
 state={scheduler, scaler, ema})``, ``run.loader`` with 2 DataLoader worker processes and
 2 micro-batches a step) runs under ``elasticjob-run``; bench/gpt_plain.py, the same model,
 data, optimizer, schedule, accumulation, autocast, clipping and EMA written as people
@@ -152,9 +152,9 @@ def role(cmdline: str, script: str) -> str:
     script too), ``spare`` (an idle warm spare), ``worker`` (runs the script) or ``other``
     (multiprocessing's helpers and the like). :func:`cpu_snapshot` calls a worker whose
     parent is a worker a ``loader`` (a forked DataLoader worker keeps the command line)."""
-    if "elasticjob_runtime.launcher" in cmdline or "torch.distributed.run" in cmdline:
+    if "elasticjob_runtime.launch.launcher" in cmdline or "torch.distributed.run" in cmdline:
         return "agent"
-    if "elasticjob_runtime.spare" in cmdline:
+    if "elasticjob_runtime.launch.spare" in cmdline:
         return "spare"
     return "worker" if script in cmdline else "other"
 

@@ -15,8 +15,8 @@ epoch. ``--data DIR`` reads ``DIR/<class>/<image>`` files instead (needs Pillow)
 
 The model is a CIFAR-style ResNet (3 stages of basic blocks) defined here, since
 torchvision is not a dependency of the runtime. The training loop is the runtime's
-:mod:`~elasticjob_runtime.elastic` API: one optimizer step per global batch through
-:class:`~elasticjob_runtime.sampler.ElasticSampler`; checkpoints (model, optimizer,
+:mod:`~elasticjob_runtime.training.run` API: one optimizer step per global batch through
+:class:`~elasticjob_runtime.training.sampler.ElasticSampler`; checkpoints (model, optimizer,
 sampler, best accuracy) every ``--checkpoint-interval`` steps and at each epoch's end;
 under ``elasticjob-run`` survivors of a fault regroup in place.
 """
@@ -38,8 +38,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from elasticjob_runtime import contract, elastic
-from elasticjob_runtime.sampler import ElasticSampler
+from elasticjob_runtime import ElasticSampler, Run, contract
 
 RESULT_PREFIX = "ELASTICJOB_RESULT "
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".webp")
@@ -244,7 +243,7 @@ def datasets(args: argparse.Namespace) -> tuple[Images, Images | None]:
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    run = elastic.Run(
+    run = Run(
         checkpoint_dir=args.checkpoint_dir or default_checkpoint_dir(),
         checkpoint_interval=args.checkpoint_interval,
         keep=2,

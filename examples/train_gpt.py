@@ -38,9 +38,8 @@ from torch import nn
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from torch.utils.data import Dataset
 
-from elasticjob_runtime import elastic  # elastic
-from elasticjob_runtime.fingerprint import fingerprint
-from elasticjob_runtime.sampler import ElasticSampler  # elastic
+from elasticjob_runtime import ElasticSampler, Run  # elastic
+from elasticjob_runtime.training.fingerprint import fingerprint
 
 RESULT_PREFIX = "ELASTICJOB_RESULT "
 
@@ -129,7 +128,7 @@ def warmup_cosine(warmup: int, total: int) -> Any:
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    run = elastic.Run(  # elastic
+    run = Run(  # elastic
         checkpoint_dir=args.checkpoint_dir,
         checkpoint_interval=args.checkpoint_interval,
         seed=args.seed,
@@ -198,7 +197,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 def log_step(
     args: argparse.Namespace,
-    run: elastic.Run,
+    run: Run,
     epoch: int,
     micro_batches: Any,
     loss: float,

@@ -10,10 +10,10 @@ Launch it with our runtime or plain torchrun (the same script; the benchmark run
 
 The data is generated from the seed (no downloads), identically on every rank. Each
 optimizer step consumes one global batch (``world * batch_size`` samples) through the
-runtime's :class:`~elasticjob_runtime.sampler.ElasticSampler`, so a resize mid-epoch
+runtime's :class:`~elasticjob_runtime.training.sampler.ElasticSampler`, so a resize mid-epoch
 neither repeats nor skips a sample; the loss is the exact mean over the global batch
 even when the epoch's last batch does not split evenly (a rank may hold no sample).
-The training loop is the runtime's :mod:`~elasticjob_runtime.elastic` API: it saves
+The training loop is the runtime's :mod:`~elasticjob_runtime.training.run` API: it saves
 model, optimizer, sampler and counters every ``--checkpoint-interval`` steps and on
 SIGTERM, and under ``elasticjob-run`` a worker whose peer left or joined regroups in
 place (``regrouped at step N ...``) and carries on from memory; a new worker gets the
@@ -43,8 +43,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from elasticjob_runtime import contract, elastic
-from elasticjob_runtime.sampler import ElasticSampler
+from elasticjob_runtime import ElasticSampler, Run, contract
 
 IMPORTED_AT = time.time()
 RESULT_PREFIX = "ELASTICJOB_RESULT "
@@ -239,7 +238,7 @@ def train(config: Config) -> dict[str, Any] | None:
     first, how = start_kind()
     torch.set_num_threads(config.threads)
 
-    def started(line: str, run: elastic.Run, began: float | None, how: str) -> None:
+    def started(line: str, run: Run, began: float | None, how: str) -> None:
         """What a start, a restart or a regroup in place logs, and how long it took."""
         if config.log_ranks == "all" or run.rank == 0:
             log(
@@ -247,7 +246,7 @@ def train(config: Config) -> dict[str, Any] | None:
                 f"{startup_summary(run.timings, began, how)} t={time.time():.3f}"
             )
 
-    run = elastic.Run(
+    run = Run(
         checkpoint_dir=config.checkpoint_dir or default_checkpoint_dir(),
         checkpoint_interval=config.checkpoint_interval,
         timeout=config.collective_timeout,

@@ -186,7 +186,12 @@ def alive_groups(records: Sequence[ProcessRecord]) -> list[ProcessRecord]:
 
 # Helper processes that multiprocessing starts beside the real workers, and elasticjob-run's
 # idle warm spares (a spare that became a worker shows the worker's command line).
-HELPER_MARKERS = ("resource_tracker", "semaphore_tracker", "forkserver", "elasticjob_runtime.spare")
+HELPER_MARKERS = (
+    "resource_tracker",
+    "semaphore_tracker",
+    "forkserver",
+    "elasticjob_runtime.launch.spare",
+)
 
 
 def newest_worker_child(pid: int) -> tuple[int, str] | None:

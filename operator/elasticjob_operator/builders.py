@@ -45,7 +45,7 @@ ETCD_METRICS_PORT: Final = 2381
 SHM_VOLUME: Final = "elasticjob-shm"
 
 # Liveness and readiness probes on the health server elasticjob-run starts in every pod
-# (elasticjob_runtime.health): False builds worker pods without them.
+# (elasticjob_runtime.launch.health): False builds worker pods without them.
 HEALTH_PROBES = True
 LAUNCHER: Final = "elasticjob-run"
 HEALTH_PORT_NAME: Final = "health"

@@ -1,7 +1,7 @@
 """What the job does when its workers found that the ranks trained different models.
 
 Pure: from the divergence records read in the run's etcd
-(:class:`elasticjob_runtime.records.Divergence`, one per step, written by global rank 0
+(:class:`elasticjob_runtime.etcd.records.Divergence`, one per step, written by global rank 0
 when the fingerprint check failed) to the job's outcome. ``stop`` (the runtime's default)
 fails the job with reason ``Diverged`` and the worker's one-line message: replacing the
 pods would resume every rank from a checkpoint, consistent again, but with whatever the
@@ -19,7 +19,7 @@ from datetime import datetime
 
 from elasticjob_operator import models
 from elasticjob_operator.decision import Event, warning
-from elasticjob_runtime.records import Divergence
+from elasticjob_runtime.etcd.records import Divergence
 
 FAILED = "Diverged"
 RESYNCED = "Resynced"

@@ -1,6 +1,6 @@
 """The Warning a job gets when its workers' agents detected a hang, and its count.
 
-Pure: from the hang records read in the run's etcd (:class:`elasticjob_runtime.records.Hang`,
+Pure: from the hang records read in the run's etcd (:class:`elasticjob_runtime.etcd.records.Hang`,
 one per rendezvous round, however many agents noticed) to one ``HangDetected`` event per
 record not yet said and ``status.hangs``. Rounds only grow within a run, so the last round
 said is all the memory needed, also when old records have expired. The rule ("Hangs") is
@@ -14,7 +14,7 @@ from datetime import datetime
 
 from elasticjob_operator import models
 from elasticjob_operator.decision import Event, warning
-from elasticjob_runtime.records import Hang
+from elasticjob_runtime.etcd.records import Hang
 
 REASON = "HangDetected"
 # A pod name is at most 253 characters; a record is the runtime's, not the user's, but

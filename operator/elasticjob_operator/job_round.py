@@ -26,7 +26,7 @@ from elasticjob_operator.etcd.shared import SharedEtcd
 from elasticjob_operator.etcd.users import SharedEtcdNotReady
 from elasticjob_operator.kube import InvalidChild
 from elasticjob_operator.reconcile import invalid_spec, reconcile, shared_etcd_of
-from elasticjob_runtime.etcd_endpoints import TLSCredentials
+from elasticjob_runtime.etcd.endpoints import TLSCredentials
 
 if TYPE_CHECKING:
     from elasticjob_operator.assembly import Operator

@@ -1,8 +1,9 @@
 """The Warning a job gets when a checkpoint did not fit its workers' /dev/shm.
 
-Pure: from the reports read in the run's etcd (:class:`elasticjob_runtime.records.MemoryFallback`)
-to the event and ``status.nodeMemoryFallback``, with the ``shmSize`` that would fit. The rule
-("Node memory") is in docs/operator.md.
+Pure: from the reports read in the run's etcd
+(:class:`elasticjob_runtime.etcd.records.MemoryFallback`) to the event and
+``status.nodeMemoryFallback``, with the ``shmSize`` that would fit. The rule ("Node memory")
+is in docs/operator.md.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from datetime import datetime
 from elasticjob_operator import builders, models
 from elasticjob_operator.decision import Event, warning
 from elasticjob_operator.models import ElasticJobSpec
-from elasticjob_runtime.records import MemoryFallback
+from elasticjob_runtime.etcd.records import MemoryFallback
 
 
 def decide_memory_fallback(

@@ -2,7 +2,7 @@
 
 Pure functions over raw API objects (a worker pod becomes an :class:`ObservedPod`) and over
 the records the runtime publishes in the run's etcd (decoded by
-:mod:`elasticjob_runtime.records`, the very code that encodes them). Nothing here decides.
+:mod:`elasticjob_runtime.etcd.records`, the very code that encodes them). Nothing here decides.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from elasticjob_operator import builders, models
-from elasticjob_runtime import records
+from elasticjob_runtime.etcd import records
 
 R = TypeVar("R")
 

@@ -217,8 +217,9 @@ PUBLISH_PROGRESS_AND_SLEEP = [
     "python",
     "-c",
     EXIT_ON_SIGTERM + "import os, time\n"
-    "from elasticjob_runtime import contract, records\n"
-    "from elasticjob_runtime.etcd_tls import connect\n"
+    "from elasticjob_runtime import contract\n"
+    "from elasticjob_runtime.etcd import records\n"
+    "from elasticjob_runtime.etcd.tls import connect\n"
     "if os.environ['ELASTICJOB_POD_NAME'].endswith('-0'):\n"
     "    e = connect(os.environ['PET_RDZV_ENDPOINT'])  # TLS as the variables say\n"
     "    record = records.Progress(step=1234, world_size=2, samples_per_second=99.5,\n"

@@ -112,7 +112,7 @@ _NEWEST_WORKER = (
     "        cmd = open(f'/proc/{p}/cmdline').read()\n"
     "    except OSError:\n"
     "        continue\n"
-    "    idle = 'tracker' in cmd or 'elasticjob_runtime.spare' in cmd\n"
+    "    idle = 'tracker' in cmd or 'elasticjob_runtime.launch.spare' in cmd\n"
     "    if stat[1] == '1' and 'python' in cmd and not idle:\n"
     "        kids.append((int(stat[19]), int(p)))\n"
     "pid = max(kids)[1]\n"

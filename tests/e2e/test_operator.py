@@ -246,7 +246,7 @@ def test_job_gets_its_workers_services_etcd_and_the_env_contract(
     )
 
 
-# What the runtime's rank 0 does: publish its progress record (elasticjob_runtime.records)
+# What the runtime's rank 0 does: publish its progress record (elasticjob_runtime.etcd.records)
 # under contract.progress_key(PET_RDZV_ID) in the job's etcd.
 
 
@@ -272,7 +272,7 @@ INTRUDE = [
     "python",
     "-c",
     "import json, os, pathlib\n"
-    "from elasticjob_runtime.etcd_tls import connect\n"
+    "from elasticjob_runtime.etcd.tls import connect\n"
     "pathlib.Path('/tmp/ca.crt').write_text(os.environ['TARGET_CA'])\n"
     "target = os.environ['TARGET']\n"
     "other = {'cert': '/other/tls.crt', 'key': '/other/tls.key'}\n"
@@ -435,8 +435,9 @@ COUNT_STARTS_AND_SLEEP = [
     "python",
     "-c",
     EXIT_ON_SIGTERM + "import os, time\n"
-    "from elasticjob_runtime import contract, records\n"
-    "from elasticjob_runtime.etcd_tls import connect\n"
+    "from elasticjob_runtime import contract\n"
+    "from elasticjob_runtime.etcd import records\n"
+    "from elasticjob_runtime.etcd.tls import connect\n"
     "key = contract.progress_key(os.environ['PET_RDZV_ID'])\n"
     "while True:\n"
     "    try:\n"
@@ -536,8 +537,8 @@ SAVE_TOO_BIG_AND_SLEEP = [
     "python",
     "-c",
     "import os, tempfile, time, torch\n"
-    "from elasticjob_runtime.checkpoint import CheckpointManager\n"
-    "from elasticjob_runtime.etcd_tls import connect\n"
+    "from elasticjob_runtime.checkpoints.manager import CheckpointManager\n"
+    "from elasticjob_runtime.etcd.tls import connect\n"
     "s = os.statvfs('/dev/shm')\n"
     "print(f'shm={s.f_blocks * s.f_frsize}', flush=True)\n"
     "e = connect(os.environ['PET_RDZV_ENDPOINT'])\n"

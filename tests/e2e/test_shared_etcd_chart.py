@@ -103,7 +103,7 @@ TRY_KEYS = [
     "python",
     "-c",
     "import json, os, pathlib\n"
-    "from elasticjob_runtime.etcd_tls import connect\n"
+    "from elasticjob_runtime.etcd.tls import connect\n"
     "for f in ('ca.crt', 'tls.crt', 'tls.key'):\n"
     "    pathlib.Path('/tmp', f).write_text(os.environ[f.replace('.', '_').upper()])\n"
     "conf = {'cacert': '/tmp/ca.crt', 'cert': '/tmp/tls.crt', 'key': '/tmp/tls.key'}\n"

@@ -30,15 +30,15 @@ from typing import Any, TypeVar
 import pytest
 
 from elasticjob_runtime import contract
-from elasticjob_runtime.etcd_client import EtcdClient
-from elasticjob_runtime.etcd_tls import EtcdTLS
-from elasticjob_runtime.job_identity import directory_name, job_identity
-from elasticjob_runtime.records import (
+from elasticjob_runtime.checkpoints.job_identity import directory_name, job_identity
+from elasticjob_runtime.etcd.client import EtcdClient
+from elasticjob_runtime.etcd.records import (
     MemoryFallback,
     Progress,
     decode_memory_fallback,
     decode_progress,
 )
+from elasticjob_runtime.etcd.tls import EtcdTLS
 
 CACHE = Path(os.environ.get("ELASTICJOB_CACHE", Path.home() / ".cache" / "elasticjob"))
 HERE = Path(__file__).parent
@@ -89,7 +89,7 @@ def launcher_argv(
     ``launcher`` defaults to elasticjob-run)."""
     _LAUNCHED.add((run_id, endpoint))
     return [
-        *(launcher or [sys.executable, "-m", "elasticjob_runtime.launcher"]),
+        *(launcher or [sys.executable, "-m", "elasticjob_runtime.launch.launcher"]),
         f"--nnodes={nnodes}",
         f"--nproc-per-node={nproc}",
         f"--rdzv-backend={backend}",
@@ -136,9 +136,9 @@ def _spawn(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
 
 
 def _wait_healthy(server: EtcdServer) -> None:
-    from elasticjob_runtime.etcd_client import EtcdError
-    from elasticjob_runtime.etcd_endpoints import parse_endpoints
-    from elasticjob_runtime.etcd_tls import open_client
+    from elasticjob_runtime.etcd.client import EtcdError
+    from elasticjob_runtime.etcd.endpoints import parse_endpoints
+    from elasticjob_runtime.etcd.tls import open_client
 
     probe = open_client(parse_endpoints(server.endpoint), server.tls, timeout=2)
     deadline = time.monotonic() + 60
@@ -302,7 +302,7 @@ def start(
         nproc=nproc,
         max_restarts=max_restarts,
     )
-    argv[3:3] = launcher_flags  # after `python -m elasticjob_runtime.launcher`
+    argv[3:3] = launcher_flags  # after `python -m elasticjob_runtime.launch.launcher`
     proc = subprocess.Popen(
         argv,
         stdout=log.open("wb"),

@@ -18,22 +18,22 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from elasticjob_runtime.checkpoint import CheckpointManager
-    from elasticjob_runtime.checkpoint_format import CheckpointError, UnsafeCheckpointError
-    from elasticjob_runtime.elastic import Run
-    from elasticjob_runtime.fingerprint import DivergenceError
-    from elasticjob_runtime.sampler import ElasticSampler
-    from elasticjob_runtime.step_loop import StepBrokeAfterUpdate
+    from elasticjob_runtime.checkpoints.format import CheckpointError, UnsafeCheckpointError
+    from elasticjob_runtime.checkpoints.manager import CheckpointManager
+    from elasticjob_runtime.training.fingerprint import DivergenceError
+    from elasticjob_runtime.training.run import Run
+    from elasticjob_runtime.training.sampler import ElasticSampler
+    from elasticjob_runtime.training.step_loop import StepBrokeAfterUpdate
 
 # public name -> the module that defines it
 _EXPORTS = {
-    "Run": "elasticjob_runtime.elastic",
-    "StepBrokeAfterUpdate": "elasticjob_runtime.step_loop",
-    "ElasticSampler": "elasticjob_runtime.sampler",
-    "CheckpointManager": "elasticjob_runtime.checkpoint",
-    "CheckpointError": "elasticjob_runtime.checkpoint_format",
-    "UnsafeCheckpointError": "elasticjob_runtime.checkpoint_format",
-    "DivergenceError": "elasticjob_runtime.fingerprint",
+    "Run": "elasticjob_runtime.training.run",
+    "StepBrokeAfterUpdate": "elasticjob_runtime.training.step_loop",
+    "ElasticSampler": "elasticjob_runtime.training.sampler",
+    "CheckpointManager": "elasticjob_runtime.checkpoints.manager",
+    "CheckpointError": "elasticjob_runtime.checkpoints.format",
+    "UnsafeCheckpointError": "elasticjob_runtime.checkpoints.format",
+    "DivergenceError": "elasticjob_runtime.training.fingerprint",
 }
 
 __all__ = [

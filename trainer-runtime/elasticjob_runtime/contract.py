@@ -22,7 +22,8 @@ CHECKPOINT_DIR: Final = "ELASTICJOB_CHECKPOINT_DIR"
 CHECKPOINT_MEMORY_DIR: Final = "ELASTICJOB_CHECKPOINT_MEMORY_DIR"
 JOB_NAME: Final = "ELASTICJOB_JOB_NAME"
 JOB_NAMESPACE: Final = "ELASTICJOB_NAMESPACE"
-# the ElasticJob's metadata.uid: with the namespace and run id, the job's identity (job_identity.py)
+# the ElasticJob's metadata.uid: with the namespace and run id, the job's identity
+# (checkpoints/job_identity.py)
 JOB_UID: Final = "ELASTICJOB_JOB_UID"
 POD_NAME: Final = "ELASTICJOB_POD_NAME"
 POD_IP: Final = "ELASTICJOB_POD_IP"
@@ -31,7 +32,7 @@ HEALTH_PORT: Final = "ELASTICJOB_HEALTH_PORT"
 PROGRESS: Final = "ELASTICJOB_PROGRESS"  # "1" (default) publishes progress to etcd
 # the etcd that progress goes to; elasticjob-run sets it to the etcd it rendezvouses on
 PROGRESS_ENDPOINT: Final = "ELASTICJOB_PROGRESS_ENDPOINT"
-# TLS to the rendezvous etcd (elasticjob_runtime.etcd_tls): PEM files of the CA that
+# TLS to the rendezvous etcd (elasticjob_runtime.etcd.tls): PEM files of the CA that
 # signed etcd's certificate, and of this client's certificate and key. The operator sets
 # them for its own etcd and for spec.rdzvTLS; torch's rdzv_conf keys cacert, cert, key
 # (and protocol=https) say the same and win over them.
@@ -45,7 +46,7 @@ WARM_SPARE_COUNT: Final = "ELASTICJOB_WARM_SPARE_COUNT"
 WARM_IMPORT: Final = "ELASTICJOB_WARM_IMPORT"
 # elasticjob-run's directory of round assignments shared with its workers (channel.py)
 AGENT_CHANNEL: Final = "ELASTICJOB_AGENT_CHANNEL"
-# "0": the training-loop API (elastic.Run) restarts instead of regrouping in place
+# "0": the training-loop API (elasticjob_runtime.Run) restarts instead of regrouping in place
 IN_PLACE: Final = "ELASTICJOB_IN_PLACE"
 # elasticjob-run: seconds without a training step before the agent restarts its workers
 # (unset or 0: off); the operator sets it from spec.hangTimeoutSeconds

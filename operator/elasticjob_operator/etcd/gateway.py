@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from elasticjob_operator.etcd.shared import prefix_end
-from elasticjob_runtime.etcd_endpoints import Endpoint, TLSCredentials
+from elasticjob_runtime.etcd.endpoints import Endpoint, TLSCredentials
 
 # what the gateway answers for a token it does not know (expired: etcd forgets a simple
 # token five minutes after its last use, and all of them when it restarts)

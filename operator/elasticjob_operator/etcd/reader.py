@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from elasticjob_operator.etcd.gateway import Gateway
 from elasticjob_runtime import contract
-from elasticjob_runtime.etcd_endpoints import TLSCredentials, parse_endpoints
+from elasticjob_runtime.etcd.endpoints import TLSCredentials, parse_endpoints
 
 log = logging.getLogger(__name__)
 

@@ -43,7 +43,7 @@ from elasticjob_operator.etcd import certs as etcd_certs
 from elasticjob_operator.etcd import shared as shared_etcd
 from elasticjob_operator.etcd.shared import SharedEtcd
 from elasticjob_operator.rest import Rest, path
-from elasticjob_runtime.etcd_endpoints import TLSCredentials
+from elasticjob_runtime.etcd.endpoints import TLSCredentials
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from elasticjob_operator.etcd import shared as shared_etcd
 from elasticjob_operator.etcd.gateway import INVALID_TOKEN, Gateway, GatewayError, b64
-from elasticjob_runtime.etcd_endpoints import TLSCredentials, parse_endpoints
+from elasticjob_runtime.etcd.endpoints import TLSCredentials, parse_endpoints
 
 log = logging.getLogger(__name__)
 

@@ -39,8 +39,8 @@ WORKER = textwrap.dedent(
     import ctypes, json, logging, subprocess, sys
     from pathlib import Path
     import torch
-    from elasticjob_runtime.checkpoint import CheckpointManager
-    from elasticjob_runtime.checkpoint_files import committed_steps, read_verified
+    from elasticjob_runtime.checkpoints.manager import CheckpointManager
+    from elasticjob_runtime.checkpoints.files import committed_steps, read_verified
 
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.unshare(0x00020000) != 0:  # CLONE_NEWNS

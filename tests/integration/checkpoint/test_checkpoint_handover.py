@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from conftest import EtcdServer, launcher_argv, run_all, run_logged
 
-from elasticjob_runtime.job_identity import directory_name
+from elasticjob_runtime.checkpoints.job_identity import directory_name
 
 pytestmark = pytest.mark.integration
 
@@ -47,7 +47,7 @@ def agent_worker(out: str) -> None:
     import torch
     import torch.distributed as dist
 
-    from elasticjob_runtime.checkpoint import CheckpointManager
+    from elasticjob_runtime.checkpoints.manager import CheckpointManager
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -108,7 +108,7 @@ def test_restarted_worker_group_reloads_from_node_memory_without_disk(
     try:
         code = run_logged(cmd, env, log, BOUND_S)
     finally:
-        # keyed by the job: run id and the agent's rendezvous endpoint (job_identity.py)
+        # keyed by the job: run id and the agent's rendezvous endpoint (checkpoints/job_identity.py)
         memory = MEMORY_ROOT / "elasticjob" / directory_name(f"torchrun/{run_id}@{etcd.endpoint}")
         kept = sorted(p.name for p in memory.rglob("*")) if memory.exists() else []
         shutil.rmtree(memory, ignore_errors=True)
@@ -132,7 +132,7 @@ def peer_worker(workdir: str, rank: int) -> None:
     """One 'node' per rank, each with its own node-local checkpoint directory."""
     import torch.distributed as dist
 
-    from elasticjob_runtime.checkpoint import CheckpointManager
+    from elasticjob_runtime.checkpoints.manager import CheckpointManager
 
     work = Path(workdir)
     store = dist.FileStore(str(work / "store"), 2)  # type: ignore[attr-defined]
@@ -148,8 +148,8 @@ def peer_worker(workdir: str, rank: int) -> None:
 def test_rank_with_empty_node_local_directory_receives_newest_checkpoint(tmp_path: Path) -> None:
     import torch
 
-    from elasticjob_runtime.checkpoint import CheckpointManager
-    from elasticjob_runtime.checkpoint_files import committed_steps
+    from elasticjob_runtime.checkpoints.files import committed_steps
+    from elasticjob_runtime.checkpoints.manager import CheckpointManager
 
     saved = make_model(7)
     assert isinstance(saved, torch.nn.Module)

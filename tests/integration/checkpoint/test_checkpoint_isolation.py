@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from conftest import EtcdServer, launcher_argv, run_all, run_logged, start_etcd
 
-from elasticjob_runtime.job_identity import directory_name
+from elasticjob_runtime.checkpoints.job_identity import directory_name
 
 pytestmark = pytest.mark.integration
 
@@ -36,7 +36,7 @@ def job_worker(out: str, tag: str, steps: int) -> None:
     the disk copy and crashes; the restarted one reports what it reloads."""
     import torch
 
-    from elasticjob_runtime.checkpoint import CheckpointManager
+    from elasticjob_runtime.checkpoints.manager import CheckpointManager
 
     work = Path(out)
     ckpt = CheckpointManager(work / "ckpt")
@@ -147,8 +147,8 @@ def peer_worker(workdir: str, rank: int) -> None:
     directory, receives rank 0's checkpoint and must not unpickle it."""
     import torch.distributed as dist
 
-    from elasticjob_runtime.checkpoint import CheckpointManager
-    from elasticjob_runtime.checkpoint_format import UnsafeCheckpointError
+    from elasticjob_runtime.checkpoints.format import UnsafeCheckpointError
+    from elasticjob_runtime.checkpoints.manager import CheckpointManager
 
     work = Path(workdir)
     os.environ["RANK"] = str(rank)
@@ -167,7 +167,7 @@ def peer_worker(workdir: str, rank: int) -> None:
 def test_bytes_received_from_a_peer_that_would_run_code_are_refused(tmp_path: Path) -> None:
     import torch
 
-    from elasticjob_runtime.checkpoint import CheckpointManager
+    from elasticjob_runtime.checkpoints.manager import CheckpointManager
 
     mark = tmp_path / "mark"
     node0 = CheckpointManager(tmp_path / "node0", memory=False, writer=True)

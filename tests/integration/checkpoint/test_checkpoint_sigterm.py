@@ -29,8 +29,8 @@ def worker(directory: str, mode: str) -> None:
     that got the same SIGTERM has already left)."""
     import torch
 
-    from elasticjob_runtime.checkpoint import CheckpointManager
-    from elasticjob_runtime.sampler import ElasticSampler
+    from elasticjob_runtime.checkpoints.manager import CheckpointManager
+    from elasticjob_runtime.training.sampler import ElasticSampler
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
@@ -69,8 +69,8 @@ def ddp_worker(out: str) -> None:
     import torch
     import torch.distributed as dist
 
-    from elasticjob_runtime.checkpoint import CheckpointManager
-    from elasticjob_runtime.sampler import ElasticSampler
+    from elasticjob_runtime.checkpoints.manager import CheckpointManager
+    from elasticjob_runtime.training.sampler import ElasticSampler
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -166,7 +166,7 @@ def last_step(lines: list[str]) -> tuple[int, float]:
 
 
 def saved_state(tmp_path: Path) -> tuple[int, float, int]:
-    from elasticjob_runtime.checkpoint import CheckpointManager
+    from elasticjob_runtime.checkpoints.manager import CheckpointManager
 
     ckpt = CheckpointManager(tmp_path / "ckpt", memory=False).load_latest()
     assert ckpt is not None, "no committed checkpoint after SIGTERM"

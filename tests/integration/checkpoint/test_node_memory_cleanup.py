@@ -28,7 +28,7 @@ def worker(out: str, mode: str) -> None:
     where it resumed from, then succeeds (``ok``) or fails again (``fail``)."""
     import torch
 
-    from elasticjob_runtime.checkpoint import CheckpointManager
+    from elasticjob_runtime.checkpoints.manager import CheckpointManager
 
     work = Path(out)
     ckpt = CheckpointManager(work / "ckpt")

@@ -19,9 +19,9 @@ from elasticjob_operator import builders, models, observe
 from elasticjob_operator.etcd import reader as etcd_reader
 from elasticjob_operator.reconcile import Observed, reconcile
 from elasticjob_runtime import contract
-from elasticjob_runtime.checkpoint_files import checkpoint_name, committed_steps
-from elasticjob_runtime.etcd_client import EtcdClient
-from elasticjob_runtime.etcd_endpoints import parse_endpoints
+from elasticjob_runtime.checkpoints.files import checkpoint_name, committed_steps
+from elasticjob_runtime.etcd.client import EtcdClient
+from elasticjob_runtime.etcd.endpoints import parse_endpoints
 
 pytestmark = pytest.mark.integration
 
@@ -35,7 +35,7 @@ WORKER = textwrap.dedent(
     from pathlib import Path
     import torch
     from elasticjob_devcluster import volumes
-    from elasticjob_runtime.checkpoint import CheckpointManager
+    from elasticjob_runtime.checkpoints.manager import CheckpointManager
 
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
     libc = ctypes.CDLL(None, use_errno=True)

@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 WORKER = """
 import os, sys, time
 import torch, torch.distributed as dist
-from elasticjob_runtime.checkpoint import CheckpointManager
+from elasticjob_runtime.checkpoints.manager import CheckpointManager
 
 rank, out = int(sys.argv[1]), sys.argv[2]
 dist.init_process_group("gloo")

@@ -55,7 +55,7 @@ def launch(
     cmd = [
         sys.executable,
         "-m",
-        "elasticjob_runtime.launcher",
+        "elasticjob_runtime.launch.launcher",
         f"--nnodes={nnodes}",
         "--nproc-per-node=1",
         f"--rdzv-endpoint={etcd.endpoint}",

@@ -20,9 +20,9 @@ from conftest import WORKERS, EtcdServer, start, still_running, wait_for
 
 from bench.harness import wait_for as poll
 from elasticjob_runtime import contract
-from elasticjob_runtime.etcd_client import EtcdClient
-from elasticjob_runtime.etcd_endpoints import parse_endpoints
-from elasticjob_runtime.records import decode_hang
+from elasticjob_runtime.etcd.client import EtcdClient
+from elasticjob_runtime.etcd.endpoints import parse_endpoints
+from elasticjob_runtime.etcd.records import decode_hang
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -32,8 +32,8 @@ from conftest import (
 )
 
 from elasticjob_devcluster.procs import descendants
-from elasticjob_runtime.etcd_client import EtcdClient
-from elasticjob_runtime.etcd_endpoints import parse_endpoints
+from elasticjob_runtime.etcd.client import EtcdClient
+from elasticjob_runtime.etcd.endpoints import parse_endpoints
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

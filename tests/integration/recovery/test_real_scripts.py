@@ -21,9 +21,9 @@ import pytest
 from conftest import WORKERS, EtcdServer, result_of, start, wait_for
 
 from elasticjob_runtime import contract
-from elasticjob_runtime.etcd_client import EtcdClient
-from elasticjob_runtime.etcd_endpoints import parse_endpoints
-from elasticjob_runtime.records import Divergence, decode_divergence
+from elasticjob_runtime.etcd.client import EtcdClient
+from elasticjob_runtime.etcd.endpoints import parse_endpoints
+from elasticjob_runtime.etcd.records import Divergence, decode_divergence
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -35,8 +35,8 @@ def worker(kind: str, workdir: str, rank: int, world: int, phase: int, max_steps
     from torch.distributed.elastic.utils.data import ElasticDistributedSampler
     from torch.utils.data import DataLoader, Sampler
 
-    from elasticjob_runtime.checkpoint import CheckpointManager
-    from elasticjob_runtime.sampler import ElasticSampler
+    from elasticjob_runtime.checkpoints.manager import CheckpointManager
+    from elasticjob_runtime.training.sampler import ElasticSampler
 
     work = Path(workdir)
     store = dist.FileStore(str(work / f"store-{phase}"), world)  # type: ignore[attr-defined]

@@ -54,7 +54,7 @@ def test_one_spare_for_two_ranks_starts_rank_0_warm_and_rank_1_cold(
         log,
     )
     cmdlines = [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in family]
-    assert sum(b"elasticjob_runtime.spare" in c for c in cmdlines) == 1, cmdlines
+    assert sum(b"elasticjob_runtime.launch.spare" in c for c in cmdlines) == 1, cmdlines
     assert sum(b"crash_once.py" in c for c in cmdlines) == 2, cmdlines
 
     assert wait_for("the job to finish", lambda: proc.poll(), 240, log) == 0

@@ -102,7 +102,7 @@ def test_warm_workers_leave_nothing_running_and_obey_sigterm(
     cmdlines = [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in family]
     workers = [c for c in cmdlines if CRASH_ONCE.name.encode() in c]
     assert len(workers) == 2 and all(b"-u " + str(CRASH_ONCE).encode() in c for c in workers)
-    assert sum(b"elasticjob_runtime.spare" in c for c in cmdlines) == 2, cmdlines
+    assert sum(b"elasticjob_runtime.launch.spare" in c for c in cmdlines) == 2, cmdlines
 
     os.kill(proc.pid, signal.SIGTERM)
     wait_for("the agent to exit after SIGTERM", lambda: proc.poll(), 90, log)

@@ -340,7 +340,7 @@ def test_plain_torchrun_runs_a_two_node_job_on_etcd_v3(job_factory: Callable[...
 def run_launcher(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("PET_")}
     return subprocess.run(
-        [sys.executable, "-m", "elasticjob_runtime.launcher", *args, str(TRAIN)],
+        [sys.executable, "-m", "elasticjob_runtime.launch.launcher", *args, str(TRAIN)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -396,7 +396,7 @@ def test_in_a_pod_the_launcher_waits_for_a_job_etcd_that_starts_later(tmp_path: 
         [
             sys.executable,
             "-m",
-            "elasticjob_runtime.launcher",
+            "elasticjob_runtime.launch.launcher",
             "--nnodes=1",
             f"--rdzv-endpoint={server.endpoint}",
             f"--rdzv-id=late-{uuid.uuid4().hex[:6]}",

@@ -29,10 +29,11 @@ from torch.distributed.elastic.rendezvous.api import (
 from elasticjob_operator import observe
 from elasticjob_operator.etcd import certs as etcd_certs
 from elasticjob_operator.etcd import reader as etcd_reader
-from elasticjob_runtime import contract, rendezvous
-from elasticjob_runtime.etcd_client import EtcdError, EtcdTLSError
-from elasticjob_runtime.etcd_endpoints import parse_endpoints
-from elasticjob_runtime.etcd_tls import EtcdTLS, connect, credentials, open_client, tls_environ
+from elasticjob_runtime import contract
+from elasticjob_runtime.etcd.client import EtcdError, EtcdTLSError
+from elasticjob_runtime.etcd.endpoints import parse_endpoints
+from elasticjob_runtime.etcd.tls import EtcdTLS, connect, credentials, open_client, tls_environ
+from elasticjob_runtime.rendezvous.handler import handler_from_params
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -172,7 +173,7 @@ def test_the_rendezvous_refuses_to_start_without_the_certificate(etcd_mtls: Etcd
         cacert=tls.cacert,
     )
     with pytest.raises(RendezvousConnectionError, match="none was given"):
-        rendezvous.handler_from_params(params)
+        handler_from_params(params)
     with pytest.raises(EtcdTLSError, match="etcd asks for a client certificate"):
         connect(etcd_mtls.endpoint, {"cacert": str(tls.cacert)}, env={}).check()
 
@@ -195,7 +196,7 @@ def test_the_launcher_stops_at_once_on_a_tls_mistake_instead_of_waiting_for_etcd
         [
             sys.executable,
             "-m",
-            "elasticjob_runtime.launcher",
+            "elasticjob_runtime.launch.launcher",
             "--nnodes=1",
             f"--rdzv-endpoint={etcd_mtls.endpoint}",
             "--rdzv-id=refused",
@@ -220,7 +221,7 @@ def worker() -> None:
     import torch
     import torch.distributed as dist
 
-    from elasticjob_runtime.progress import reporter_from_env
+    from elasticjob_runtime.etcd.progress import reporter_from_env
 
     out = Path(os.environ["RDZV_TEST_OUT"])
     dist.init_process_group("gloo")  # the round's store is the etcd, over TLS

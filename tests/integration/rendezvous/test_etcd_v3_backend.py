@@ -12,11 +12,11 @@ import torch.distributed as dist
 from conftest import EtcdServer, start_etcd
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 
-from elasticjob_runtime.etcd_client import Change, EtcdClient
-from elasticjob_runtime.etcd_endpoints import parse_endpoints
-from elasticjob_runtime.etcd_store import EtcdV3Store
-from elasticjob_runtime.rendezvous_backend import EtcdV3RendezvousBackend
-from elasticjob_runtime.rendezvous_keys import state_key
+from elasticjob_runtime.etcd.client import Change, EtcdClient
+from elasticjob_runtime.etcd.endpoints import parse_endpoints
+from elasticjob_runtime.rendezvous.backend import EtcdV3RendezvousBackend
+from elasticjob_runtime.rendezvous.etcd_store import EtcdV3Store
+from elasticjob_runtime.rendezvous.keys import state_key
 
 pytestmark = pytest.mark.integration
 

@@ -24,13 +24,13 @@ from torch.distributed.elastic.rendezvous import (
 from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
 from elasticjob_runtime import contract
-from elasticjob_runtime.etcd_client import EtcdClient, EtcdError
-from elasticjob_runtime.etcd_endpoints import parse_endpoints
-from elasticjob_runtime.membership import Limits, Round, encode_participants
-from elasticjob_runtime.rendezvous import EtcdV3RendezvousHandler
-from elasticjob_runtime.rendezvous_backend import EtcdV3RendezvousBackend
-from elasticjob_runtime.rendezvous_join import RunFinishedError
-from elasticjob_runtime.rendezvous_keys import members_prefix, state_key
+from elasticjob_runtime.etcd.client import EtcdClient, EtcdError
+from elasticjob_runtime.etcd.endpoints import parse_endpoints
+from elasticjob_runtime.rendezvous.backend import EtcdV3RendezvousBackend
+from elasticjob_runtime.rendezvous.handler import EtcdV3RendezvousHandler
+from elasticjob_runtime.rendezvous.join import RunFinishedError
+from elasticjob_runtime.rendezvous.keys import members_prefix, state_key
+from elasticjob_runtime.rendezvous.membership import Limits, Round, encode_participants
 
 pytestmark = pytest.mark.integration
 
@@ -256,7 +256,7 @@ def test_a_peer_lost_before_it_published_its_address_breaks_the_round_up(
 ) -> None:
     # a (rank 0) was sealed in and died before writing the master address: b gives up on
     # the round once a's lease is gone, not after the store's 300 s timeout.
-    caplog.set_level("INFO", logger="elasticjob_runtime.rendezvous")
+    caplog.set_level("INFO", logger="elasticjob_runtime.rendezvous.handler")
     a, client = handlers(lo=1, hi=2)
     b, _ = handlers(lo=1, hi=2)
     seal_round(client, a, b)
@@ -455,7 +455,8 @@ def test_a_join_takes_a_new_lease_when_etcd_no_longer_knows_its_own(
     """The run's lease gone behind a node's back (a new etcd pod, its keeper cut off): its
     next write fails with "lease not found", and it must take a new lease at once rather
     than retry the same write until its join times out (seen in the e2e etcd-loss test)."""
-    monkeypatch.setattr("elasticjob_runtime.leases.JOB_LEASE_REFRESH_S", 1e9)  # no keeper help
+    # no keeper help
+    monkeypatch.setattr("elasticjob_runtime.rendezvous.leases.JOB_LEASE_REFRESH_S", 1e9)
     a, client = handlers(lo=1, hi=1, join_timeout=30)
     join_all(a)
     client.revoke(a._leases.job_lease)  # its round key goes with it: the next join must open one

@@ -24,11 +24,11 @@ import pytest
 from conftest import WORKERS, EtcdServer, start_etcd
 
 from elasticjob_devcluster.network import pipe
-from elasticjob_runtime.etcd_client import EtcdClient
-from elasticjob_runtime.etcd_endpoints import parse_endpoints
-from elasticjob_runtime.membership import Limits
-from elasticjob_runtime.rendezvous import EtcdV3RendezvousHandler
-from elasticjob_runtime.rendezvous_keys import members_prefix
+from elasticjob_runtime.etcd.client import EtcdClient
+from elasticjob_runtime.etcd.endpoints import parse_endpoints
+from elasticjob_runtime.rendezvous.handler import EtcdV3RendezvousHandler
+from elasticjob_runtime.rendezvous.keys import members_prefix
+from elasticjob_runtime.rendezvous.membership import Limits
 
 pytestmark = pytest.mark.integration
 
@@ -218,7 +218,7 @@ def test_an_etcd_that_grants_longer_leases_is_named_once_with_the_ttl_it_granted
 ) -> None:
     # etcd's own defaults (election timeout 1000 ms) raise a 1 s lease to 2 s, as a
     # user's etcd given through spec.rdzvEndpoint may: detection is then slower, and says so.
-    caplog.set_level("INFO", logger="elasticjob_runtime.rendezvous")
+    caplog.set_level("INFO", logger="elasticjob_runtime.rendezvous.handler")
     server = start_etcd("3.5", tmp_path / "etcd", fast_leases=False)
     client = EtcdClient(parse_endpoints(server.endpoint), timeout=10)
     try:

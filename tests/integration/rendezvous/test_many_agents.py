@@ -16,10 +16,10 @@ import uuid
 import pytest
 from conftest import EtcdServer
 
-from elasticjob_runtime.etcd_client import EtcdClient
-from elasticjob_runtime.etcd_endpoints import parse_endpoints
-from elasticjob_runtime.membership import Limits
-from elasticjob_runtime.rendezvous import EtcdV3RendezvousHandler
+from elasticjob_runtime.etcd.client import EtcdClient
+from elasticjob_runtime.etcd.endpoints import parse_endpoints
+from elasticjob_runtime.rendezvous.handler import EtcdV3RendezvousHandler
+from elasticjob_runtime.rendezvous.membership import Limits
 
 pytestmark = pytest.mark.integration
 

@@ -23,9 +23,9 @@ from elasticjob_operator.etcd import reader as etcd_reader
 from elasticjob_operator.etcd import shared as shared_etcd
 from elasticjob_operator.etcd.users import EtcdUsers, SharedEtcdNotReady
 from elasticjob_runtime import contract
-from elasticjob_runtime.etcd_client import EtcdClient, EtcdError
-from elasticjob_runtime.etcd_endpoints import TLSCredentials, parse_endpoints
-from elasticjob_runtime.etcd_tls import EtcdTLS, credentials, open_client, tls_environ
+from elasticjob_runtime.etcd.client import EtcdClient, EtcdError
+from elasticjob_runtime.etcd.endpoints import TLSCredentials, parse_endpoints
+from elasticjob_runtime.etcd.tls import EtcdTLS, credentials, open_client, tls_environ
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

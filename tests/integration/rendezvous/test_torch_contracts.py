@@ -26,11 +26,11 @@ from torch.distributed.elastic.rendezvous import (
     RendezvousStateError,
 )
 
-from elasticjob_runtime.etcd_client import EtcdClient
-from elasticjob_runtime.etcd_endpoints import parse_endpoints
-from elasticjob_runtime.etcd_store import EtcdV3Store
-from elasticjob_runtime.rendezvous_backend import EtcdV3RendezvousBackend
-from elasticjob_runtime.rendezvous_keys import state_key
+from elasticjob_runtime.etcd.client import EtcdClient
+from elasticjob_runtime.etcd.endpoints import parse_endpoints
+from elasticjob_runtime.rendezvous.backend import EtcdV3RendezvousBackend
+from elasticjob_runtime.rendezvous.etcd_store import EtcdV3Store
+from elasticjob_runtime.rendezvous.keys import state_key
 
 pytestmark = pytest.mark.integration
 

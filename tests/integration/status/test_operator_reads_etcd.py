@@ -12,9 +12,9 @@ from conftest import EtcdServer, free_port
 from elasticjob_operator import observe
 from elasticjob_operator.etcd.reader import RunRecords, read_run_records
 from elasticjob_runtime import contract
-from elasticjob_runtime.etcd_client import EtcdClient
-from elasticjob_runtime.etcd_endpoints import parse_endpoints
-from elasticjob_runtime.records import (
+from elasticjob_runtime.etcd.client import EtcdClient
+from elasticjob_runtime.etcd.endpoints import parse_endpoints
+from elasticjob_runtime.etcd.records import (
     Hang,
     MemoryFallback,
     Progress,

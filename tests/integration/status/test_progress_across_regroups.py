@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from conftest import EtcdServer, read_progress, start, wait_for
 
-from elasticjob_runtime.etcd_client import EtcdClient
-from elasticjob_runtime.etcd_endpoints import parse_endpoints
-from elasticjob_runtime.records import Progress
+from elasticjob_runtime.etcd.client import EtcdClient
+from elasticjob_runtime.etcd.endpoints import parse_endpoints
+from elasticjob_runtime.etcd.records import Progress
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -16,14 +16,14 @@ import pytest
 from conftest import EtcdServer, free_port, read_progress
 
 from elasticjob_runtime import contract
-from elasticjob_runtime.etcd_client import EtcdClient
-from elasticjob_runtime.etcd_endpoints import parse_endpoints
-from elasticjob_runtime.progress import (
+from elasticjob_runtime.etcd.client import EtcdClient
+from elasticjob_runtime.etcd.endpoints import parse_endpoints
+from elasticjob_runtime.etcd.progress import (
     ProgressReporter,
     SampleRate,
     reporter_from_env,
 )
-from elasticjob_runtime.records import Progress
+from elasticjob_runtime.etcd.records import Progress
 
 pytestmark = pytest.mark.integration
 
@@ -216,7 +216,7 @@ def test_unreachable_etcd_is_one_line_from_the_background_and_costs_the_loop_not
     monkeypatch.setenv(contract.RDZV_ID, run_id())
     monkeypatch.setenv("RANK", "0")
     monkeypatch.delenv(contract.PROGRESS, raising=False)
-    with caplog.at_level(logging.WARNING, logger="elasticjob_runtime.progress"):
+    with caplog.at_level(logging.WARNING, logger="elasticjob_runtime.etcd.progress"):
         started = time.monotonic()
         reporter = reporter_from_env(min_interval=0)
         assert reporter is not None
@@ -246,7 +246,7 @@ def test_progress_returns_after_an_etcd_restart(
     try:
         reporter.update(1, samples=8)
         published(client, rid, 1)
-        with caplog.at_level(logging.INFO, logger="elasticjob_runtime.progress"):
+        with caplog.at_level(logging.INFO, logger="elasticjob_runtime.etcd.progress"):
             server.stop()
             reporter.update(2, samples=8)  # while etcd is away: returns at once
             time.sleep(4)  # longer than the lease ttl

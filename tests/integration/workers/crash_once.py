@@ -14,7 +14,7 @@ import sys
 
 from elasticjob_examples import train_regression
 
-from elasticjob_runtime.checkpoint import CheckpointManager
+from elasticjob_runtime.checkpoints.manager import CheckpointManager
 
 
 def main() -> None:

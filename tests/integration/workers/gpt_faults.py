@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 from elasticjob_examples import train_gpt
 
-from elasticjob_runtime import elastic
+from elasticjob_runtime import Run
 
 
 def _at(name: str) -> int:
@@ -42,12 +42,12 @@ def _at(name: str) -> int:
 
 
 def main() -> None:
-    log_step, wrap, accumulate = train_gpt.log_step, elastic.Run.wrap, elastic.Run.accumulate
-    init = elastic.Run.__init__
+    log_step, wrap, accumulate = train_gpt.log_step, Run.wrap, Run.accumulate
+    init = Run.__init__
     first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
     dropped = {n for n in os.environ.get("UNREGISTERED", "").split(",") if n}
 
-    def faulty_log_step(args: Any, run: elastic.Run, *rest: Any) -> None:
+    def faulty_log_step(args: Any, run: Run, *rest: Any) -> None:
         """The step is committed and logged (its samples too): now the fault."""
         log_step(args, run, *rest)
         step, rank = run.global_step, str(run.rank)
@@ -67,7 +67,7 @@ def main() -> None:
             while not run._rounds.switch_pending() and time.monotonic() < deadline:
                 time.sleep(0.05)
 
-    def faulty_accumulate(self: elastic.Run, micro_batches: Any) -> Any:
+    def faulty_accumulate(self: Run, micro_batches: Any) -> Any:
         crash = self.global_step + 1 == _at("CRASH_IN_STEP") and first_attempt
         for i, micro in enumerate(accumulate(self, micro_batches)):
             last = i == len(micro_batches) - 1
@@ -75,7 +75,7 @@ def main() -> None:
                 os.kill(os.getpid(), signal.SIGKILL)
             yield micro
 
-    def forgetful_wrap(self: elastic.Run, *args: Any, state: Any = None, **kw: Any) -> Any:
+    def forgetful_wrap(self: Run, *args: Any, state: Any = None, **kw: Any) -> Any:
         kept = {k: v for k, v in (state or {}).items() if k not in dropped}
         wrapped = wrap(self, *args, state=kept, **kw)
         if os.environ.get("COLLECTIVE_AFTER_UPDATE"):
@@ -91,13 +91,13 @@ def main() -> None:
         return wrapped
 
     train_gpt.log_step = faulty_log_step
-    elastic.Run.accumulate = faulty_accumulate  # type: ignore[method-assign]
+    Run.accumulate = faulty_accumulate  # type: ignore[method-assign]
 
-    def configured_init(self: elastic.Run, **kw: Any) -> None:
+    def configured_init(self: Run, **kw: Any) -> None:
         init(self, **kw, on_divergence=os.environ.get("ON_DIVERGENCE", "stop"))
 
-    elastic.Run.wrap = forgetful_wrap  # type: ignore[method-assign]
-    elastic.Run.__init__ = configured_init  # type: ignore[method-assign]
+    Run.wrap = forgetful_wrap  # type: ignore[method-assign]
+    Run.__init__ = configured_init  # type: ignore[method-assign]
     train_gpt.main(sys.argv[1:])
 
 

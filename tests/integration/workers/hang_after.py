@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import time
 
-from elasticjob_runtime.checkpoint import CheckpointManager
+from elasticjob_runtime.checkpoints.manager import CheckpointManager
 
 
 def main() -> None:

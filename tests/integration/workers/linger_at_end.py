@@ -20,8 +20,8 @@ from typing import Any
 
 from elasticjob_examples import train_regression
 
-from elasticjob_runtime import elastic
-from elasticjob_runtime.channel import WorkerChannel
+from elasticjob_runtime import Run
+from elasticjob_runtime.launch.channel import WorkerChannel
 
 
 def linger() -> None:
@@ -47,7 +47,7 @@ def lingering_after(method: Callable[..., Any], before: bool) -> Callable[..., A
 
 def main() -> None:
     if os.environ["LINGER_AT"] == "finish":
-        elastic.Run.finish = lingering_after(elastic.Run.finish, before=True)  # type: ignore[method-assign]
+        Run.finish = lingering_after(Run.finish, before=True)  # type: ignore[method-assign]
     else:
         WorkerChannel.say_finished = lingering_after(WorkerChannel.say_finished, before=False)  # type: ignore[method-assign]
     train_regression.main(sys.argv[1:])

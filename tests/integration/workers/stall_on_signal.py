@@ -14,7 +14,7 @@ import signal
 import threading
 from types import FrameType
 
-from elasticjob_runtime.checkpoint import CheckpointManager
+from elasticjob_runtime.checkpoints.manager import CheckpointManager
 
 SIGNALLED = threading.Event()
 _mark_step = CheckpointManager.mark_step

@@ -327,7 +327,11 @@ def test_the_container_running_elasticjob_run_is_probed_on_its_health_server() -
     "container",
     [
         {"name": "t", "image": "i", "command": ["torchrun", "train.py"]},
-        {"name": "t", "image": "i", "command": ["python", "-m", "elasticjob_runtime.launcher"]},
+        {
+            "name": "t",
+            "image": "i",
+            "command": ["python", "-m", "elasticjob_runtime.launch.launcher"],
+        },
         {"name": "t", "image": "i", "args": ["train.py"]},  # the image's ENTRYPOINT: unknown
         {"name": "t", "image": "i", "command": ["sh", "-c", "elasticjob-run train.py"]},
     ],

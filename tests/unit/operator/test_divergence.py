@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 from elasticjob_operator import models
 from elasticjob_operator.divergence import FAILED, RESYNCED, decide_divergences
-from elasticjob_runtime.records import Divergence, decode_divergence, encode_divergence
+from elasticjob_runtime.etcd.records import Divergence, decode_divergence, encode_divergence
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 LINE = "the ranks trained different models: at step 13 ... 'optim' differs (ranks [0] vs [1])"

@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 from elasticjob_operator import models
 from elasticjob_operator.hangs import REASON, decide_hangs, hang_message
-from elasticjob_runtime.records import Hang
+from elasticjob_runtime.etcd.records import Hang
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 

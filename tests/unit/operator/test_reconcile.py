@@ -43,7 +43,13 @@ from elasticjob_operator.reconcile import (
     reconcile,
 )
 from elasticjob_operator.workers import worker_context
-from elasticjob_runtime.records import Divergence, Hang, MemoryFallback, Progress, encode_progress
+from elasticjob_runtime.etcd.records import (
+    Divergence,
+    Hang,
+    MemoryFallback,
+    Progress,
+    encode_progress,
+)
 
 REF = JobRef(name="train", namespace="ml", uid="uid-1")
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)

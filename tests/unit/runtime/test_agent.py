@@ -3,7 +3,7 @@ a peer's), when the exit barrier stops waiting, and when a monitor pass reads th
 
 from __future__ import annotations
 
-from elasticjob_runtime.agent import (
+from elasticjob_runtime.launch.agent import (
     STEP_READ_INTERVAL_S,
     gone_from_exit_barrier,
     local_fault,

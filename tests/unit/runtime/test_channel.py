@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from elasticjob_runtime import contract
-from elasticjob_runtime.channel import (
+from elasticjob_runtime.launch.channel import (
     AgentChannel,
     Assignment,
     StepReporter,

@@ -9,17 +9,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from elasticjob_runtime.checkpoint import CheckpointManager
-from elasticjob_runtime.checkpoint_files import checkpoint_name, committed_steps, read_verified
-from elasticjob_runtime.checkpoint_format import (
+from elasticjob_runtime.checkpoints.files import checkpoint_name, committed_steps, read_verified
+from elasticjob_runtime.checkpoints.format import (
     CheckpointError,
     UnsafeCheckpointError,
     deserialize,
     serialize,
 )
-from elasticjob_runtime.progress import memory_fallback_reporter_from_env
-from elasticjob_runtime.records import MemoryFallback
-from elasticjob_runtime.sampler import ElasticSampler
+from elasticjob_runtime.checkpoints.manager import CheckpointManager
+from elasticjob_runtime.etcd.progress import memory_fallback_reporter_from_env
+from elasticjob_runtime.etcd.records import MemoryFallback
+from elasticjob_runtime.training.sampler import ElasticSampler
 
 
 @dataclass
@@ -128,7 +128,7 @@ def test_truncated_newest_checkpoint_falls_back_to_previous_and_says_why(
     newest = _newest(tmp_path)
     with newest.open("r+b") as f:
         f.truncate(newest.stat().st_size // 2)
-    with caplog.at_level(logging.WARNING, logger="elasticjob_runtime.checkpoint_restore"):
+    with caplog.at_level(logging.WARNING, logger="elasticjob_runtime.checkpoints.restore"):
         ckpt = mgr.load_latest()
     assert ckpt is not None and ckpt.step == 2
     assert float(ckpt.state["x"][0]) == 2.0
@@ -146,7 +146,7 @@ def test_flipped_bytes_in_newest_checkpoint_fail_the_checksum(
     for i in range(len(raw) // 2, len(raw) // 2 + 8):
         raw[i] ^= 0xFF
     newest.write_bytes(bytes(raw))
-    with caplog.at_level(logging.WARNING, logger="elasticjob_runtime.checkpoint_restore"):
+    with caplog.at_level(logging.WARNING, logger="elasticjob_runtime.checkpoints.restore"):
         ckpt = mgr.load_latest()
     assert ckpt is not None and ckpt.step == 2
     assert [r.getMessage() for r in caplog.records] == [
@@ -159,7 +159,7 @@ def test_checkpoint_without_commit_marker_is_skipped(
 ) -> None:
     mgr = _save_three(tmp_path)
     (tmp_path / "ckpt" / (checkpoint_name(3) + ".commit")).unlink()
-    with caplog.at_level(logging.WARNING, logger="elasticjob_runtime.checkpoint_restore"):
+    with caplog.at_level(logging.WARNING, logger="elasticjob_runtime.checkpoints.restore"):
         ckpt = mgr.load_latest()
     assert ckpt is not None and ckpt.step == 2
     assert "no commit marker" in caplog.records[0].getMessage()
@@ -265,7 +265,7 @@ def test_failing_memory_copy_warns_once_and_the_disk_copy_stands(
     blocker = tmp_path / "shm-full"
     blocker.write_text("stands in for a full /dev/shm")
     mgr = manager(tmp_path, memory_dir=blocker / "run")
-    with caplog.at_level(logging.WARNING, logger="elasticjob_runtime.save_faults"):
+    with caplog.at_level(logging.WARNING, logger="elasticjob_runtime.checkpoints.save_faults"):
         mgr.save({"x": torch.ones(1)}, 1)
         mgr.save({"x": torch.ones(1)}, 2)
     [record] = caplog.records
@@ -419,7 +419,7 @@ def test_a_node_memory_checkpoint_of_another_job_is_skipped_in_one_line(
     for f in (tmp_path / "ckpt").iterdir():
         if f.name.startswith(checkpoint_name(8)):
             f.unlink()  # job a's disk copy is elsewhere; its memory copy sits in b's way
-    with caplog.at_level(logging.WARNING, logger="elasticjob_runtime.checkpoint_restore"):
+    with caplog.at_level(logging.WARNING, logger="elasticjob_runtime.checkpoints.restore"):
         ckpt = manager(tmp_path, job="torchrun/none@b:1").load_latest()
     assert ckpt is not None and ckpt.step == 2 and float(ckpt.state["x"][0]) == 2.0
     assert [r.getMessage() for r in caplog.records] == [

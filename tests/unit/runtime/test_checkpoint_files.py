@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from elasticjob_runtime.checkpoint_files import (
+from elasticjob_runtime.checkpoints.files import (
     CommitRecord,
     checkpoint_name,
     commit,

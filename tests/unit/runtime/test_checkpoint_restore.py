@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from elasticjob_runtime.checkpoint_format import Checkpoint, CheckpointError
-from elasticjob_runtime.checkpoint_restore import load_into, reading_order, source_rank
+from elasticjob_runtime.checkpoints.format import Checkpoint, CheckpointError
+from elasticjob_runtime.checkpoints.restore import load_into, reading_order, source_rank
 
 MEMORY, DISK = Path("/dev/shm/job"), Path("/ckpt")
 

@@ -3,8 +3,8 @@ group counts as a failed collective."""
 
 from __future__ import annotations
 
-from elasticjob_runtime.step_loop import steps_left
-from elasticjob_runtime.worker_rounds import collective_failed
+from elasticjob_runtime.training.step_loop import steps_left
+from elasticjob_runtime.training.worker_rounds import collective_failed
 
 
 def test_steps_left_is_the_same_on_every_rank_and_counts_the_uneven_end() -> None:
@@ -29,7 +29,7 @@ def test_registered_state_takes_statefuls_under_names_of_their_own() -> None:
     import pytest
     import torch
 
-    from elasticjob_runtime.training_state import registered_state
+    from elasticjob_runtime.training.state import registered_state
 
     params = [torch.nn.Parameter(torch.ones(2))]
     sched = torch.optim.lr_scheduler.StepLR(torch.optim.SGD(params, lr=0.1), 10)
@@ -41,8 +41,8 @@ def test_registered_state_takes_statefuls_under_names_of_their_own() -> None:
 
 
 def test_a_finished_epoch_reads_as_the_next_ones_start() -> None:
-    from elasticjob_runtime.sampler import ElasticSampler
-    from elasticjob_runtime.training_state import sampler_position
+    from elasticjob_runtime.training.sampler import ElasticSampler
+    from elasticjob_runtime.training.state import sampler_position
 
     done, moved_on = ElasticSampler(10, 0, 1), ElasticSampler(10, 0, 1)
     done.advance(10)

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from elasticjob_runtime.etcd_endpoints import Endpoint, parse_endpoints
+from elasticjob_runtime.etcd.endpoints import Endpoint, parse_endpoints
 
 
 def test_every_member_of_a_comma_separated_list_is_kept() -> None:

@@ -7,8 +7,8 @@ from datetime import timedelta
 
 import pytest
 
-from elasticjob_runtime.etcd_client import KeyValue
-from elasticjob_runtime.etcd_store import (
+from elasticjob_runtime.etcd.client import KeyValue
+from elasticjob_runtime.rendezvous.etcd_store import (
     milliseconds,
     present_keys,
     queue_head,

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from elasticjob_runtime import contract
-from elasticjob_runtime.etcd_client import EtcdError, connection_hint, tls_problem
-from elasticjob_runtime.etcd_endpoints import TLSCredentials
-from elasticjob_runtime.etcd_tls import (
+from elasticjob_runtime.etcd.client import EtcdError, connection_hint, tls_problem
+from elasticjob_runtime.etcd.endpoints import TLSCredentials
+from elasticjob_runtime.etcd.tls import (
     EtcdTLS,
     credentials,
     parse_conf,

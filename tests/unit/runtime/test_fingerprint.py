@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from elasticjob_runtime.fingerprint import (
+from elasticjob_runtime.training.fingerprint import (
     as_signed,
     disagreements,
     divergence_message,
@@ -88,7 +88,7 @@ def test_sets_and_objects_with_addresses_fingerprint_alike_in_every_process() ->
     import sys
 
     code = (
-        "from elasticjob_runtime.fingerprint import value_fingerprint as f\n"
+        "from elasticjob_runtime.training.fingerprint import value_fingerprint as f\n"
         "class Thing: pass\n"
         "print(f({'a', 'b', 'c', 'd'}), f([Thing()]))"
     )

@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 
 from elasticjob_runtime import contract
-from elasticjob_runtime.hang import (
+from elasticjob_runtime.etcd.records import Hang, decode_hang, encode_hang
+from elasticjob_runtime.launch.hang import (
     StepClock,
     group_step,
     hung_after,
     parse_timeout,
     timeout_from_env,
 )
-from elasticjob_runtime.records import Hang, decode_hang, encode_hang
 
 T = 30.0
 

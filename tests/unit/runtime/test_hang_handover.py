@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from elasticjob_runtime.channel import AgentChannel, WorkerChannel
-from elasticjob_runtime.hang import (
+from elasticjob_runtime.launch.channel import AgentChannel, WorkerChannel
+from elasticjob_runtime.launch.hang import (
     InPlaceRound,
     StepClock,
     hang_message,

@@ -8,8 +8,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from elasticjob_runtime.channel import AgentChannel, StepReporter
-from elasticjob_runtime.hang_watch import HangWatch
+from elasticjob_runtime.launch.channel import AgentChannel, StepReporter
+from elasticjob_runtime.launch.hang_watch import HangWatch
 
 TIMEOUT = 10.0
 PIDS = {0: os.getpid()}

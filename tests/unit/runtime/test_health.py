@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from elasticjob_runtime.health import HealthServer, health_address, health_wanted
+from elasticjob_runtime.launch.health import HealthServer, health_address, health_wanted
 
 
 def status(url: str) -> int:

@@ -6,7 +6,11 @@ import os
 import subprocess
 import sys
 
-from elasticjob_runtime.job_identity import directory_name, endpoint_from_argv, job_identity
+from elasticjob_runtime.checkpoints.job_identity import (
+    directory_name,
+    endpoint_from_argv,
+    job_identity,
+)
 
 TORCHRUN = ["/usr/bin/python", "-m", "torch.distributed.run", "--nnodes=2"]
 
@@ -54,11 +58,11 @@ def test_an_agent_computes_the_identity_its_workers_compute() -> None:
     run = "run-7"
     child = (
         "import os; os.environ['TORCHELASTIC_RUN_ID'] = 'run-7'; "
-        "from elasticjob_runtime.job_identity import current_job; print(current_job())"
+        "from elasticjob_runtime.checkpoints.job_identity import current_job; print(current_job())"
     )
     parent = (
         "import subprocess, sys; "
-        "from elasticjob_runtime.job_identity import workers_job; "
+        "from elasticjob_runtime.checkpoints.job_identity import workers_job; "
         f"print(workers_job({run!r})); sys.stdout.flush(); "
         f"subprocess.run([sys.executable, '-c', {child!r}], check=True)"
     )

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from elasticjob_runtime.launcher import (
+from elasticjob_runtime.launch.launcher import (
     config_problem,
     env_switch,
     known_backends,

@@ -7,7 +7,7 @@ import logging
 from hypothesis import given
 from hypothesis import strategies as st
 
-from elasticjob_runtime.leases import (
+from elasticjob_runtime.rendezvous.leases import (
     DEFAULT_LEASE_TTL,
     LATE_WARNING_EVERY_S,
     granted_ttl_message,

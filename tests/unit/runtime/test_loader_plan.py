@@ -6,9 +6,9 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from elasticjob_runtime.loader import RoundBatches, SeededItems, StepBatches, plan_steps
-from elasticjob_runtime.sampler import rank_indices
-from elasticjob_runtime.step_loop import steps_left
+from elasticjob_runtime.training.loader import RoundBatches, SeededItems, StepBatches, plan_steps
+from elasticjob_runtime.training.sampler import rank_indices
+from elasticjob_runtime.training.step_loop import steps_left
 
 
 @given(

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from hypothesis import given
 from hypothesis import strategies as st
 
-from elasticjob_runtime.membership import (
+from elasticjob_runtime.rendezvous.membership import (
     CheckSealed,
     Closed,
     Enter,

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 import pytest
 
 from elasticjob_runtime import contract
-from elasticjob_runtime.etcd_endpoints import Endpoint
-from elasticjob_runtime.progress import (
+from elasticjob_runtime.etcd.endpoints import Endpoint
+from elasticjob_runtime.etcd.progress import (
     Nowhere,
     ProgressReporter,
     ProgressTarget,

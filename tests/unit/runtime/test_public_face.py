@@ -38,8 +38,8 @@ def test_an_unknown_name_is_an_attribute_error_naming_it() -> None:
 
 
 def test_the_public_names_are_the_ones_the_training_loop_docs_use() -> None:
-    from elasticjob_runtime.elastic import Run
-    from elasticjob_runtime.sampler import ElasticSampler
+    from elasticjob_runtime.training.run import Run
+    from elasticjob_runtime.training.sampler import ElasticSampler
 
     assert elasticjob_runtime.Run is Run
     assert elasticjob_runtime.ElasticSampler is ElasticSampler

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from elasticjob_runtime.records import (
+from elasticjob_runtime.etcd.records import (
     MemoryFallback,
     Progress,
     decode_memory_fallback,

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from elasticjob_runtime.rendezvous_backend import state_digest, state_problem
-from elasticjob_runtime.rendezvous_keys import state_digest_key
+from elasticjob_runtime.rendezvous.backend import state_digest, state_problem
+from elasticjob_runtime.rendezvous.keys import state_digest_key
 
 DIGEST_KEY = state_digest_key("run")
 

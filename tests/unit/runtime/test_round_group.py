@@ -9,7 +9,12 @@ import time
 
 import pytest
 
-from elasticjob_runtime.round_group import open_sockets, opened_between, round_group, shut_down
+from elasticjob_runtime.training.round_group import (
+    open_sockets,
+    opened_between,
+    round_group,
+    shut_down,
+)
 
 
 def test_shutting_down_recorded_sockets_fails_a_blocked_read_and_spares_listeners() -> None:

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from elasticjob_runtime.sampler import (
+from elasticjob_runtime.training.sampler import (
     ElasticSampler,
     advance_consumed,
     epoch_order,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from elasticjob_runtime.save_faults import SaveFaults, write_fault_message
+from elasticjob_runtime.checkpoints.save_faults import SaveFaults, write_fault_message
 
 
 def full(directory: Path) -> OSError:
@@ -31,7 +31,7 @@ def test_each_kind_of_fault_is_said_once_until_saves_work_again(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     faults = SaveFaults(on_memory_fallback=lambda report: None)
-    with caplog.at_level(logging.WARNING, logger="elasticjob_runtime.save_faults"):
+    with caplog.at_level(logging.WARNING, logger="elasticjob_runtime.checkpoints.save_faults"):
         faults.disk_failed(tmp_path, 1, full(tmp_path))
         faults.disk_failed(tmp_path, 2, full(tmp_path))
         faults.disk_failed(tmp_path, 3, OSError(errno.EROFS, "Read-only file system"))

@@ -9,11 +9,11 @@ import sys
 
 import torch
 
-from elasticjob_runtime.seeds import mix, sample_seed, seed_all, step_seed
+from elasticjob_runtime.training.seeds import mix, sample_seed, seed_all, step_seed
 
 
 def test_mix_is_the_same_in_every_process() -> None:
-    code = "from elasticjob_runtime.seeds import mix; print(mix(1, 2, 3))"
+    code = "from elasticjob_runtime.training.seeds import mix; print(mix(1, 2, 3))"
     other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert int(other.stdout) == mix(1, 2, 3)
     assert 0 <= mix(1, 2, 3) < 2**64
@@ -46,7 +46,7 @@ def test_seed_all_seeds_numpy_once_it_is_imported() -> None:
 
 
 def test_a_fetch_has_a_stream_of_its_own() -> None:
-    from elasticjob_runtime.seeds import fetch_seed
+    from elasticjob_runtime.training.seeds import fetch_seed
 
     assert fetch_seed(0, 5, 1) not in {step_seed(0, 5, 1), sample_seed(0, 5, 1)}
     assert fetch_seed(0, 5, 1) != fetch_seed(0, 6, 1)

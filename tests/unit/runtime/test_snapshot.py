@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from elasticjob_runtime.snapshot import Snapshots, copy_into
+from elasticjob_runtime.checkpoints.snapshot import Snapshots, copy_into
 
 
 def state(scale: float = 1.0) -> dict[str, object]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import socket
 import sys
 
-from elasticjob_runtime.spare import (
+from elasticjob_runtime.launch.spare import (
     Target,
     WorkerLaunch,
     parse_worker_command,
@@ -15,7 +15,7 @@ from elasticjob_runtime.spare import (
     send_launch,
     top_level_imports,
 )
-from elasticjob_runtime.spare_pool import env_differences, spare_count
+from elasticjob_runtime.launch.spare_pool import env_differences, spare_count
 
 PY = sys.executable
 
@@ -116,7 +116,7 @@ def test_a_pool_keeps_one_spare_per_local_rank_unless_told_fewer() -> None:
 
 
 def test_spares_are_replaced_once_the_round_trains_or_after_the_delay() -> None:
-    from elasticjob_runtime.spare_pool import refill_due
+    from elasticjob_runtime.launch.spare_pool import refill_due
 
     assert not refill_due(None, True, 100.0, 5.0)  # nothing taken since the last refill
     assert not refill_due(100.0, False, 102.0, 5.0)  # the workers are still starting

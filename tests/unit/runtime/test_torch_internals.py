@@ -20,8 +20,8 @@ from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 from torch.distributed.elastic.multiprocessing.api import SubprocessContext
 from torch.distributed.elastic.multiprocessing.subprocess_handler import SubprocessHandler
 
-from elasticjob_runtime import torch_internals
-from elasticjob_runtime.torch_internals import (
+from elasticjob_runtime.launch import torch_internals
+from elasticjob_runtime.launch.torch_internals import (
     AGENT_ATTRIBUTES,
     AGENT_HOOKS,
     CONTEXT_HOOKS,
@@ -29,7 +29,7 @@ from elasticjob_runtime.torch_internals import (
     PRIVATE_NAMES,
 )
 
-RUNTIME = Path(torch_internals.__file__).parent
+RUNTIME = Path(torch_internals.__file__).parents[1]  # elasticjob_runtime/, every layer
 GONE = "torch {version} has no {name}: the runtime's fence (torch_internals.py) must follow it"
 
 
@@ -114,8 +114,8 @@ def _private_torch_names(path: Path) -> list[str]:
 def test_no_other_runtime_module_names_a_private_torch_name() -> None:
     """The fence holds only if nothing goes around it."""
     outside = {
-        path.name: names
-        for path in sorted(RUNTIME.glob("*.py"))
+        str(path.relative_to(RUNTIME)): names
+        for path in sorted(RUNTIME.rglob("*.py"))
         if path.name != "torch_internals.py" and (names := _private_torch_names(path))
     }
     assert not outside, f"private torch names outside torch_internals.py: {outside}"

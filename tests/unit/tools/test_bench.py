@@ -100,9 +100,9 @@ def test_an_in_place_regroup_is_read_from_our_agent_line_and_the_regroup_line() 
     from bench import phases
 
     lines = [
-        "[2027-01-02 10:00:01,250] elasticjob_runtime.agent: regrouping the running workers "
+        "[2027-01-02 10:00:01,250] elasticjob_runtime.launch.agent: regrouping the running workers "
         "in place (the round lost ['n2']: they abandon its collectives)",
-        "[2027-01-02 10:00:01,300] elasticjob_runtime.agent: something else",
+        "[2027-01-02 10:00:01,300] elasticjob_runtime.launch.agent: something else",
         "I0102 10:00:01.400000 77 torch/distributed/elastic/agent/server/api.py:1] "
         "[default] Starting worker group",
     ]

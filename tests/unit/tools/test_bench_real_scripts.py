@@ -43,12 +43,12 @@ def test_the_typical_step_is_the_median_gap_of_one_process_inside_the_window() -
 def test_processes_of_a_job_are_told_apart_by_command_line() -> None:
     script = "train_gpt.py"
     assert real_scripts.role("python -u /r/examples/train_gpt.py --steps=9", script) == "worker"
-    spare = "python -u -m elasticjob_runtime.spare --fd=10 --parent=3"
+    spare = "python -u -m elasticjob_runtime.launch.spare --fd=10 --parent=3"
     assert real_scripts.role(spare, script) == "spare"
     # the agents name the script too
     torchrun = "python -m torch.distributed.run --nnodes=2 /r/bench/train_gpt.py"
     assert real_scripts.role(torchrun, script) == "agent"
-    ours = "python -m elasticjob_runtime.launcher --nnodes=2 /r/examples/train_gpt.py"
+    ours = "python -m elasticjob_runtime.launch.launcher --nnodes=2 /r/examples/train_gpt.py"
     assert real_scripts.role(ours, script) == "agent"
     resource = "python -c from multiprocessing.resource_tracker import main"
     assert real_scripts.role(resource, script) == "other"
@@ -205,6 +205,6 @@ def test_check_cost_figures_hold_the_target_and_the_times_behind_them() -> None:
 
 def test_the_default_check_interval_is_the_runtimes() -> None:
     pytest.importorskip("torch")
-    from elasticjob_runtime import elastic
+    from elasticjob_runtime import Run
 
-    assert check_cost.default_check_every() == elastic.Run.__init__.__kwdefaults__["check_every"]
+    assert check_cost.default_check_every() == Run.__init__.__kwdefaults__["check_every"]

@@ -1,0 +1,50 @@
+"""Moving training state between the ranks of the default process group.
+
+A rank that lacks the newest step (a node that joined with an empty node-local
+directory, a worker regrouped in place) gets it from a peer: the ranks first gather
+which step each holds, then one rank broadcasts its checkpoint bytes
+(:mod:`elasticjob_runtime.checkpoints.format`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+
+def group_device() -> torch.device:
+    """Where the default group's collectives want their tensors."""
+    import torch.distributed as dist
+
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def gather_steps(mine: int, device: torch.device) -> list[int]:
+    """Every rank's ``mine`` (a step, -1 for none), in rank order."""
+    import torch.distributed as dist
+
+    tensor = torch.tensor([mine], dtype=torch.int64, device=device)
+    gathered = [torch.zeros_like(tensor) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, tensor)
+    return [int(t.item()) for t in gathered]
+
+
+def broadcast_bytes(data: bytes, src: int, device: torch.device) -> bytes:
+    """``data`` of rank ``src``, on every rank (plain tensor collectives: torch's object
+    collectives need numpy, which a slim image may not have)."""
+    import torch.distributed as dist
+
+    size = torch.tensor([len(data)], dtype=torch.int64, device=device)
+    dist.broadcast(size, src)
+    if dist.get_rank() == src:
+        buf = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
+    else:
+        buf = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
+    dist.broadcast(buf, src)
+    if dist.get_rank() == src:
+        return data
+    host = buf.cpu().contiguous()
+    return ctypes.string_at(host.data_ptr(), host.numel())

@@ -1,0 +1,163 @@
+"""Carries out the join loop's steps: each a few etcd requests, no decisions.
+
+The decisions are :mod:`elasticjob_runtime.rendezvous.membership`'s; the loop that asks for them is
+:mod:`elasticjob_runtime.rendezvous.join`. What a node has done so far (the round it
+entered, the round it took over) lives here because it outlasts one join.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+
+from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
+
+from elasticjob_runtime.etcd.client import KeyValue
+from elasticjob_runtime.rendezvous.lease_holder import LeaseHolder
+from elasticjob_runtime.rendezvous.membership import (
+    Follow,
+    Joined,
+    Limits,
+    Open,
+    Rejoin,
+    Round,
+    Seal,
+    Standby,
+    Wait,
+    decide_lead,
+    decide_standby,
+    encode_participants,
+    joined_by_record,
+    takes_over,
+)
+from elasticjob_runtime.rendezvous.state import RendezvousState
+
+log = logging.getLogger(__name__)
+
+
+class JoinExecutor:
+    """One node's hands in the join: open, enter, follow, lead, stand by."""
+
+    def __init__(
+        self,
+        state: RendezvousState,
+        leases: LeaseHolder,
+        node: str,
+        limits: Limits,
+        join_timeout: float,
+    ) -> None:
+        self.state = state
+        self.leases = leases
+        self.node = node
+        self.limits = limits
+        self.join_timeout = join_timeout
+        self.entered: int | None = None  # the round whose join key this node put last
+        self.leading: int | None = None  # a round this node leads since its leader went
+
+    def time_left(self, deadline: float, why: str) -> float:
+        """Seconds to the join deadline; past it, the timeout saying what was missing."""
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise RendezvousTimeoutError(
+                f"no rendezvous within {self.join_timeout:.0f}s for run "
+                f"{self.state.keys.run_id}: {why}"
+            )
+        return left
+
+    def open(self, step: Open, kv: KeyValue | None) -> None:
+        """Open the next round (if no other node just did) and enter it."""
+        if self.state.write(step.round, kv):
+            log.info("etcd-v3: %s: opened round %d: %s", self.node, step.round.number, step.why)
+            self.enter(step.round.number)
+
+    def enter(self, number: int) -> None:
+        """Put this node's join key for round ``number``, on its member lease: it vanishes
+        with the node, so a leader never waits for a node that died after entering."""
+        key = self.state.keys.join(number, self.node)
+        self.state.client.put(key, b"", lease=self.leases.member_lease)
+        self.entered = number
+
+    def check_sealed(self, number: int) -> tuple[Joined, int] | None:
+        """The binding round ``number`` if its sealed record has this node, with the
+        revision it was sealed at; either way this node's entry there is spent."""
+        self.entered = None
+        found = self.state.sealed_record(number)
+        joined = None if found is None else joined_by_record(number, found[0], self.node)
+        if found is None or joined is None:
+            return None
+        log.info("etcd-v3: %s: round %d, sealed with it, is binding", self.node, number)
+        return joined, found[1]
+
+    def stand_by(self, step: Standby, kv: KeyValue | None, deadline: float) -> float:
+        """A node beyond ``max``: open a round once a seat frees up, else wait for a change
+        with no join deadline (the one returned starts afresh)."""
+        live_at, live = self.state.live()
+        match decide_standby(step.round, self.node, live):
+            case Open() as opening:
+                self.open(opening, kv)
+                return deadline
+            case Wait():
+                deadline = time.monotonic() + self.join_timeout
+                self.state.client.wait_for_change(
+                    self.state.keys.prefix, live_at, self.join_timeout
+                )
+                return deadline
+
+    def follow(self, step: Follow, revision: int, deadline: float) -> None:
+        """Wait for the leader to seal the round; on a quiet spell, check that the leader
+        and this node's own join key are still there (a lease can run out)."""
+        left = self.time_left(deadline, f"round {step.number} was not sealed by {step.leader}")
+        recheck = max(self.leases.granted_ttl, 1) + 1.0 + random.uniform(0, 0.5)
+        if self.state.client.wait_for_change(self.state.keys.state, revision, min(left, recheck)):
+            return
+        if not self.state.has_entered(step.number, self.node):
+            self.entered = None  # its lease ran out and was taken again: enter again
+        if self.state.is_live(step.leader):
+            return
+        _, live = self.state.live()
+        _, joins = self.state.joins(step.number)
+        if takes_over(self.node, step.leader, joins, live):
+            log.info(
+                "etcd-v3: %s: leader %s of round %d is gone; leading it",
+                self.node,
+                step.leader,
+                step.number,
+            )
+            self.leading = step.number
+
+    def lead(
+        self, current: Round, kv: KeyValue, last_call: float | None, deadline: float
+    ) -> float | None:
+        """Seal the forming round once :func:`decide_lead` says so, else wait for a join,
+        a lost node or the last call. Returns the last-call deadline to keep."""
+        live_at, live = self.state.live()
+        joins_at, joins = self.state.joins(current.number)
+        match decide_lead(self.node, joins, live, self.limits, last_call, time.time()):
+            case Rejoin():
+                self.leases.announce()  # a new member lease, and enter again under it
+                self.entered = None
+                return last_call
+            case Seal(participants):
+                self._seal(current, kv, participants)
+                return None
+            case Wait(until=until, why=why):
+                left = self.time_left(deadline, why)
+                if until is not None:
+                    left = min(left, max(until - time.time(), 0.0) + 0.05)
+                keys = self.state.keys
+                watched = [keys.state, keys.members, keys.joins(current.number)]
+                self.state.client.wait_for_change(watched, min(live_at, joins_at), left)
+                return until
+
+    def _seal(self, current: Round, kv: KeyValue, participants: tuple[str, ...]) -> None:
+        """The round key and the sealed record, in one transaction."""
+        sealed = Round(current.number, participants, True, leader=current.leader)
+        record = {self.state.keys.sealed(current.number): encode_participants(participants)}
+        if self.state.write(sealed, kv, also=record):
+            log.info(
+                "etcd-v3: %s: sealed round %d with %d nodes",
+                self.node,
+                current.number,
+                len(participants),
+            )

@@ -1,0 +1,164 @@
+"""The round a node runs, and the watch that tells it when to leave it.
+
+Each agent watches ``rdzv/`` (the round key and the member keys) from the revision its
+round was sealed at. The watch's events say what changed, so a check costs one key read
+at most, however many nodes there are; only a broken watch costs a full re-read. The
+rules (:func:`~elasticjob_runtime.rendezvous.membership.restart_reason`, ...) are pure.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from elasticjob_runtime.etcd.client import Change, EtcdError
+from elasticjob_runtime.rendezvous.membership import (
+    Joined,
+    Round,
+    gone_on_without,
+    lost_participants,
+    restart_reason,
+)
+from elasticjob_runtime.rendezvous.state import RendezvousState
+
+log = logging.getLogger(__name__)
+
+
+class RoundWatch:
+    """This node's round and the changes to it the watch has seen."""
+
+    def __init__(self, state: RendezvousState, node: str) -> None:
+        self._state = state
+        self._node = node
+        self.round = 0  # the round this node last joined
+        self.participants: tuple[str, ...] = ()
+        self.restart_why: str | None = None
+        self._changed = threading.Event()
+        self._broken = threading.Event()
+        self._lock = threading.Lock()
+        self._state_changed = False  # the watch saw the round key change
+        self._gone: set[str] = set()  # nodes whose member key the watch saw deleted
+        self._cancel: Callable[[], None] | None = None
+
+    def leave_round(self) -> None:
+        """About to join another round: stop watching this one, forget why it ended."""
+        self.stop()
+        self.restart_why = None
+
+    def stop(self) -> None:
+        if self._cancel is not None:
+            self._cancel()
+            self._cancel = None
+
+    def begin(self, joined: Joined, sealed_at: int) -> None:
+        """Run ``joined`` from now on, watching from its seal: a peer lost or a newer
+        round opened since then, even before this node read the round, is in the events."""
+        self.round = joined.number
+        self.participants = joined.participants
+        with self._lock:
+            # The first check reads the round key (one key): a newer round may have
+            # opened before the watch has delivered its first events.
+            self._state_changed, self._gone = True, set()
+        try:
+            self._watch(sealed_at)
+        except EtcdError as exc:  # the first membership check watches again
+            log.warning("etcd-v3: %s: cannot watch yet (%s); retrying", self._node, exc)
+        self._changed.set()  # the first membership check looks at once
+
+    def num_nodes_waiting(self) -> int:
+        """Non-zero when this node must restart into a new round (a peer left or came)."""
+        if self.restart_why is not None:
+            return 1
+        if not self._changed.is_set():
+            return 0
+        self._changed.clear()
+        with self._lock:
+            state_changed, gone = self._state_changed, set(self._gone)
+            self._state_changed = False
+        try:
+            seen = self._what_changed(state_changed, gone)
+        except EtcdError as exc:
+            log.warning("etcd-v3: cannot check membership: %s", exc)
+            with self._lock:
+                self._state_changed = self._state_changed or state_changed
+            self._changed.set()
+            return 0
+        if seen is None:
+            return 0
+        self.restart_why = restart_reason(seen[0], seen[1], self.round)
+        if self.restart_why is None:
+            return 0
+        log.info("etcd-v3: %s restarts its workers: %s", self._node, self.restart_why)
+        return 1
+
+    def _what_changed(
+        self, state_changed: bool, gone: set[str]
+    ) -> tuple[Round | None, list[str]] | None:
+        """The round key now and the participants lost, or None if nothing changed."""
+        if self._broken.is_set():
+            # The stream died (etcd restarted, a member failed over): watch again.
+            # Comparing state, not counting events, means nothing in between is lost.
+            revision, current, _, live = self._state.read()
+            log.info("etcd-v3: %s: watch lost; watching again", self._node)
+            self._watch(revision)
+            return current, lost_participants(self.participants, live)
+        lost = [p for p in self.participants if p in gone]
+        if not state_changed and not lost:
+            return None
+        _, current, _ = self._state.read_state()
+        return current, lost
+
+    def wait_for_change(self, timeout: float) -> str | None:
+        """Why this node must move to a new round, waiting up to ``timeout`` to find out."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.num_nodes_waiting() > 0:
+                return self.restart_why
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            self._changed.wait(left)
+
+    def peers_lost(self) -> list[str]:
+        """The participants whose lease is gone, or that went on to a newer round without
+        this node (:func:`gone_on_without`), read now."""
+        try:
+            _, live = self._state.live()
+            _, current, _ = self._state.read_state()
+        except EtcdError as exc:
+            log.warning("etcd-v3: cannot read the live nodes: %s", exc)
+            return []
+        lost = lost_participants(self.participants, live)
+        gone_on = gone_on_without(current, self._node, self.round, self.participants)
+        return lost + [p for p in gone_on if p not in lost]
+
+    def _watch(self, revision: int) -> None:
+        """(Re)start the watch on ``rdzv/`` from just after ``revision``."""
+        self.stop()
+        self._broken.clear()
+        try:
+            self._cancel = self._state.client.watch_prefix(
+                self._state.keys.prefix,
+                revision + 1,
+                self._changed.set,
+                self._broken.set,
+                on_keys=self._note_changes,
+            )
+        except EtcdError:
+            # Right after etcd comes back, gRPC may refuse the new stream even though a
+            # read just worked: stay "broken" so the next check tries again, rather than
+            # believing a watch exists and never hearing of a change.
+            self._broken.set()
+            raise
+
+    def _note_changes(self, changes: list[Change]) -> None:
+        """From the watch thread: which keys changed, for the next membership check."""
+        keys = self._state.keys
+        with self._lock:
+            for change in changes:
+                if change.key == keys.state:
+                    self._state_changed = True
+                elif change.deleted and change.key.startswith(keys.members):
+                    self._gone.add(change.key[len(keys.members) :])

@@ -1,0 +1,89 @@
+"""What a node reads of the rendezvous and the one write it makes to the round key.
+
+torch's dynamic handler keeps a state holder that syncs with its backend; ours reads
+less at a time (the round key alone is O(1); the live nodes, a round's joins and the
+whole ``rdzv/`` prefix only where a rule needs them) and writes through
+:class:`~elasticjob_runtime.rendezvous.backend.EtcdV3RendezvousBackend`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+from elasticjob_runtime.etcd.client import EtcdClient, EtcdError, KeyValue
+from elasticjob_runtime.rendezvous.backend import EtcdV3RendezvousBackend
+from elasticjob_runtime.rendezvous.keys import RendezvousKeys
+from elasticjob_runtime.rendezvous.membership import Round, decode_participants
+
+log = logging.getLogger(__name__)
+
+
+class RendezvousState:
+    """Reads and writes of one run's rendezvous keys; holds nothing but the connection."""
+
+    def __init__(self, client: EtcdClient, keys: RendezvousKeys) -> None:
+        self.client = client
+        self.keys = keys
+        self._backend = EtcdV3RendezvousBackend(client, keys.run_id)
+
+    def use_lease(self, lease: int) -> None:
+        """Write the round key under ``lease`` (the run's) from now on."""
+        self._backend.lease = lease
+
+    def read(self) -> tuple[int, Round | None, KeyValue | None, frozenset[str]]:
+        """One snapshot of ``rdzv/``: revision, round, its key, and the live nodes. O(N):
+        only where the watch's events cannot be trusted (it broke)."""
+        snap = self.client.snapshot(self.keys.prefix)
+        kv = snap.items.get(self.keys.state)
+        current = Round.decode(kv.value) if kv is not None else None
+        return snap.revision, current, kv, self.keys.member_names(snap.items)
+
+    def read_state(self) -> tuple[int, Round | None, KeyValue | None]:
+        """The round key alone, with the revision it was read at: O(1)."""
+        snap = self.client.snapshot(self.keys.state)
+        kv = snap.items.get(self.keys.state)
+        return snap.revision, (Round.decode(kv.value) if kv is not None else None), kv
+
+    def live(self) -> tuple[int, frozenset[str]]:
+        """The nodes whose member key is present, with the revision read at."""
+        snap = self.client.snapshot(self.keys.members)
+        return snap.revision, self.keys.member_names(snap.items)
+
+    def is_live(self, node: str) -> bool:
+        """One key: is ``node``'s member lease still there?"""
+        return self.client.get(self.keys.member(node)) is not None
+
+    def has_entered(self, number: int, node: str) -> bool:
+        """One key: is ``node``'s join key for round ``number`` still there?"""
+        return self.client.get(self.keys.join(number, node)) is not None
+
+    def joins(self, number: int) -> tuple[int, list[str]]:
+        """Who has entered round ``number``, in the order they entered."""
+        prefix = self.keys.joins(number)
+        snap = self.client.snapshot(prefix)
+        ordered = sorted(snap.items.values(), key=lambda kv: kv.mod_revision)
+        return snap.revision, [kv.key[len(prefix) :] for kv in ordered]
+
+    def sealed_record(self, number: int) -> tuple[tuple[str, ...], int] | None:
+        """Round ``number``'s participants as sealed, and the revision of the seal."""
+        kv = self.client.get(self.keys.sealed(number))
+        if kv is None:
+            return None
+        return decode_participants(kv.value), kv.mod_revision
+
+    def write(
+        self, new: Round, kv: KeyValue | None, also: Mapping[str, bytes] | None = None
+    ) -> bool:
+        """Compare-and-set the round key (and ``also``, in the same transaction)."""
+        token = None if kv is None else kv.mod_revision
+        result = self._backend.set_state(new.encode(), token, also)
+        return result is not None and result[2]
+
+    def drop_rounds_before(self, number: int) -> None:
+        """Finished rounds' keys are no use to anyone; keep etcd small."""
+        try:
+            self.client.delete_range(self.keys.store(0), self.keys.store(number))
+            self.client.delete_range(self.keys.round_prefix(0), self.keys.round_prefix(number))
+        except EtcdError as exc:
+            log.warning("etcd-v3: could not drop old rounds' keys: %s", exc)

@@ -1,0 +1,57 @@
+"""The model as the current round's ``DistributedDataParallel`` wraps it.
+
+DDP binds a module to one process group, so every regroup wraps the module anew.
+:class:`CurrentDDP` is what ``run.wrap()`` returns: call it and read its attributes as
+the DDP module of the round in force. The Run restores the state before each wrap and
+compares it after, so DDP's own broadcast of every parameter (``init_sync``) is skipped.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from elasticjob_runtime.training.grad_weights import Shares, weighted_allreduce
+
+
+class CurrentDDP:
+    """One module, wrapped once per round."""
+
+    def __init__(self, module: nn.Module, ddp_kwargs: dict[str, Any]) -> None:
+        self._module = module
+        self._kwargs = {"init_sync": False, **ddp_kwargs}
+        self._ddp: DistributedDataParallel | None = None
+        self._shares: Shares | None = None  # weigh each rank by its samples (loader)
+
+    @property
+    def ddp(self) -> DistributedDataParallel:
+        if self._ddp is None:
+            raise RuntimeError("call run.wrap(model, optimizer, sampler) first")
+        return self._ddp
+
+    def rewrap(self) -> None:
+        """Wrap the module for the round just formed (its group is the default one)."""
+        self._ddp = DistributedDataParallel(self._module, **self._kwargs)
+        if self._shares is not None:
+            self._ddp.register_comm_hook(self._shares, weighted_allreduce)
+
+    def weigh_by_samples(self, shares: Shares) -> None:
+        """From now on, each rank's gradient counts by its share of the global batch."""
+        if self._shares is None:
+            self._shares = shares
+            if self._ddp is not None:
+                self._ddp.register_comm_hook(shares, weighted_allreduce)
+
+    def retire(self) -> DistributedDataParallel | None:
+        """Take the round's DDP out of use; the caller frees it once the next round stands
+        (freeing it joins gloo's threads, which may still be finishing aborted work)."""
+        ddp, self._ddp = self._ddp, None
+        return ddp
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.ddp(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.ddp, name)

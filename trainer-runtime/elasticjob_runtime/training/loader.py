@@ -1,0 +1,174 @@
+"""``run.loader(dataset, ...)``: a torch ``DataLoader`` whose batches are the Run's steps.
+
+A plain ``DataLoader`` over a ``DistributedSampler`` cannot follow an elastic group: its
+worker processes prefetch batches of a shard that a regroup has just changed, and its
+position is lost with the process. Here the ``DataLoader`` is given, for each round, the
+exact list of this rank's batches for the rest of the epoch (``plan_steps``, from
+:class:`~elasticjob_runtime.training.sampler.ElasticSampler`'s committed position), through a
+batch sampler it re-reads whenever its iterator is reset. At a regroup, a restart of
+the epoch or a dropped step, the Run resets the iterator: prefetched batches of the old
+plan are discarded, and worker processes that are persistent (the default with workers)
+stay alive, so a regroup costs the time to refill the prefetch queue, not to start
+workers. The sampler's position moves only when a step commits, so every sample is
+trained on once per epoch whatever the prefetch had read.
+
+Each step's batch on every rank is real data: where a rank has no sample left in the
+epoch's last step (fewer samples than ranks), it gets one *filler* sample whose gradient
+the Run's DDP communication hook weighs by zero, so no script has to handle an empty
+batch. More generally the hook weighs each rank's gradient by its share of the global
+batch (``samples on this rank / global batch``): DDP's plain average when the shares
+are equal, and at an epoch's uneven end a rank with fewer samples counts for less.
+
+Items are read under a seed fixed by ``(seed, epoch, index)``
+(:mod:`elasticjob_runtime.training.seeds`), so random augmentation is the same whichever
+rank, world size or worker reads a sample.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from elasticjob_runtime.training.seeds import sample_seed, seed_all
+
+if TYPE_CHECKING:
+    from elasticjob_runtime.training.step_loop import StepLoop
+
+
+@dataclass(frozen=True)
+class StepBatches:
+    """One step on one rank: the dataset indices of each micro-batch, and how many of
+    them are real samples (0: the single micro-batch is a filler, weighed by zero)."""
+
+    micro: tuple[tuple[int, ...], ...]
+    samples: int
+
+
+def plan_steps(
+    shard: Sequence[int], steps: int, step_size: int, micro_size: int, filler: int
+) -> list[StepBatches]:
+    """This rank's ``steps`` steps from its ``shard`` (its indices for the rest of the
+    epoch, in order): ``step_size`` samples a step, in micro-batches of ``micro_size``;
+    a step with no sample left gets the ``filler`` index alone."""
+    if step_size < 1 or micro_size < 1:
+        raise ValueError(f"step_size and micro_size must be at least 1 ({step_size}, {micro_size})")
+    plan = []
+    for j in range(steps):
+        taken = tuple(shard[j * step_size : (j + 1) * step_size])
+        if not taken:
+            plan.append(StepBatches(((filler,),), 0))
+            continue
+        micro = tuple(taken[i : i + micro_size] for i in range(0, len(taken), micro_size))
+        plan.append(StepBatches(micro, len(taken)))
+    return plan
+
+
+class SeededItems(Dataset[Any]):
+    """``dataset[index]`` read under the seed of ``(seed, epoch, index)``; its keys are
+    ``(epoch, index)`` pairs, which the round's batch sampler hands out."""
+
+    def __init__(self, dataset: Dataset[Any], seed: int) -> None:
+        self.dataset = dataset
+        self.seed = seed
+
+    def __getitem__(self, key: tuple[int, int]) -> Any:
+        epoch, index = key
+        seed_all(sample_seed(self.seed, epoch, index))
+        return self.dataset[index]
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+
+class RoundBatches(Sampler[list[tuple[int, int]]]):
+    """The batch sampler the DataLoader reads: the current round's micro-batches, as
+    ``(epoch, index)`` keys. Replaced (``load``) before each reset of the iterator."""
+
+    def __init__(self) -> None:
+        self._batches: list[list[tuple[int, int]]] = []
+
+    def load(self, epoch: int, plan: Sequence[StepBatches]) -> None:
+        self._batches = [[(epoch, i) for i in micro] for step in plan for micro in step.micro]
+
+    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
+        return iter(self._batches)
+
+    def __len__(self) -> int:
+        return len(self._batches)
+
+
+class ElasticLoader:
+    """Iterate it inside ``for epoch in run.epochs(n):``; each item is one step's batch
+    (a list of ``accumulate`` micro-batches when ``accumulate > 1``), to be trained on in
+    one ``with run.step():``. Made by :meth:`elasticjob_runtime.training.run.Run.loader`."""
+
+    def __init__(
+        self,
+        loop: StepLoop,
+        dataset: Dataset[Any],
+        batch_size: int,
+        *,
+        accumulate: int = 1,
+        seed: int = 0,
+        num_workers: int = 0,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+        pin_memory: bool = False,
+        persistent_workers: bool | None = None,
+        prefetch_factor: int | None = None,
+        worker_init_fn: Callable[[int], None] | None = None,
+        multiprocessing_context: Any = None,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1 (got {batch_size})")
+        if accumulate < 1:
+            raise ValueError(f"accumulate must be at least 1 (got {accumulate})")
+        size = len(dataset)  # type: ignore[arg-type]
+        if size != loop.sampler.num_samples:
+            raise ValueError(
+                f"the dataset has {size} samples but the sampler given to run.wrap() has "
+                f"{loop.sampler.num_samples}; make it ElasticSampler(len(dataset), ...)"
+            )
+        self._loop = loop
+        self.batch_size = batch_size
+        self.accumulate = accumulate
+        self._batches = RoundBatches()
+        # Workers outlive a regroup only when persistent; a new set per round would cost
+        # a fork and the dataset's set-up each time.
+        if persistent_workers is None:
+            persistent_workers = num_workers > 0
+        self.dataloader: DataLoader[Any] = DataLoader(
+            SeededItems(dataset, seed),
+            batch_sampler=self._batches,
+            num_workers=num_workers,
+            collate_fn=collate_fn,
+            pin_memory=pin_memory,
+            persistent_workers=persistent_workers,
+            prefetch_factor=prefetch_factor,
+            worker_init_fn=worker_init_fn,
+            multiprocessing_context=multiprocessing_context,
+            # its own generator: an iterator's reset must not draw from the training
+            # process's RNG (the step seeds would hide it, but a user's own draws not)
+            generator=torch.Generator().manual_seed(seed),
+        )
+
+    @property
+    def step_size(self) -> int:
+        """Samples each rank takes per step."""
+        return self.batch_size * self.accumulate
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._loop.rounds_of_steps(self.step_size, self._start_round)
+
+    def _start_round(self, shard: list[int], steps: int) -> Iterator[Any]:
+        """The batches of this round's ``steps`` from this rank's ``shard``, in order."""
+        plan = plan_steps(shard, steps, self.step_size, self.batch_size, filler=0)
+        self._batches.load(self._loop.sampler.epoch, plan)
+        produced = iter(self.dataloader)  # persistent workers: a reset, not a new set
+        for step in plan:
+            micro = [next(produced) for _ in step.micro]
+            self._loop.rank_samples = step.samples
+            yield micro if self.accumulate > 1 else micro[0]

@@ -1,0 +1,191 @@
+"""One round's process group, built from an assignment and abandoned without waiting.
+
+The training-loop API (:mod:`elasticjob_runtime.training.run`) keeps a worker alive across
+rounds, so it must leave a process group whose collectives may never finish: a peer
+that froze sends no TCP reset, and a gloo collective waits for it until the group's
+timeout (30 min by default). :class:`RoundGroup` is the one interface for that:
+``build`` a round's default group, ``abort`` it from any thread so that a collective
+blocked in it fails now, ``destroy`` what is left.
+
+* **gloo** has no abort. Every socket the group opened is recorded when it is built
+  (the store connection and gloo's full mesh, which it connects eagerly); ``abort``
+  shuts them down. The blocked collective's reads fail at once and it raises in the
+  training thread; the process stays healthy and builds the next group.
+* **NCCL** has an abort (``torch.distributed`` ``_abort_process_group``), which is
+  what :class:`NcclRoundGroup` calls. There is no GPU here, so that path is untested;
+  docs/recovery.md says so.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import socket
+import threading
+from datetime import timedelta
+from pathlib import Path
+from typing import Protocol
+
+import torch
+import torch.distributed as dist
+from torch.distributed import PrefixStore, Store, TCPStore  # type: ignore[attr-defined]
+
+from elasticjob_runtime.launch.channel import Assignment
+
+log = logging.getLogger(__name__)
+
+_SOCKET = re.compile(r"socket:\[(\d+)\]")
+
+
+def open_sockets() -> dict[int, int]:
+    """This process's socket descriptors: fd -> inode (from /proc/self/fd)."""
+    out: dict[int, int] = {}
+    fd_dir = Path("/proc/self/fd")
+    for entry in fd_dir.iterdir():
+        try:
+            match = _SOCKET.fullmatch(os.readlink(entry))
+        except OSError:
+            continue  # closed while we listed
+        if match:
+            out[int(entry.name)] = int(match.group(1))
+    return out
+
+
+def opened_between(before: dict[int, int], after: dict[int, int]) -> dict[int, int]:
+    """The sockets in ``after`` that ``before`` did not have (a reused fd counts as new)."""
+    return {fd: inode for fd, inode in after.items() if before.get(fd) != inode}
+
+
+def shut_down(sockets: dict[int, int]) -> int:
+    """``shutdown(SHUT_RDWR)`` each socket still open as the same inode; returns how many.
+
+    A shutdown acts on the socket, not the descriptor, so it reaches every reader of it
+    (gloo's threads) while their descriptors stay valid until gloo closes them. Listening
+    sockets are left alone."""
+    done = 0
+    current = open_sockets()
+    for fd, inode in sockets.items():
+        if current.get(fd) != inode:
+            continue  # closed, or the number now names something else
+        try:
+            with socket.socket(fileno=os.dup(fd)) as sock:
+                # A listening socket stays: gloo's listener thread treats a failed
+                # accept() as fatal and terminates the process.
+                if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+                    continue
+                sock.shutdown(socket.SHUT_RDWR)
+            done += 1
+        except OSError:
+            continue  # not connected, or already shut
+    return done
+
+
+class RoundGroup(Protocol):
+    """The default process group of one round."""
+
+    device: torch.device
+
+    def build(self, assignment: Assignment, timeout: timedelta) -> None:
+        """Create the round's store and default process group (every member calls it)."""
+
+    def abort(self) -> None:
+        """Make collectives blocked in this group fail now; safe from any thread."""
+
+    def destroy(self) -> None:
+        """Release the group (after ``abort`` or at the end of training)."""
+
+
+def _store_for(assignment: Assignment, timeout: timedelta) -> Store:
+    """The round's TCPStore (rank 0 serves it, as torch's ``env://`` does) under the
+    round's own key prefix."""
+    host, port = assignment.master
+    store = TCPStore(
+        host,
+        port,
+        assignment.world_size,
+        is_master=assignment.rank == 0,
+        timeout=timeout,
+        wait_for_workers=False,
+        multi_tenant=True,
+    )
+    return PrefixStore(assignment.store_prefix(), store)
+
+
+class GlooRoundGroup:
+    """gloo, aborted by shutting down the sockets it opened."""
+
+    device = torch.device("cpu")
+
+    def __init__(self) -> None:
+        self._sockets: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    def build(self, assignment: Assignment, timeout: timedelta) -> None:
+        before = open_sockets()
+        store = _store_for(assignment, timeout)
+        with self._lock:  # an abort while gloo connects fails the store's waits
+            self._sockets = opened_between(before, open_sockets())
+        dist.init_process_group(
+            "gloo",
+            store=store,
+            rank=assignment.rank,
+            world_size=assignment.world_size,
+            timeout=timeout,
+        )
+        with self._lock:
+            self._sockets = opened_between(before, open_sockets())
+
+    def abort(self) -> None:
+        with self._lock:
+            sockets, self._sockets = self._sockets, {}
+        if sockets:
+            log.info("abandoning the round's collectives (%d sockets shut)", shut_down(sockets))
+
+    def destroy(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+class NcclRoundGroup:
+    """NCCL, aborted by torch's own abort (untested here: no GPU)."""
+
+    def __init__(self) -> None:
+        self.device = torch.device("cuda", torch.cuda.current_device())
+        self._lock = threading.Lock()
+        self._live = False
+
+    def build(self, assignment: Assignment, timeout: timedelta) -> None:
+        dist.init_process_group(
+            "nccl",
+            store=_store_for(assignment, timeout),
+            rank=assignment.rank,
+            world_size=assignment.world_size,
+            timeout=timeout,
+        )
+        with self._lock:
+            self._live = True
+
+    def abort(self) -> None:
+        with self._lock:
+            live, self._live = self._live, False
+        if live and dist.is_initialized():
+            # the fence imports torch's agent, which a worker has no other use for
+            from elasticjob_runtime.launch.torch_internals import abort_process_group
+
+            abort_process_group()
+
+    def destroy(self) -> None:
+        with self._lock:
+            self._live = False
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def round_group(backend: str) -> RoundGroup:
+    """The :class:`RoundGroup` for ``backend`` ("gloo" or "nccl")."""
+    if backend == "gloo":
+        return GlooRoundGroup()
+    if backend == "nccl":
+        return NcclRoundGroup()
+    raise ValueError(f"backend {backend!r} is not supported here; use 'gloo' or 'nccl'")

@@ -1,0 +1,391 @@
+"""The training-loop API: a DDP script made elastic in about ten lines, recovering in place.
+
+A plain DDP loop, and the same loop with this API (docs/training-loop.md has the diff)::
+
+    run = Run(checkpoint_dir="/ckpt")                # instead of init_process_group
+    model, optim = Net(), torch.optim.SGD(...)
+    sampler = ElasticSampler(len(data), seed=0)       # instead of DistributedSampler
+    ddp = run.wrap(model, optim, sampler)             # instead of DDP(model)
+    for epoch in run.epochs(3):
+        for x, y in run.batches(data.fetch, batch_size=32):
+            with run.step():                          # one optimizer step
+                optim.zero_grad()
+                loss_fn(ddp(x), y).backward()
+                optim.step()
+    run.finish()
+
+What the lines buy:
+
+* **Checkpoints**: model, optimizer, sampler, :attr:`Run.global_step` and :attr:`Run.meta`
+  every ``checkpoint_interval`` steps, on SIGTERM at the step boundary, and at the end;
+  restored on start.
+* **Exactly-once data**: :meth:`Run.batches` takes each step's indices from the
+  :class:`~elasticjob_runtime.training.sampler.ElasticSampler`, the same number of steps on
+  every rank (a rank may get an empty batch at an epoch's uneven end: ``fetch([])``
+  must return an empty batch), and re-shards it whenever the world changes.
+* **In-place recovery** under ``elasticjob-run``: when a peer leaves or joins, this
+  process does not exit. A collective that fails (or that the agent abandons because
+  its round lost a peer) drops the step in flight; the worker takes the next round's
+  rank and world from its agent (:mod:`elasticjob_runtime.launch.channel`), builds a fresh
+  process group (:mod:`elasticjob_runtime.training.round_group`), and carries on from its own
+  memory. A joiner, or a survivor one step behind, gets the state over the new group
+  from the lowest rank holding the newest step; no checkpoint is read. When a new
+  member joins a healthy group, every worker switches at its next step boundary.
+* Without ``elasticjob-run`` (plain torchrun, or no launcher) the same script runs and
+  recovers by restarting, from its checkpoints.
+
+Code after the ``with run.step():`` block runs for a dropped step too; keep per-step
+work (logging a loss) inside it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeVar
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import Dataset
+
+from elasticjob_runtime.checkpoints.job_identity import current_job, directory_name
+from elasticjob_runtime.checkpoints.manager import CheckpointManager
+from elasticjob_runtime.etcd.progress import reporter_for_rank, reporter_from_env
+from elasticjob_runtime.training.agreement import Agreement
+from elasticjob_runtime.training.current_ddp import CurrentDDP
+from elasticjob_runtime.training.loader import ElasticLoader
+from elasticjob_runtime.training.sampler import ElasticSampler
+from elasticjob_runtime.training.state import TrainingState, registered_state
+from elasticjob_runtime.training.step_loop import StepLoop, StepOutcome
+from elasticjob_runtime.training.worker_rounds import WorkerRounds
+
+log = logging.getLogger(__name__)
+
+Batch = TypeVar("Batch")
+
+
+def default_checkpoint_dir() -> Path:
+    """Per job (job_identity.py), not per run id: torchrun's default run id is ``none``
+    for every job, and two jobs on one machine must not resume each other."""
+    launched = "TORCHELASTIC_RUN_ID" in os.environ
+    job = directory_name(current_job()) if launched else "local"
+    return Path(tempfile.gettempdir()) / "elasticjob-checkpoints" / job
+
+
+def run_checkpoints(
+    directory: str | Path | None, keep: int, async_save: bool, sigterm_grace: float
+) -> CheckpointManager:
+    """The Run's checkpoints, saving the last step on SIGTERM. The node-memory copy is
+    keyed by run id: without a launcher there is none, and a later plain run would
+    silently resume an earlier one, so it is off there."""
+    ckpt = CheckpointManager(
+        directory or default_checkpoint_dir(),
+        keep=keep,
+        memory="TORCHELASTIC_RUN_ID" in os.environ,
+        async_save=async_save,
+    )
+    ckpt.install_sigterm_handler(grace_s=sigterm_grace)
+    return ckpt
+
+
+class Run:
+    """One worker's part in an elastic training run (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        checkpoint_dir: str | Path | None = None,
+        checkpoint_interval: int = 100,
+        keep: int = 3,
+        backend: str = "gloo",
+        timeout: float | None = None,
+        sigterm_grace: float = 5.0,
+        in_place: bool | None = None,
+        on_regroup: Callable[[Run], None] | None = None,
+        seed: int | None = 0,
+        check_every: int = 100,
+        on_divergence: str = "stop",
+        async_checkpoint: bool = True,
+    ) -> None:
+        """``in_place`` (default: on unless ``ELASTICJOB_IN_PLACE=0``) regroups a healthy
+        worker across membership changes under ``elasticjob-run``; off, it exits and
+        its agent restarts it, as under any other launcher. ``on_regroup(run)`` is
+        called after each regroup in place, before the next step (to log it).
+
+        ``seed``: each step seeds torch, CUDA, ``random`` and numpy from ``(seed, step,
+        rank)`` (:mod:`elasticjob_runtime.training.seeds`), so a retried or restarted step draws
+        the same numbers; None leaves the generators alone. ``check_every``: the ranks
+        compare fingerprints of all training state every that many steps (0: only after
+        regroups and restores, and at the first step after one); ``on_divergence``:
+        ``"stop"`` raises :class:`DivergenceError` naming what differs, ``"resync"``
+        copies rank 0's state to every rank and says so.
+
+        ``async_checkpoint``: a save copies the state to CPU on the training thread and
+        serialises, hashes and writes it in a thread (one save in flight); the price is
+        one CPU copy of the state kept between saves. False writes on the training
+        thread (a 53 MB state: 0.27 s a save here, an fsync the most of it)."""
+        if checkpoint_interval < 1:
+            raise ValueError(f"checkpoint_interval must be at least 1 (got {checkpoint_interval})")
+        self._agreement = Agreement(check_every, on_divergence)
+        self._rounds = WorkerRounds(backend, timeout, in_place)
+        # Seconds of the last (re)grouping: wait (for the round), process_group, restore, ddp.
+        self.timings: dict[str, float] = {"wait": 0.0, "process_group": self._rounds.built_in}
+        self._state = TrainingState()
+        self.checkpoint_interval = checkpoint_interval
+        self.ckpt = run_checkpoints(checkpoint_dir, keep, async_checkpoint, sigterm_grace)
+        self.ckpt.track(self._state.objects)
+        self.reporter = reporter_from_env()
+        self.restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        self.regroups = 0  # rounds this process joined in place
+        # "fresh", "checkpoint step N", "rank R at step N" or "own memory at step N"
+        self.resumed_from = "fresh"
+        self._loop = StepLoop(
+            self._state,
+            self._rounds,
+            self._agreement,
+            seed,
+            self._regroup,
+            self._committed,
+            self.timings,
+        )
+        self._model: CurrentDDP | None = None
+        self._on_regroup = on_regroup
+
+    # -- who we are this round, and what we hold
+
+    @property
+    def rank(self) -> int:
+        return self._rounds.rank
+
+    @property
+    def world_size(self) -> int:
+        return self._rounds.world_size
+
+    @property
+    def local_rank(self) -> int:
+        return self._rounds.local_rank
+
+    @property
+    def global_step(self) -> int:
+        """Optimizer steps completed by the whole group."""
+        return self._state.step
+
+    @property
+    def samples(self) -> int:
+        """Samples those steps consumed, all ranks together."""
+        return self._state.samples
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        """Saved and restored with the state (JSON-like values)."""
+        return self._state.meta
+
+    @property
+    def global_batch(self) -> int:
+        """Samples the whole group takes in the current step."""
+        return self._loop.global_batch
+
+    @property
+    def resyncs(self) -> int:
+        """Times rank 0's state was copied over a divergence."""
+        return self._agreement.resyncs
+
+    @property
+    def ddp(self) -> DistributedDataParallel:
+        if self._model is None:
+            raise RuntimeError("call run.wrap(model, optimizer, sampler) first")
+        return self._model.ddp
+
+    @property
+    def sampler(self) -> ElasticSampler:
+        return self._loop.sampler
+
+    # -- set-up
+
+    def wrap(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        sampler: ElasticSampler,
+        *,
+        state: Mapping[str, Any] | None = None,
+        **ddp_kwargs: Any,
+    ) -> CurrentDDP:
+        """Restore (from a peer's memory or a checkpoint), wrap ``model`` in DDP, and
+        register the three for checkpoints and in-place recovery.
+
+        ``state`` names every other object that changes during training and has
+        ``state_dict()``/``load_state_dict()`` (torch's Stateful: LR schedulers,
+        GradScalers, EMA models, extra optimizers, your own classes): each is saved,
+        restored, sent to joining and lagging workers and fingerprinted with the model.
+        """
+        st = self._state
+        st.registered = registered_state(state or {})
+        st.module, st.optimizer, st.sampler = model, optimizer, sampler
+        for optim in (optimizer, *st.registered.values()):
+            if isinstance(optim, torch.optim.Optimizer):
+                optim.register_step_post_hook(self._loop.note_update)
+        self._model = CurrentDDP(model, ddp_kwargs)
+        sampler.reshard(self.rank, self.world_size)
+        self._restore_and_wrap()
+        self._rounds.watch()
+        return self._model
+
+    def _restore_and_wrap(self) -> None:
+        started = time.monotonic()
+        rounds = self._rounds
+        self.resumed_from = self._state.share_newest(
+            rounds.rank, rounds.world_size, rounds.device, self.ckpt
+        )
+        wrapped = time.monotonic()
+        assert self._model is not None
+        self._model.rewrap()
+        self.timings["restore"] = wrapped - started
+        self.timings["ddp"] = time.monotonic() - wrapped
+        checked = time.monotonic()
+        self._loop.check("after the group formed")
+        # State that never went through the Run shows at the first step: check it there.
+        self._agreement.next_reason = "the first step after the group formed"
+        self.timings["check"] = time.monotonic() - checked
+
+    # -- the loop
+
+    def epochs(self, count: int, max_steps: int | None = None) -> Iterator[int]:
+        """Epochs from the restored one up to ``count`` (or until ``max_steps``)."""
+        return self._loop.epochs(count, max_steps)
+
+    def batches(self, fetch: Callable[[list[int]], Batch], batch_size: int) -> Iterator[Batch]:
+        """This rank's batch for each step left in the epoch: ``fetch(indices)``.
+
+        :meth:`loader` does the same with a torch ``DataLoader`` (worker processes,
+        prefetch, no empty batches); this is the plain form, in the training thread."""
+        return self._loop.batches(fetch, batch_size)
+
+    def loader(self, dataset: Dataset[Any], batch_size: int, **options: Any) -> ElasticLoader:
+        """A torch ``DataLoader`` over ``dataset`` that yields this rank's batch for each
+        step. ``options``: ``accumulate`` (micro-batches of ``batch_size`` per step, above
+        1: train them in one ``with run.step():`` through :meth:`accumulate`) and
+        DataLoader's ``num_workers``, ``collate_fn``, ``pin_memory``,
+        ``persistent_workers``, ``prefetch_factor``, ``worker_init_fn``,
+        ``multiprocessing_context``. Worker processes are persistent by default and
+        survive regroups; loader.py says how. Call after :meth:`wrap`; ``dataset`` is
+        the one the sampler was made for."""
+        seed = self.sampler.seed if self._loop.seed is None else self._loop.seed
+        made = ElasticLoader(self._loop, dataset, batch_size, seed=seed, **options)
+        if self._model is not None:
+            self._model.weigh_by_samples(self._loop)
+        return made
+
+    def accumulate(self, micro_batches: Sequence[Batch]) -> Iterator[Batch]:
+        """The step's micro-batches, each trained under DDP's ``no_sync`` but the last, so
+        gradients are all-reduced once per step: ``for x, y in run.accumulate(batch):``."""
+        last = len(micro_batches) - 1
+        for i, micro in enumerate(micro_batches):
+            if i < last:
+                with self.ddp.no_sync():
+                    yield micro
+            else:
+                yield micro
+
+    @property
+    def rank_samples(self) -> int:
+        """Samples this rank trains on in the current step: 0 for the filler batch a rank
+        gets when the epoch's last step has fewer samples than ranks (loader.py)."""
+        loop = self._loop
+        return loop.rank_samples if loop.rank_samples is not None else loop.batch_size
+
+    def step(self) -> contextlib.AbstractContextManager[StepOutcome]:
+        """One optimizer step: committed when the block ends; dropped (and the group
+        rebuilt) when a collective in it fails because the group broke. A dropped step
+        leaves no gradient behind, wherever the script calls ``zero_grad``."""
+        return self._loop.step()
+
+    def _committed(self) -> None:
+        """After each commit: a SIGTERM saves this step and exits 143; the interval's
+        checkpoint; rank 0's progress record."""
+        step = self.global_step
+        self.ckpt.mark_step(step)
+        if step % self.checkpoint_interval == 0:
+            self.save()
+        if self.reporter is not None:
+            self.reporter.update(
+                step,
+                self.global_batch,
+                epoch=self.sampler.epoch,
+                checkpoint_step=self.ckpt.saved_step,
+                world_size=self.world_size,
+                checkpoint_error=self.ckpt.save_error,
+            )
+
+    def save(self) -> None:
+        """Checkpoint the current step now (e.g. at an epoch's end), besides the interval.
+
+        A save that failed on a full or read-only directory is tried again at the next
+        call (its error is in ``ckpt.save_error`` and the job's progress)."""
+        if self.global_step not in (self.ckpt.saved_step, self.ckpt.pending_step):
+            self.ckpt.save(self._state.objects(), self.global_step)
+
+    # -- regrouping (worker_rounds.py)
+
+    def _regroup(self, failed: bool) -> None:
+        """Leave this round's group and join the next one, keeping everything in memory."""
+        # The old DDP (and through it the old group) is dropped only once the next round
+        # stands: freeing it joins gloo's threads, and one of them may still be finishing
+        # the aborted work, which needs the GIL this thread would hold while it waits.
+        assert self._model is not None
+        retired = [self._model.retire()]
+
+        def rebuild(timings: dict[str, float]) -> None:
+            self.timings.clear()  # the same dict the step loop writes into
+            self.timings.update(timings)
+            self.sampler.reshard(self.rank, self.world_size)
+            self._restore_and_wrap()
+
+        # while it waits, a SIGTERM saves this step and exits 143
+        took = self._rounds.regroup(failed, lambda: self.ckpt.mark_step(self.global_step), rebuild)
+        retired.clear()
+        self.regroups += 1
+        log.warning(
+            "regrouped in place: rank %d of %d at step %d in %.2f s",
+            self.rank,
+            self.world_size,
+            self.global_step,
+            took,
+        )
+        self.reporter = reporter_for_rank(self.rank, self.reporter)
+        if self._on_regroup is not None:
+            self._on_regroup(self)
+
+    # -- the end
+
+    def finish(self) -> None:
+        """Save the last step, withdraw the progress record, and leave the group."""
+        if self.ckpt.stop_requested:
+            self.ckpt.mark_step(self.global_step)  # SIGTERM during the last step: save, exit 143
+        if self._state.live:
+            self.ckpt.wait()  # an interval save of this step that failed is made again
+            self.save()
+        self._rounds.settle(lambda: self._regroup(failed=False))
+        self.ckpt.close()
+        if self.reporter is not None:
+            self.reporter.close()
+        self._rounds.close()
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if kind is None:
+            self.finish()

@@ -1,0 +1,238 @@
+"""Which round a worker is in, and how it moves to the next one without exiting.
+
+A worker under ``elasticjob-run`` takes each round's rank and world from its agent
+(:mod:`elasticjob_runtime.launch.channel`) and builds that round's process group
+(:mod:`elasticjob_runtime.training.round_group`). :class:`WorkerRounds` holds the current round
+and carries out a regroup: leave the old group (aborting it, so peers blocked on this
+worker fail now), wait for the agent's next round, build its group. A watcher thread
+abandons the round's collectives as soon as the agent says the round lost a peer.
+Without ``elasticjob-run`` there is one round, the launcher's, for the process's life.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from elasticjob_runtime import contract
+from elasticjob_runtime.launch.channel import POLL_S, Assignment, WorkerChannel
+from elasticjob_runtime.training.round_group import RoundGroup, round_group
+
+log = logging.getLogger(__name__)
+
+# The variables torch's agent sets per round; a regrouped worker's environment follows.
+ASSIGNED = (
+    "RANK",
+    "LOCAL_RANK",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "WORLD_SIZE",
+    "GROUP_WORLD_SIZE",
+    "ROLE_WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
+# How often the watcher thread looks for an abandoned round: 100 looks a second cost
+# about 2 % of a training step in CPU (measured, bench/README.md); 50 ms more to abandon a
+# frozen peer's collectives is nothing beside the lease that detects it (1 s).
+WATCH_POLL_S = 0.05
+# How long a worker whose group broke waits for its agent's next round.
+REGROUP_TIMEOUT_S = float(os.environ.get("ELASTICJOB_REGROUP_TIMEOUT", "900"))
+# What gloo says when a peer's connection is gone (torch wraps it in a RuntimeError).
+GLOO_FAILURES = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "[gloo")
+
+
+def collective_failed(exc: BaseException) -> bool:
+    """Is ``exc`` a collective that failed because the group broke (not a bug here)?"""
+    if isinstance(exc, dist.DistError):
+        return True
+    return isinstance(exc, RuntimeError) and any(text in str(exc) for text in GLOO_FAILURES)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def solo_env() -> None:
+    """A world of one when no launcher set one up (``python train.py``)."""
+    if "RANK" not in os.environ:
+        os.environ.update(
+            RANK="0",
+            WORLD_SIZE="1",
+            LOCAL_RANK="0",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(_free_port()),
+        )
+
+
+def assignment_from_env() -> Assignment:
+    env = {name: os.environ[name] for name in ASSIGNED if name in os.environ}
+    return Assignment(0, env)
+
+
+class WorkerRounds:
+    """The current round's assignment and process group; the regroup that replaces them."""
+
+    def __init__(self, backend: str, timeout_s: float | None, in_place: bool | None) -> None:
+        """``in_place`` None: on unless ``ELASTICJOB_IN_PLACE=0``; ``timeout_s`` None: the
+        process groups' collectives time out after 30 minutes."""
+        solo_env()
+        if in_place is None:
+            in_place = os.environ.get(contract.IN_PLACE, "1") != "0"
+        self.channel = WorkerChannel.from_env() if in_place else None
+        current = self.channel.latest() if self.channel is not None else None
+        self.generation = current.generation if current is not None else 0
+        self.assignment = assignment_from_env()
+        self._timeout = timedelta(seconds=timeout_s) if timeout_s else timedelta(minutes=30)
+        self.group: RoundGroup = round_group(backend)
+        self._aborted_generation = -1
+        self._closed = threading.Event()
+        self._parent = os.getppid()  # the agent; a worker whose agent died stops waiting
+        self._watcher: threading.Thread | None = None
+        started = time.monotonic()
+        self.group.build(self.assignment, self._timeout)
+        self.built_in = time.monotonic() - started
+
+    @property
+    def rank(self) -> int:
+        return self.assignment.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.assignment.world_size
+
+    @property
+    def local_rank(self) -> int:
+        return int(self.assignment.env.get("LOCAL_RANK", "0"))
+
+    @property
+    def device(self) -> torch.device:
+        return self.group.device
+
+    def orphaned(self) -> bool:
+        """Is the agent gone (nobody will hand this worker another round)?"""
+        return os.getppid() != self._parent
+
+    def switch_pending(self) -> bool:
+        """Has the agent formed a newer round (a member joined a healthy group)?"""
+        if self.channel is None:
+            return False
+        latest = self.channel.latest()
+        return latest is not None and latest.generation > self.generation
+
+    def group_broke(self, exc: BaseException) -> bool:
+        """Did ``exc`` come from the group breaking (regroup), not from the script?"""
+        return self.channel is not None and (
+            collective_failed(exc) or self._aborted_generation == self.generation
+        )
+
+    def watch(self) -> None:
+        """Offer this worker for in-place rounds and start abandoning broken ones."""
+        if self.channel is None:
+            return
+        self.channel.offer_in_place()
+        self._watcher = threading.Thread(
+            target=self._watch, name="elasticjob-round-watch", daemon=True
+        )
+        self._watcher.start()
+
+    def _watch(self) -> None:
+        """Abandon the round's collectives as soon as the agent says it lost a peer, or
+        the agent is gone."""
+        assert self.channel is not None
+        channel = WorkerChannel(self.channel.directory, self.channel.local_rank)
+        while not self._closed.wait(WATCH_POLL_S):
+            latest = channel.latest()
+            generation = self.generation
+            newer = latest is not None and latest.generation > generation
+            if not self.orphaned() and not (newer and latest is not None and latest.abort):
+                continue
+            if self._aborted_generation < generation:
+                self._aborted_generation = generation
+                self.group.abort()
+
+    def regroup(
+        self,
+        failed: bool,
+        waiting: Callable[[], None],
+        rebuild: Callable[[dict[str, float]], None],
+    ) -> float:
+        """Leave this round's group and build the next one; returns the seconds taken.
+        ``waiting()`` runs while the worker waits (a SIGTERM then saves and exits);
+        ``rebuild(timings)`` restores the state over the new group, and is tried again
+        in the round after when that group breaks while forming."""
+        assert self.channel is not None
+        started = time.monotonic()
+        while True:
+            waiting()
+            if failed:
+                self.channel.request_regroup(self.generation)
+            self._aborted_generation = self.generation
+            self.group.abort()  # peers blocked on us fail now instead of at a timeout
+            self.group.destroy()
+            assignment = self._next_assignment(started, waiting)
+            self.generation, self.assignment = assignment.generation, assignment
+            os.environ.update(assignment.env)
+            waited = time.monotonic() - started
+            try:
+                built = time.monotonic()
+                self.group.build(assignment, self._timeout)
+                rebuild({"wait": waited, "process_group": time.monotonic() - built})
+            except Exception as exc:
+                if not collective_failed(exc):
+                    raise
+                log.warning("round %d broke while forming: %s", assignment.generation, exc)
+                failed = True
+                continue
+            return time.monotonic() - started
+
+    def _next_assignment(self, started: float, waiting: Callable[[], None]) -> Assignment:
+        assert self.channel is not None
+        while True:
+            found = self.channel.wait_newer(self.generation, timeout=0.25)
+            if found is not None:
+                self.channel.say_taken(found.generation)
+                return found
+            waiting()
+            if self.orphaned():
+                raise RuntimeError("the elasticjob-run agent exited while its workers regrouped")
+            if time.monotonic() - started > REGROUP_TIMEOUT_S:
+                raise RuntimeError(
+                    f"no new round from the agent within {REGROUP_TIMEOUT_S:.0f} s after the "
+                    "process group broke (ELASTICJOB_REGROUP_TIMEOUT sets the limit)"
+                )
+
+    def settle(self, regroup: Callable[[], None]) -> None:
+        """Before this process exits, build any round its agent formed or is forming for
+        it: its other members (a node that joined as training ended) wait in that round
+        for this worker, and get the final state from it (channel.py says why)."""
+        if self.channel is None:
+            return
+        self.channel.say_finished()
+        started = time.monotonic()
+        while True:
+            if self.switch_pending():
+                regroup()
+                continue
+            if not self.channel.agent_regrouping():
+                return
+            if self.orphaned() or time.monotonic() - started > REGROUP_TIMEOUT_S:
+                return  # nobody will deliver that round: leave
+            time.sleep(POLL_S)
+
+    def close(self) -> None:
+        self._closed.set()
+        if self._watcher is not None:
+            self._watcher.join()
+        self.group.destroy()
