@@ -23,6 +23,7 @@ Typical use in a DDP script::
 
     ckpt = CheckpointManager("/ckpt", keep=3, async_save=True)
     ckpt.install_sigterm_handler()
+    ckpt.guard_updates(optimizer)            # a SIGTERM save never catches it mid-update
     state = {"model": ddp_model, "optim": optimizer, "sampler": sampler}
     ckpt.track(state)
     resumed = ckpt.restore(state)            # None on a fresh start
@@ -54,7 +55,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from elasticjob_runtime import contract
 from elasticjob_runtime.checkpoints.files import checkpoint_name, commit, default_memory_dir, prune
@@ -71,6 +72,9 @@ from elasticjob_runtime.checkpoints.sigterm_save import SigtermSave
 from elasticjob_runtime.checkpoints.snapshot import Snapshots
 from elasticjob_runtime.etcd.records import MemoryFallback
 from elasticjob_runtime.launch.channel import StepReporter
+
+if TYPE_CHECKING:
+    from torch.optim import Optimizer
 
 log = logging.getLogger(__name__)
 
@@ -353,6 +357,12 @@ class CheckpointManager:
         or at exit). Keep ``grace_s`` below the pod's terminationGracePeriodSeconds and
         the agent's SIGKILL delay (30 s in torch)."""
         self._sigterm.install(grace_s)
+
+    def guard_updates(self, optimizer: Optimizer) -> None:
+        """Let the SIGTERM saves off the step boundary see ``optimizer`` begin an update (a
+        step pre-hook), so none records a state changed past the marked step (sigterm_save.py).
+        ``elastic.Run`` guards its optimizers; unguarded, those saves assume no update comes."""
+        optimizer.register_step_pre_hook(self._sigterm.guard.before_update)
 
     def _save_last_step(self) -> None:
         """The last marked step, as tracked, unless it is saved already."""
