@@ -171,13 +171,26 @@ def warm_up(target: Target, extra: Sequence[str]) -> list[str]:
     """
     source = target_source(target)
     names = [*ALWAYS_WARM, *(top_level_imports(source) if source else []), *extra]
-    failed = []
-    for name in dict.fromkeys(names):
-        try:
-            importlib.import_module(name)
-        except Exception:
-            failed.append(name)
-    return failed
+    return [name for name in dict.fromkeys(names) if not warm(name)]
+
+
+def warm(name: str) -> bool:
+    """Import ``name`` as a module or, failing that, as ``module.attribute``: a package
+    that exports its names lazily (PEP 562, as ``elasticjob_runtime`` does) imports the
+    modules behind them only when the attribute is read. Returns whether it worked."""
+    try:
+        importlib.import_module(name)
+        return True
+    except Exception:
+        pass
+    module, _, attribute = name.rpartition(".")
+    if not module:
+        return False
+    try:
+        getattr(importlib.import_module(module), attribute)
+        return True
+    except Exception:
+        return False
 
 
 # ---------------------------------------------------------------- the hand-over
