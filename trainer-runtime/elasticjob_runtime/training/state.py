@@ -22,6 +22,7 @@ from elasticjob_runtime.checkpoints.format import (
     state_to_save,
 )
 from elasticjob_runtime.checkpoints.manager import CheckpointManager
+from elasticjob_runtime.checkpoints.restore import source_rank
 from elasticjob_runtime.checkpoints.state_transfer import broadcast_bytes, gather_steps
 from elasticjob_runtime.training.sampler import ElasticSampler
 
@@ -118,9 +119,15 @@ class TrainingState:
         """Every rank ends at the newest step any rank holds in memory; when none holds
         one (a first start, or every process restarted), at the newest checkpoint.
         Returns where this rank's state came from, for ``Run.resumed_from``."""
+        resumed_from = self._take_newest(rank, world_size, device, ckpt)
+        self.live = True  # only once it holds the group's state: a failed share retries
+        return resumed_from
+
+    def _take_newest(
+        self, rank: int, world_size: int, device: torch.device, ckpt: CheckpointManager
+    ) -> str:
         steps = gather_steps(self.step if self.live else -1, device)
         newest = max(steps)
-        self.live = True
         if newest < 0:
             resumed = ckpt.restore(self.objects())  # agrees over the group itself
             if resumed is not None:
@@ -131,21 +138,23 @@ class TrainingState:
                 # parameters; an EMA or a scheduler built from an unseeded model would differ).
                 self.copy_from(0, rank, device)
             return "fresh"
-        if all(step == newest for step in steps):
-            return f"own memory at step {newest}"
-        src = steps.index(newest)
-        data = serialize(state_to_save(self.objects())) if rank == src else b""
-        received = broadcast_bytes(data, src, device)
+        src = source_rank(steps)  # the same rule as a checkpoint's restore over the group
+        if src is not None:
+            self.copy_from(src, rank, device, load=steps[rank] != newest)
         if steps[rank] == newest:
             return f"own memory at step {newest}"
-        self.load(deserialize(received))
         return f"rank {src} at step {newest}"
 
-    def copy_from(self, src: int, rank: int, device: torch.device) -> None:
-        """Every rank takes rank ``src``'s whole state."""
+    def copy_from(
+        self, src: int, rank: int, device: torch.device, *, load: bool | None = None
+    ) -> None:
+        """Every rank takes rank ``src``'s whole state; ``load`` False: this rank holds
+        it already and only takes part in the broadcast (default: every rank but ``src``)."""
         data = serialize(state_to_save(self.objects())) if rank == src else b""
         received = broadcast_bytes(data, src, device)
-        if rank != src:
+        if load is None:
+            load = rank != src
+        if load:
             self.load(deserialize(received, source=f"rank {src}"))
 
     def clear_gradients(self) -> None:
