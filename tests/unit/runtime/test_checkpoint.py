@@ -206,7 +206,7 @@ def test_async_saves_in_reused_buffers_each_hold_their_own_step(tmp_path: Path) 
 
 
 def test_an_async_save_counts_as_saved_only_once_it_is_written(tmp_path: Path) -> None:
-    """elastic.Run reports ``saved_step`` as the job's checkpoint step, and does not save
+    """the Run reports ``saved_step`` as the job's checkpoint step, and does not save
     a step again while its save is ``pending_step``."""
     mgr = manager(tmp_path, async_save=True)
     assert (mgr.saved_step, mgr.pending_step) == (None, None)

@@ -1,7 +1,7 @@
 """What a checkpoint is: ``torch.save`` bytes of a mapping of state, loaded as data only.
 
 Saving and restoring (:mod:`elasticjob_runtime.checkpoints.manager`), reading and agreeing
-(:mod:`elasticjob_runtime.checkpoints.restore`) and ``elastic.Run``'s hand-over of state
+(:mod:`elasticjob_runtime.checkpoints.restore`) and ``Run``'s hand-over of state
 to a joining rank all turn state into these bytes and back, so the format and its errors
 live here, below all of them.
 

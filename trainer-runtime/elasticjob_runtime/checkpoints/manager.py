@@ -151,7 +151,7 @@ class CheckpointManager:
     @property
     def save_error(self) -> str | None:
         """The last save that could not be written to ``directory`` (one line), None once
-        one is again; elastic.Run publishes it with the progress (status.progress)."""
+        one is again; the Run publishes it with the progress (status.progress)."""
         return self._faults.save_error
 
     @property
@@ -361,7 +361,7 @@ class CheckpointManager:
     def guard_updates(self, optimizer: Optimizer) -> None:
         """Let the SIGTERM saves off the step boundary see ``optimizer`` begin an update (a
         step pre-hook), so none records a state changed past the marked step (sigterm_save.py).
-        ``elastic.Run`` guards its optimizers; unguarded, those saves assume no update comes."""
+        ``Run`` guards its optimizers; unguarded, those saves assume no update comes."""
         optimizer.register_step_pre_hook(self._sigterm.guard.before_update)
 
     def _save_last_step(self) -> None:

@@ -2,7 +2,7 @@
 
 The directory can develop faults while training runs (:data:`WRITE_FAULTS`): such a save
 is said once per errno until one works again, and kept in one line
-(:attr:`SaveFaults.save_error`, which ``elastic.Run`` publishes with the progress); the
+(:attr:`SaveFaults.save_error`, which ``Run`` publishes with the progress); the
 last good checkpoint stays. The first node-memory copy that fails (most often a
 ``/dev/shm`` too small for it) is logged in one line and reported to the run's etcd
 (:func:`elasticjob_runtime.etcd.progress.report_memory_fallback`), where the operator finds it
