@@ -125,6 +125,13 @@ def warmup_cosine(warmup: int, total: int) -> Any:
     return factor
 
 
+def say(line: str) -> None:
+    """One write per line: the ranks share the agent's stdout, and an unbuffered
+    ``print`` writes the newline apart, so two ranks' lines could run together."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -132,10 +139,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         checkpoint_dir=args.checkpoint_dir,
         checkpoint_interval=args.checkpoint_interval,
         seed=args.seed,
-        on_regroup=lambda run: print(
+        on_regroup=lambda run: say(
             f"regrouped at step {run.global_step} ({run.resumed_from}) "
-            f"world={run.world_size} rank={run.rank} t={time.time():.3f}",
-            flush=True,
+            f"world={run.world_size} rank={run.rank} t={time.time():.3f}"
         ),
     )
     torch.manual_seed(args.seed)
@@ -152,10 +158,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     loader = run.loader(  # elastic
         dataset, args.batch_size, accumulate=args.accumulate, num_workers=args.workers
     )
-    print(
+    say(
         f"started ({run.resumed_from}) at step {run.global_step} world={run.world_size} "
-        f"rank={run.rank} pid={os.getpid()} t={time.time():.3f}",
-        flush=True,
+        f"rank={run.rank} pid={os.getpid()} t={time.time():.3f}"
     )
     loss_fn = nn.CrossEntropyLoss()
     started = time.monotonic()
@@ -192,7 +197,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             "ema": fingerprint(ema),
             "seconds_this_run": round(time.monotonic() - started, 3),
         }
-        print(RESULT_PREFIX + json.dumps(result, sort_keys=True), flush=True)
+        say(RESULT_PREFIX + json.dumps(result, sort_keys=True))
 
 
 def log_step(
@@ -210,25 +215,22 @@ def log_step(
     step_no, now = run.global_step, time.time()
     if args.log_samples and run.rank_samples:
         indices = [int(i) for _, _, idx in micro_batches for i in idx]
-        print(
+        say(
             f"samples step={step_no} epoch={epoch} world={run.world_size} rank={run.rank} "
-            f"idx={','.join(map(str, indices))} t={now:.3f}",
-            flush=True,
+            f"idx={','.join(map(str, indices))} t={now:.3f}"
         )
     if args.log_state:
-        print(
+        say(
             f"state step={step_no} rank={run.rank} world={run.world_size} "
             f"model={fingerprint(model)} optim={fingerprint(optim)} "
             f"scheduler={fingerprint(sched)} scaler={fingerprint(scaler)} "
-            f"ema={fingerprint(ema)}",
-            flush=True,
+            f"ema={fingerprint(ema)}"
         )
     if run.rank == 0 and (step_no % args.log_every == 0 or step_no == args.steps):
-        print(
+        say(
             f"step={step_no} epoch={epoch} loss={loss:.4f} lr={sched.get_last_lr()[0]:.3e} "
             f"world={run.world_size} rank={run.rank} samples={run.samples} "
-            f"pid={os.getpid()} t={now:.3f}",
-            flush=True,
+            f"pid={os.getpid()} t={now:.3f}"
         )
 
 

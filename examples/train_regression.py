@@ -230,7 +230,10 @@ def start_kind() -> tuple[float | None, str]:
 
 
 def log(line: str) -> None:
-    print(line, flush=True)
+    """One write per line: the ranks share the agent's stdout, and an unbuffered
+    ``print`` writes the newline apart, so two ranks' lines could run together."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 def train(config: Config) -> dict[str, Any] | None:
