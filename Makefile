@@ -38,8 +38,9 @@ test-integration: setup
 test-e2e: setup
 	scripts/pytest-strict tests/e2e $(PYTEST_ARGS)
 
+# KUEUE=1 starts Kueue beside it (docs/scheduling.md)
 cluster: setup
-	elasticjob-devcluster up --dir $(DEVCLUSTER_DIR)
+	elasticjob-devcluster up --dir $(DEVCLUSTER_DIR) $(if $(KUEUE),--kueue)
 
 cluster-down:
 	@if [ -x $(VENV)/bin/elasticjob-devcluster ]; then elasticjob-devcluster down --dir $(DEVCLUSTER_DIR); fi

@@ -62,4 +62,7 @@ fi
 
 # 4. kube-apiserver, kube-controller-manager, etcd 3.6 built from the Go module proxy.
 "$repo/devcluster/build-binaries.sh" >/dev/null
+
+# 5. Kueue (the manager, its CRDs and chart), built from the Go module proxy, pinned.
+"$repo/devcluster/build-kueue.sh" >/dev/null
 log "ready: venv $venv, tools $tools"

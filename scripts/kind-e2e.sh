@@ -5,7 +5,9 @@
 #
 #   1. a Docker engine (images/engine.sh: the one answering, or ours);
 #   2. our two images (images/build.sh) and, for the jobs' etcd, etcd 3.6 from the
-#      binary make setup built, under the operator's default image name;
+#      binary make setup built, under the operator's default image name; Kueue's manager
+#      from the binary make setup built (devcluster/build-kueue.sh), installed with its
+#      own chart once the cluster is up;
 #   3. the kind node image (images/kind/node-image.sh; cached under its inputs' hash);
 #   4. a 3-node cluster (kind create cluster --image), our images loaded into its workers;
 #   5. pytest tests/e2e with ELASTICJOB_E2E_KUBECONFIG; each suite helm-installs the chart
@@ -73,6 +75,17 @@ if ! docker image inspect "$etcd_image" >/dev/null 2>&1; then
     "$("$repo/images/engine.sh" builder)" build --quiet -t "$etcd_image" -f - "$ctx" >/dev/null
   rm -rf "$ctx"
 fi
+kueue_dir="$("$repo/devcluster/build-kueue.sh")"
+kueue_version="$(basename "$kueue_dir" | sed 's/^kueue-//')"
+kueue_image="kueue:$kueue_version"
+if ! docker image inspect "$kueue_image" >/dev/null 2>&1; then
+  say "image $kueue_image: the Kueue manager built by make setup"
+  ctx="$(mktemp -d)"
+  cp "$kueue_dir/kueue" "$ctx/manager"
+  printf 'FROM scratch\nCOPY manager /manager\nUSER 65532:65532\nENTRYPOINT ["/manager"]\n' |
+    "$("$repo/images/engine.sh" builder)" build --quiet -t "$kueue_image" -f - "$ctx" >/dev/null
+  rm -rf "$ctx"
+fi
 node_image="$("$repo/images/kind/node-image.sh")"
 kind="$(kind_bin)"
 say "images ready in $(($(date +%s) - started)) s; node image $node_image"
@@ -127,7 +140,7 @@ fi
 t=$(date +%s)
 for node in $(docker ps --filter "label=io.x-k8s.kind.cluster=$cluster" \
     --filter label=io.x-k8s.kind.role=worker --format '{{.Names}}'); do
-  for image in "$operator_image" "$runtime_image" "$etcd_image"; do
+  for image in "$operator_image" "$runtime_image" "$etcd_image" "$kueue_image"; do
     want="$(docker image inspect -f '{{.Id}}' "$image")"
     has="$(docker exec "$node" crictl inspecti -o go-template --template '{{.status.id}}' "$image" 2>/dev/null || true)"
     [[ "$has" == "$want" ]] && continue
@@ -137,6 +150,18 @@ for node in $(docker ps --filter "label=io.x-k8s.kind.cluster=$cluster" \
   done
 done
 say "images on the workers in $(($(date +%s) - t)) s"
+
+# Kueue from its own chart (the pinned release's), with the image built above; its
+# webhooks and certificates are the chart's (internal certificate management).
+if ! helm --kubeconfig "$state/kubeconfig" status kueue -n kueue-system >/dev/null 2>&1; then
+  say "helm install kueue $kueue_version"
+  helm --kubeconfig "$state/kubeconfig" install kueue "$kueue_dir/chart" \
+    --namespace kueue-system --create-namespace \
+    --set controllerManager.manager.image.repository=kueue \
+    --set "controllerManager.manager.image.tag=$kueue_version" \
+    --set controllerManager.manager.image.pullPolicy=Never \
+    --wait --timeout 300s >&2
+fi
 
 export ELASTICJOB_E2E_KUBECONFIG="$state/kubeconfig"
 export ELASTICJOB_E2E_KIND_CLUSTER="$cluster"

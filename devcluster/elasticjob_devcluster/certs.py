@@ -76,6 +76,18 @@ class ClusterPKI:
         return KeyPair(self.dir / f"node-{node}.crt", self.dir / f"node-{node}.key")
 
     @property
+    def kueue(self) -> KeyPair:
+        """Kueue's client certificate (it reads and writes across every namespace)."""
+        return KeyPair(self.dir / "kueue.crt", self.dir / "kueue.key")
+
+    @property
+    def kueue_serving(self) -> KeyPair:
+        """Kueue's serving certificate, named as its manager reads it from a directory."""
+        return KeyPair(
+            self.dir / "kueue-serving" / "tls.crt", self.dir / "kueue-serving" / "tls.key"
+        )
+
+    @property
     def service_account_key(self) -> Path:
         return self.dir / "sa.key"
 
@@ -150,6 +162,16 @@ def ensure_node_agent_cert(pki: ClusterPKI, node: str) -> KeyPair:
     if not pair.cert.exists():
         _issue(pki, pair, _name(f"elasticjob-node-agent:{node}", "system:masters"), client=True)
     return pair
+
+
+def ensure_kueue_certs(pki: ClusterPKI) -> None:
+    """Kueue's client and serving (127.0.0.1) certificates, once."""
+    if not pki.kueue.cert.exists():
+        _issue(pki, pki.kueue, _name("kueue", "system:masters"), client=True)
+    serving = pki.kueue_serving
+    if not serving.cert.exists():
+        serving.cert.parent.mkdir(parents=True, exist_ok=True)
+        _issue(pki, serving, _name("kueue-webhook"), server=True, ips=("127.0.0.1",))
 
 
 def ensure_pki(directory: Path) -> ClusterPKI:

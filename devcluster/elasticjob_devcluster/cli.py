@@ -17,6 +17,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--nodes", type=int, default=1, help="number of nodes (node agents) to run, default 1"
     )
+    parser.add_argument(
+        "--kueue", action="store_true", help="also start Kueue (docs/scheduling.md)"
+    )
     args = parser.parse_args(argv)
     cluster = DevCluster(args.dir)
     if args.command == "up":
@@ -25,12 +28,14 @@ def main(argv: list[str] | None = None) -> int:
         started = time.monotonic()
         try:
             cfg = cluster.up([f"node-{i}" for i in range(1, args.nodes + 1)])
+            if args.kueue:
+                cluster.start_kueue()
         except ClusterError as err:
             print(f"elasticjob-devcluster: {err}", file=sys.stderr)
             return 1
         print(
             f"devcluster up in {time.monotonic() - started:.0f}s: API server {cfg.server}, "
-            f"nodes {', '.join(cfg.nodes)}\n"
+            f"nodes {', '.join(cfg.nodes)}{', Kueue' if args.kueue else ''}\n"
             f"  export KUBECONFIG={cluster.kubeconfig}\n"
             f"  kubectl get nodes\n"
             f"stop it with: make cluster-down"

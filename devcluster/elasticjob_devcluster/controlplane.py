@@ -39,6 +39,7 @@ from elasticjob_devcluster import cgroups, procs
 from elasticjob_devcluster.certs import (
     ClusterPKI,
     KeyPair,
+    ensure_kueue_certs,
     ensure_node_agent_cert,
     ensure_pki,
     write_private,
@@ -440,6 +441,45 @@ class DevCluster:
         procs.save_records(self._records_path, procs.replaced(self.records(), old, new))
         ctx = _admin_ssl_context(self.pki)
         _wait(APISERVER, lambda: _http_ok(f"{cfg.server}/readyz", ctx), timeout, log)
+
+    def start_kueue(self, timeout: float = 120.0) -> None:
+        """Start Kueue (:mod:`~elasticjob_devcluster.kueue`) on a running cluster, once: its
+        CRDs, its namespace and its manager, ready when its readiness probe answers."""
+        from elasticjob_devcluster import kueue
+
+        cfg = self.config()
+        if cfg is None or not self.is_running():
+            raise ClusterError(f"no running devcluster in {self.dir}; run `up` first")
+        if any(r.name == kueue.NAME for r in self.records()):
+            return
+        built = kueue.build_kueue()
+        kubectl = ["kubectl", f"--kubeconfig={self.kubeconfig}"]
+        for args in (
+            ["apply", "--server-side", "-f", str(built / "crds")],
+            ["wait", "--for=condition=Established", "-f", str(built / "crds"), "--timeout=60s"],
+        ):
+            subprocess.run([*kubectl, *args], check=True, capture_output=True, timeout=90)
+        if self._kubectl_json("get", "namespace", kueue.NAMESPACE) is None:
+            subprocess.run(
+                [*kubectl, "create", "namespace", kueue.NAMESPACE], check=True, capture_output=True
+            )
+        ensure_kueue_certs(self.pki)
+        state = self.dir / kueue.NAME
+        state.mkdir(exist_ok=True)
+        kubeconfig = self.dir / "kubeconfig-kueue"
+        write_kubeconfig(kubeconfig, cfg.server, self.pki.ca.cert, "kueue", self.pki.kueue)
+        webhook, metrics, health = free_ports(3)
+        certs = self.pki.kueue_serving.cert.parent
+        config = state / "config.yaml"
+        kueue.write_configuration(config, kueue.configuration(webhook, metrics, health, certs))
+        logs = self.dir / "logs"
+        self._start(kueue.NAME, kueue.argv(built / "kueue", config, kubeconfig, state, certs), logs)
+        _wait(
+            kueue.NAME,
+            lambda: _http_ok(f"http://127.0.0.1:{health}/readyz"),
+            timeout,
+            logs / f"{kueue.NAME}.log",
+        )
 
     def _kubectl_json(self, *args: str) -> dict[str, object] | None:
         out = subprocess.run(
