@@ -111,7 +111,10 @@ def assemble(settings: Settings) -> Operator:
     """The operator's parts, connected: the API client (in a pod its ServiceAccount), the
     Secrets, the shared etcd's certificates (issued now if it has none) and users."""
     load_config()
-    kube = Kube(network_policies=settings.config.network_policy is not None)
+    kube = Kube(
+        network_policies=settings.config.network_policy is not None,
+        kueue=settings.config.kueue,
+    )
     secrets = EtcdSecrets(kube.rest)
     etcd = settings.config.shared_etcd
     shared = open_shared(secrets, etcd) if etcd is not None else None

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from elasticjob_operator import models, pod_security
+from elasticjob_operator.kueue.admission import Placement
 from elasticjob_runtime import contract
 
 Obj = dict[str, Any]
@@ -207,9 +208,11 @@ def worker_pod(
     index: int,
     incarnation: int,
     shared: str | None = None,
+    placement: Placement | None = None,
 ) -> Obj:
     """Worker pod `index`: the template plus stable identity, env and owner reference;
-    ``shared``: the shared etcd's endpoint if the job rendezvouses there.
+    ``shared``: the shared etcd's endpoint if the job rendezvouses there; ``placement``:
+    the node labels and tolerations of the flavors Kueue admitted it on.
 
     The pod's hostname/subdomain make it resolvable as
     `<job>-worker-<i>.<job>-worker.<ns>.svc` through the headless Service. Its
@@ -241,11 +244,27 @@ def worker_pod(
     add_shm_volume(pod_spec, spec.shm_size)
     if (secret := etcd_client_tls_secret(ref.name, spec)) is not None:
         add_secret_volume(pod_spec, secret, WORKER_ETCD_TLS_DIR)
+    if placement is not None:
+        add_placement(pod_spec, placement)
     add_node_lost_tolerations(pod_spec)
     pod_security.restrict(pod_spec)
     if HEALTH_PROBES:
         add_health_probes(pod_spec)
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+
+
+def add_placement(pod_spec: Obj, placement: Placement) -> None:
+    """Kueue's admitted flavors: their node labels join the node selector, their
+    tolerations the template's."""
+    if placement.node_selector:
+        pod_spec["nodeSelector"] = {
+            **(pod_spec.get("nodeSelector") or {}),
+            **placement.node_selector,
+        }
+    tolerations = list(pod_spec.get("tolerations") or [])
+    tolerations += [dict(t) for t in placement.tolerations if t not in tolerations]
+    if tolerations:
+        pod_spec["tolerations"] = tolerations
 
 
 def add_node_lost_tolerations(pod_spec: Obj) -> None:

@@ -15,6 +15,7 @@ C = ConditionType
 PHASE_ORDER: Final = (
     C.FAILED,
     C.SUCCEEDED,
+    C.QUEUED,
     C.SUSPENDED,
     C.RESTARTING,
     C.SCALING,

@@ -136,6 +136,7 @@ PRINTER_COLUMNS: list[Schema] = [
     {"name": "Min", "type": "integer", "jsonPath": ".spec.minReplicas"},
     {"name": "Max", "type": "integer", "jsonPath": ".spec.maxReplicas"},
     {"name": "Desired", "type": "integer", "jsonPath": ".spec.replicaSpecs.Worker.replicas"},
+    {"name": "Admitted", "type": "integer", "jsonPath": ".status.admittedReplicas"},
     {"name": "Active", "type": "integer", "jsonPath": ".status.replicaStatuses.Worker.active"},
     {"name": "Step", "type": "integer", "jsonPath": ".status.progress.step"},
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},

@@ -39,7 +39,7 @@ def warning(reason: str, message: str) -> Event:
 
 @dataclass(frozen=True)
 class ChildRef:
-    kind: Literal["Pod", "Service", "Deployment"]
+    kind: Literal["Pod", "Service", "Deployment", "Workload"]
     name: str
     force: bool = False  # delete with grace 0: no kubelet is left to confirm it
 
@@ -63,6 +63,9 @@ class Decision:
     status: ElasticJobStatus = field(default_factory=ElasticJobStatus)
     events: list[Event] = field(default_factory=list)
     delete_job: bool = False
+    # a merge patch of the job's Kueue Workload's status (quota given back), after the
+    # children and before the job's status
+    workload_status: Obj | None = None
 
     def normal(self, reason: str, message: str, reports: tuple[str, ...] = ()) -> None:
         self.events.append(normal(reason, message, reports))

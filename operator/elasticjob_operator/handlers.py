@@ -30,6 +30,7 @@ import kopf
 
 from elasticjob_operator import builders, models, rest
 from elasticjob_operator.assembly import Operator, assemble
+from elasticjob_operator.kueue import workload as kueue_workload
 from elasticjob_operator.settings import from_env
 
 log = logging.getLogger("elasticjob_operator")
@@ -110,3 +111,20 @@ async def job_event(
 async def pod_event(labels: Mapping[str, str], namespace: str | None, **_: Any) -> None:
     if _operator is not None and namespace:
         _operator.queue.add((namespace, labels[builders.LABEL_JOB]))
+
+
+async def workload_event(labels: Mapping[str, str], namespace: str | None, **_: Any) -> None:
+    """A job's Kueue Workload changed (admitted, evicted): its job is due."""
+    if _operator is not None and namespace:
+        _operator.queue.add((namespace, labels[builders.LABEL_JOB]))
+
+
+# Kueue's Workloads are watched only when the chart enables Kueue: the operator is granted
+# nothing on them otherwise, and the cluster may not serve them at all.
+if os.environ.get("ELASTICJOB_KUEUE", "").strip().lower() == "true":
+    kopf.on.event(
+        kueue_workload.GROUP,
+        kueue_workload.VERSION,
+        "workloads",
+        labels={builders.LABEL_JOB: kopf.PRESENT, builders.LABEL_MANAGED_BY: builders.MANAGER},
+    )(workload_event)

@@ -25,6 +25,8 @@ from elasticjob_operator.etcd.secrets import SecretsNotReady
 from elasticjob_operator.etcd.shared import SharedEtcd
 from elasticjob_operator.etcd.users import SharedEtcdNotReady
 from elasticjob_operator.kube import InvalidChild
+from elasticjob_operator.kueue.priority import priority_ref
+from elasticjob_operator.kueue.workload import queue_of
 from elasticjob_operator.reconcile import invalid_spec, reconcile, shared_etcd_of
 from elasticjob_runtime.etcd.endpoints import TLSCredentials
 
@@ -71,12 +73,17 @@ def _round(op: Operator, namespace: str, name: str, read_progress: bool) -> None
     except ValidationError as exc:
         kube.apply(ref, job, invalid_spec(status, validation_message(exc), now))
         return
-    observed = kube.observe(ref)
+    queue = queue_of(meta.get("labels"))
+    observed = kube.observe(
+        ref,
+        queued=queue is not None and op.config.kueue,
+        priority=priority_ref(meta.get("labels"), spec),
+    )
     shared = shared_etcd_of(ref, spec, observed, op.config)
     if read_progress and not status.finished and spec.rdzv_backend is not models.RdzvBackend.C10D:
         observed = _with_records(op, ref, spec, status, observed, shared)
     decision = reconcile(
-        ref, meta.get("generation"), spec, status, observed, now, op.config, shared
+        ref, meta.get("generation"), spec, status, observed, now, op.config, shared, queue
     )
     if decision.credentials is not None:
         _ensure_credentials(op, ref, decision.credentials)

@@ -19,6 +19,9 @@ from kubernetes.client.exceptions import ApiException
 
 from elasticjob_operator import builders, models, refusals
 from elasticjob_operator.decision import ChildRef, Decision, Event, child_key
+from elasticjob_operator.kueue import admission as kueue_admission
+from elasticjob_operator.kueue import workload as kueue_workload
+from elasticjob_operator.kueue.priority import Priority, PriorityRef
 from elasticjob_operator.observe import Observed, observe_pod
 from elasticjob_operator.rest import Rest, path
 
@@ -57,6 +60,7 @@ RESOURCES = {
     "Deployment": ("apps/v1", "deployments"),
     "ReplicaSet": ("apps/v1", "replicasets"),
     "NetworkPolicy": ("networking.k8s.io/v1", "networkpolicies"),
+    "Workload": (kueue_workload.API_VERSION, "workloads"),
 }
 
 
@@ -95,10 +99,12 @@ def uid_selector(uids: Sequence[str]) -> str:
 
 
 class Kube:
-    def __init__(self, network_policies: bool = False) -> None:
+    def __init__(self, network_policies: bool = False, kueue: bool = False) -> None:
         self.rest = Rest()
         # list the jobs' NetworkPolicies (only then does the operator need to)
         self.network_policies = network_policies
+        # the jobs' Kueue Workloads go with them (only then may the operator touch them)
+        self.kueue = kueue
         self.instance = os.environ.get("HOSTNAME") or socket.gethostname()
         # (job uid, type, reason, message) -> (Event name, count), like kubelet's recorder
         self._events: dict[tuple[str, str, str, str], tuple[str, int]] = {}
@@ -121,7 +127,15 @@ class Kube:
             items += self.rest.list(path(models.API_VERSION, ns, models.PLURAL))
         return items
 
-    def observe(self, ref: builders.JobRef, progress: models.Progress | None = None) -> Observed:
+    def observe(
+        self,
+        ref: builders.JobRef,
+        progress: models.Progress | None = None,
+        queued: bool = False,
+        priority: PriorityRef | None = None,
+    ) -> Observed:
+        """The job's children; ``queued``: also its Kueue Workload (once admitted, the
+        flavors that place its workers; before it exists, the ``priority`` class's value)."""
         ns = ref.namespace
         selector = f"{builders.LABEL_JOB}={ref.name}"
         pods = self.rest.list(
@@ -141,13 +155,42 @@ class Kube:
             )
 
         observed = [observe_pod(p, ref.uid) for p in pods]
+        admission, placement, found = None, kueue_admission.Placement(), None
+        if queued:
+            workloads = self.rest.list(_path("Workload", ns), selector)
+            name = kueue_workload.workload_name(ref.name)
+            if name in owned(workloads):
+                raw = next(w for w in workloads if w["metadata"]["name"] == name)
+                admission = kueue_admission.admission_of(raw, kueue_workload.POD_SET)
+                flavors = [
+                    f"{kueue_workload.API_VERSION}/resourceflavors/{f}" for f in admission.flavors
+                ]
+                placement = kueue_admission.placement(
+                    [self._cluster_object(f) or {} for f in flavors]
+                )
+            elif priority is not None:
+                cls = self._cluster_object(priority.resource)
+                found = Priority(priority, int(cls["value"]) if cls is not None else None)
         return Observed(
             pods=tuple(p for p in observed if p is not None),
             services=owned(services),
             deployments=owned(deployments),
             network_policies=owned(policies),
             progress=progress,
+            admission=admission,
+            placement=placement,
+            priority=found,
         )
+
+    def _cluster_object(self, where: str) -> Obj | None:
+        """A cluster-scoped object by ``group/version/plural/name`` (a ResourceFlavor, a
+        priority class), or None if there is none."""
+        try:
+            return self.rest.get(f"/apis/{where}")
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
 
     # -- writing ---------------------------------------------------------------------
 
@@ -196,6 +239,8 @@ class Kube:
         self.rest.delete(_path("Pod", namespace), labelSelector=selector)
         if self.network_policies:
             self.rest.delete(_path("NetworkPolicy", namespace), labelSelector=selector)
+        if self.kueue:  # the quota goes back now, not when the garbage collector gets here
+            self.rest.delete(_path("Workload", namespace), labelSelector=selector)
         for service in self.rest.list(_path("Service", namespace), selector):
             self._delete(namespace, ChildRef("Service", service["metadata"]["name"]))
 
@@ -284,6 +329,8 @@ class Kube:
             self.post_event(ref, event)
         if conflict is not None:
             raise conflict
+        if decision.workload_status is not None:
+            self._patch_workload_status(ref, decision.workload_status)
         self._patch_status(ref, job, decision.status)
         if decision.delete_job:
             try:
@@ -301,6 +348,24 @@ class Kube:
         for event in events:
             if event.reports and created.issuperset(event.reports):
                 self.post_event(ref, event)
+
+    def _patch_workload_status(self, ref: builders.JobRef, patch: Obj) -> None:
+        """The job's Workload's status (the quota given back): a patch computed from the
+        resourceVersion it carries; if Kueue wrote since (409), the next round computes
+        it again."""
+        name = kueue_workload.workload_name(ref.name)
+        try:
+            self.rest.patch(_path("Workload", ref.namespace, name) + "/status", patch)
+        except ApiException as exc:
+            if exc.status not in (404, 409):
+                raise
+            log.info(
+                "%s/%s: Workload %s changed meanwhile (%s)",
+                ref.namespace,
+                ref.name,
+                name,
+                exc.status,
+            )
 
     def _patch_status(
         self, ref: builders.JobRef, job: Obj, status: models.ElasticJobStatus

@@ -29,7 +29,16 @@ RECONCILE_ERRORS = Counter(
     "elasticjob_reconcile_errors_total", "Reconciliations that raised.", ["namespace"]
 )
 
-PHASES = ("Created", "Running", "Restarting", "Scaling", "Suspended", "Succeeded", "Failed")
+PHASES = (
+    "Created",
+    "Running",
+    "Restarting",
+    "Scaling",
+    "Queued",
+    "Suspended",
+    "Succeeded",
+    "Failed",
+)
 
 
 def set_phases(phases: Iterable[str]) -> None:

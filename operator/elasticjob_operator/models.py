@@ -372,6 +372,14 @@ class ElasticJobSpec(_Model):
         r = self.worker.replicas
         return self.min_replicas if r is None else r
 
+    def capped(self, workers: int) -> ElasticJobSpec:
+        """This spec wanting at most ``workers`` (what a queue admitted)."""
+        if workers >= self.desired_replicas:
+            return self
+        worker = self.worker.model_copy(update={"replicas": workers})
+        specs = self.replica_specs.model_copy(update={"worker": worker})
+        return self.model_copy(update={"replica_specs": specs})
+
     @property
     def effective_max_replicas(self) -> int:
         if self.max_replicas is not None:
@@ -548,6 +556,9 @@ class ConditionType(StrEnum):
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
     SUSPENDED = "Suspended"
+    # Kueue (rule "Queue"): waiting for admission in the job's queue, and admitted
+    QUEUED = "Queued"
+    ADMITTED = "Admitted"
     # the API server refused a child (e.g. Pod Security admission); no effect on phase
     REPLICA_FAILURE = "ReplicaFailure"
 
@@ -684,12 +695,13 @@ class ElasticJobStatus(_Model):
     phase: str | None = Field(
         default=None,
         description="Summary of the conditions: Created, Running, Restarting, Scaling, "
-        "Suspended, Succeeded or Failed.",
+        "Queued, Suspended, Succeeded or Failed.",
     )
     conditions: list[Condition] = Field(
         default_factory=list,
         description="Created, Running, Restarting, Scaling, Succeeded, Failed, Suspended, "
-        "ReplicaFailure (the API server refused to create a child; the message says why).",
+        "Queued and Admitted (a job in a Kueue queue), ReplicaFailure (the API server "
+        "refused to create a child; the message says why).",
         json_schema_extra={
             "x-kubernetes-list-type": "map",
             "x-kubernetes-list-map-keys": ["type"],
@@ -713,6 +725,10 @@ class ElasticJobStatus(_Model):
     )
     desired_replicas: int | None = Field(
         default=None, description="Worker count the operator last acted on (to notice scaling)."
+    )
+    admitted_replicas: int | None = Field(
+        default=None,
+        description="Workers Kueue admitted and the job may run (a job in a Kueue queue only).",
     )
     incarnation: int = Field(
         default=0,

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from elasticjob_operator import builders, models
+from elasticjob_operator.kueue.admission import Admission, Placement
+from elasticjob_operator.kueue.priority import Priority
 from elasticjob_runtime.etcd import records
 
 R = TypeVar("R")
@@ -62,6 +64,10 @@ class Observed:
     memory_fallbacks: tuple[records.MemoryFallback, ...] = ()  # this run's reports, if read
     hangs: tuple[records.Hang, ...] = ()  # this run's hang records, if read
     divergences: tuple[records.Divergence, ...] = ()  # this run's divergence records
+    admission: Admission | None = None  # the job's Kueue Workload, if it is in a queue
+    priority: Priority | None = None  # the class it names, read while it has no Workload
+    # where its admitted flavors put the workers
+    placement: Placement = field(default_factory=Placement)
 
 
 # -- pods ------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ each decision's docstring names the rule it implements.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from enum import StrEnum
 from typing import Final
@@ -37,6 +37,10 @@ from elasticjob_operator.decision import (
 from elasticjob_operator.divergence import decide_divergences
 from elasticjob_operator.etcd.shared import SharedEtcd, serves
 from elasticjob_operator.hangs import decide_hangs
+from elasticjob_operator.kueue import workload as kueue_workload
+from elasticjob_operator.kueue.admission import reclaim_patch, release_patch
+from elasticjob_operator.kueue.gate import Act as QueueAct
+from elasticjob_operator.kueue.gate import Gate, decide_gate
 from elasticjob_operator.models import CleanPodPolicy, ConditionType, ElasticJobSpec
 from elasticjob_operator.network_policy import OperatorPeer
 from elasticjob_operator.node_memory import decide_memory_fallback
@@ -68,6 +72,8 @@ class Config:
     network_policy: OperatorPeer | None = None
     # the chart's one etcd for every job (sharedEtcd.enabled); None: an etcd per job
     shared_etcd: SharedEtcd | None = None
+    # jobs in a Kueue queue are admitted by Kueue (kueue.enabled; rule "Queue")
+    kueue: bool = False
 
 
 # -- the decisions (pure, each returns a value) ----------------------------------------
@@ -295,6 +301,7 @@ class Round:
     now: datetime
     config: Config
     shared: str | None = None  # the shared etcd's endpoint if the job rendezvouses there
+    queue: str | None = None  # the Kueue LocalQueue the job names (rule "Queue")
 
     @property
     def own_etcd(self) -> bool:
@@ -353,6 +360,8 @@ def _finish(d: Decision, r: Round, going: frozenset[str], stop_workers: bool = F
     d.delete += finish.children
     d.events += finish.events
     d.delete_job = finish.delete_job
+    if r.observed.admission is not None:  # rule "Queue": the quota goes back
+        d.delete.append(ChildRef("Workload", r.observed.admission.workload))
     _count(d, r.pods, going | {p.name for p in finish.pods})
     st.phase = phase_of(st)
     return d
@@ -401,13 +410,18 @@ def _observe(d: Decision, r: Round, generation: int | None) -> Event | None:
     return failure
 
 
-def _suspend(d: Decision, r: Round) -> Decision:
-    """Rule "Suspend": every worker pod goes, the job stays."""
+def _suspend(
+    d: Decision, r: Round, reason: str = "Suspended", why: str = "spec.suspend is true"
+) -> Decision:
+    """Rule "Suspend": every worker pod goes, the job stays (also when Kueue evicts it,
+    rule "Queue"). A suspended job in a queue gives its quota back with its Workload."""
     st = d.status
     names = _delete_pods(d, r.pods)
     if not st.is_true(C.SUSPENDED):
-        set_condition(st, C.SUSPENDED, True, "Suspended", "spec.suspend is true", r.now)
-        d.normal("Suspended", f"deleted worker pods {', '.join(names) or '(none)'}")
+        set_condition(st, C.SUSPENDED, True, reason, why, r.now)
+        d.normal(reason, f"{why}: deleted worker pods {', '.join(names) or '(none)'}")
+    if reason == "Suspended" and r.observed.admission is not None:
+        d.delete.append(ChildRef("Workload", r.observed.admission.workload))
     for type_ in (C.RUNNING, C.RESTARTING, C.SCALING):
         set_condition(st, type_, False, "Suspended", "the job is suspended", r.now)
     st.worker_indexes = models.WorkerIndexes()
@@ -424,8 +438,56 @@ def _resume(d: Decision, r: Round) -> None:
     st = d.status
     st.incarnation += 1
     st.worker_indexes = models.WorkerIndexes()
-    set_condition(st, C.SUSPENDED, False, "Resumed", "spec.suspend is false", r.now)
+    why = "admitted again" if r.queue is not None else "spec.suspend is false"
+    set_condition(st, C.SUSPENDED, False, "Resumed", why, r.now)
     d.normal("Resumed", f"new run {models.run_id(r.ref.uid, st.incarnation)}")
+
+
+def _queued(d: Decision, r: Round, gate: Gate) -> Decision:
+    """Rule "Queue" while the job may not run: its Workload created; after an eviction
+    its workers stopped as on a suspension, then its quota given back. Queued says why
+    it waits."""
+    st, admission = d.status, r.observed.admission
+    if gate.act is QueueAct.CREATE:
+        assert r.queue is not None
+        d.create.append(
+            kueue_workload.workload(r.ref, r.spec, r.queue, st.incarnation, r.observed.priority)
+        )
+    if gate.act in (QueueAct.STOP, QueueAct.RELEASE):
+        _suspend(d, r, gate.reason, gate.message)
+        if gate.act is QueueAct.RELEASE and admission is not None:
+            d.workload_status = release_patch(admission, r.now)
+    elif not st.is_true(C.QUEUED):
+        if gate.reason in ("KueueNotEnabled", "PriorityClassNotFound"):
+            d.warning(gate.reason, gate.message)
+        else:
+            d.normal("Queued", gate.message)
+    set_condition(st, C.QUEUED, True, gate.reason, gate.message, r.now)
+    set_condition(st, C.ADMITTED, False, gate.reason, gate.message, r.now)
+    for type_ in (C.RUNNING, C.RESTARTING, C.SCALING):
+        set_condition(st, type_, False, "Queued", "the job waits for Kueue", r.now)
+    st.admitted_replicas = 0
+    _count(d, r.pods, frozenset(c.name for c in d.delete if c.kind == "Pod"))
+    st.phase = phase_of(st)
+    return d
+
+
+def _admitted(d: Decision, r: Round, gate: Gate) -> Round:
+    """Rule "Queue" once admitted: Admitted says by whom and how many; the round goes on
+    with the job wanting at most the admitted workers, placed on the admitted flavors.
+    A scale-down below what was admitted gives the rest of the quota back."""
+    st = d.status
+    if not st.is_true(C.ADMITTED):
+        d.normal("Admitted", gate.message)
+    set_condition(st, C.ADMITTED, True, gate.reason, gate.message, r.now)
+    set_condition(st, C.QUEUED, False, gate.reason, gate.message, r.now)
+    st.admitted_replicas = gate.workers
+    admission = r.observed.admission
+    if admission is not None:
+        d.workload_status = reclaim_patch(
+            admission, r.spec.desired_replicas, kueue_workload.POD_SET
+        )
+    return replace(r, spec=r.spec.capped(gate.workers))
 
 
 def _provision(d: Decision, r: Round) -> None:
@@ -491,7 +553,9 @@ def _workers(d: Decision, r: Round) -> WorkerRound:
     pods: list[str] = []  # "Pod/name" of those created
     for a in actions:
         if a.act in CREATES:
-            pod = builders.worker_pod(r.ref, r.spec, a.index, st.incarnation, r.shared)
+            pod = builders.worker_pod(
+                r.ref, r.spec, a.index, st.incarnation, r.shared, r.observed.placement
+            )
             d.create.append(pod)
             created.append(builders.worker_pod_name(r.ref.name, a.index))
             pods.append(child_key(pod))
@@ -578,9 +642,10 @@ def reconcile(
     now: datetime,
     config: Config = Config(),
     shared: SharedEtcd | None = None,
+    queue: str | None = None,
 ) -> Decision:
     """Everything the operator decides for one job, from what it observed; ``shared`` is
-    :func:`shared_etcd_of` this round."""
+    :func:`shared_etcd_of` this round, ``queue`` the Kueue LocalQueue the job names."""
     r = Round(
         ref,
         spec,
@@ -589,6 +654,7 @@ def reconcile(
         now.replace(microsecond=0),
         config,
         shared.endpoint if shared is not None else None,
+        queue,
     )
     d = _decide(Decision(status=status.model_copy(deep=True)), r, generation)
     if spec.provisions_etcd and not status.finished:
@@ -609,6 +675,12 @@ def _decide(d: Decision, r: Round, generation: int | None) -> Decision:
         return _finish(d, r, frozenset(), stop_workers=True)
     if spec.suspend:
         return _suspend(d, r)
+    if r.queue is not None:  # rule "Queue"
+        left = sum(1 for p in r.pods if not p.foreign)
+        gate = decide_gate(r.queue, config.kueue, r.observed.admission, left, r.observed.priority)
+        if gate.act is not QueueAct.RUN:
+            return _queued(d, r, gate)
+        r = _admitted(d, r, gate)
     if st.is_true(C.SUSPENDED):
         _resume(d, r)
     st.start_time = st.start_time or r.now
@@ -624,7 +696,7 @@ def _decide(d: Decision, r: Round, generation: int | None) -> Decision:
         return _finish(d, r, workers.going)
     grace = config.below_min_grace_seconds
     waiting = _stuck(d, r, workers)
-    outcome = decide_outcome(spec, workers, st.below_min_since, r.now, grace, waiting)
+    outcome = decide_outcome(r.spec, workers, st.below_min_since, r.now, grace, waiting)
     if outcome.verdict is Verdict.SUCCEEDED:
         _succeed(d, outcome.message, r.now)
         return _finish(d, r, workers.going)

@@ -35,6 +35,13 @@ def _float(env: Mapping[str, str], name: str, default: float) -> float:
         raise SystemExit(f"{name}={raw!r} is not a number; set it to seconds, e.g. 10") from None
 
 
+def _bool(env: Mapping[str, str], name: str) -> bool:
+    raw = env.get(name, "").strip().lower()
+    if raw not in ("", "true", "false"):
+        raise SystemExit(f"{name}={raw!r} is neither true nor false; set it to one of them")
+    return raw == "true"
+
+
 def from_env(env: Mapping[str, str]) -> Settings:
     """The settings, or SystemExit with one line saying what to set."""
     workers = int(_float(env, "ELASTICJOB_RECONCILE_WORKERS", 8))
@@ -46,6 +53,7 @@ def from_env(env: Mapping[str, str]) -> Settings:
             node_lost_grace_seconds=_float(env, "ELASTICJOB_NODE_LOST_GRACE_SECONDS", 10.0),
             network_policy=network_policy.peer_from_env(env),
             shared_etcd=shared_etcd.from_env(env),
+            kueue=_bool(env, "ELASTICJOB_KUEUE"),
         )
     except ValueError as exc:
         raise SystemExit(str(exc)) from None

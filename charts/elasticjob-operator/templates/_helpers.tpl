@@ -57,6 +57,14 @@ log; docs/operator.md says why each is needed). */}}
   resources: [networkpolicies]
   verbs: [list, create, deletecollection]
 {{- end }}
+{{- if .Values.kueue.enabled }}
+- apiGroups: [kueue.x-k8s.io]
+  resources: [workloads]
+  verbs: [list, watch, create, delete, deletecollection]
+- apiGroups: [kueue.x-k8s.io]
+  resources: [workloads/status]
+  verbs: [patch]
+{{- end }}
 - apiGroups: [""]
   resources: [events]
   verbs: [create, patch]

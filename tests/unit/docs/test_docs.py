@@ -5,6 +5,7 @@ document outside it."""
 from __future__ import annotations
 
 import re
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ REPO = Path(__file__).resolve().parents[3]
 PACKAGES = (
     "operator/elasticjob_operator",
     "operator/elasticjob_operator/etcd",
+    "operator/elasticjob_operator/kueue",
     "trainer-runtime/elasticjob_runtime",
     "trainer-runtime/elasticjob_runtime/training",
     "trainer-runtime/elasticjob_runtime/launch",
@@ -53,6 +55,23 @@ def within_package(module: str) -> str:
         for package in PACKAGES
         if Path(module).is_relative_to(package)
     )
+
+
+def test_every_subpackage_is_documented_and_installed() -> None:
+    """A subpackage left out of pyproject's list is missing from the installed package
+    (and the images) while the tests, run from the checkout, still pass."""
+    installed = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "packages"
+    ]
+    for top in ("operator/elasticjob_operator", "trainer-runtime/elasticjob_runtime"):
+        for init in (REPO / top).rglob("__init__.py"):
+            package = str(init.parent.relative_to(REPO))
+            assert package in PACKAGES, (
+                f"add {package} to PACKAGES here and to docs/architecture.md"
+            )
+            dotted = ".".join(init.parent.relative_to(REPO / top).parts)
+            name = Path(top).name + (f".{dotted}" if dotted else "")
+            assert name in installed, f"pyproject.toml's packages lack {name}"
 
 
 @pytest.mark.parametrize("module", modules())

@@ -106,7 +106,16 @@ def test_scale_subresource_and_printer_columns_point_at_real_fields() -> None:
     assert lookup(scale["labelSelectorPath"])["type"] == "string"
     assert version["subresources"]["status"] == {}
     columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
-    assert list(columns) == ["Min", "Max", "Desired", "Active", "Step", "Phase", "Age"]
+    assert list(columns) == [
+        "Min",
+        "Max",
+        "Desired",
+        "Admitted",
+        "Active",
+        "Step",
+        "Phase",
+        "Age",
+    ]
     for name, path in columns.items():
         if name != "Age":
             lookup(path)
