@@ -20,8 +20,13 @@ MANIFESTS = Path(__file__).resolve().parents[3] / "examples" / "manifests"
 NAMES = sorted(p.name for p in MANIFESTS.glob("*.yaml"))
 
 
+def documents(name: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all((MANIFESTS / name).read_text()) if d]
+
+
 def load(name: str) -> tuple[dict[str, Any], ElasticJob]:
-    doc = yaml.safe_load((MANIFESTS / name).read_text())
+    """The file's ElasticJob (a file may bring the objects it needs, e.g. Kueue's)."""
+    (doc,) = [d for d in documents(name) if d.get("kind") == "ElasticJob"]
     return doc, ElasticJob.model_validate(doc)
 
 
@@ -32,6 +37,7 @@ def test_the_issue_asks_for_these_manifests() -> None:
         "external-etcd.yaml",
         "c10d.yaml",
         "torchelastic-classic.yaml",
+        "kueue.yaml",
     }
 
 
@@ -97,3 +103,30 @@ def test_classic_manifest_has_the_archived_controllers_shape() -> None:
     assert set(worker) == {"replicas", "restartPolicy", "template"}
     assert worker["template"]["kind"] == "Pod"
     assert job.spec.worker.restart_policy is RestartPolicy.EXIT_CODE
+
+
+def cores(quantity: str) -> float:
+    return float(quantity[:-1]) / 1000 if quantity.endswith("m") else float(quantity)
+
+
+def test_the_kueue_manifest_queues_its_job_on_a_quota_that_admits_its_minimum() -> None:
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in documents("kueue.yaml")}
+    doc, job = load("kueue.yaml")
+    queue = doc["metadata"]["labels"]["kueue.x-k8s.io/queue-name"]
+    local = docs[("LocalQueue", queue)]
+    assert local["metadata"]["namespace"] == doc["metadata"]["namespace"]
+    cluster_queue = docs[("ClusterQueue", local["spec"]["clusterQueue"])]
+    assert cluster_queue["spec"]["namespaceSelector"] == {}  # null would admit no namespace
+    (group,) = cluster_queue["spec"]["resourceGroups"]
+    (flavor,) = group["flavors"]
+    assert ("ResourceFlavor", flavor["name"]) in docs
+    quota = {r["name"]: r["nominalQuota"] for r in flavor["resources"]}
+    trainer = job.spec.worker.template.spec.containers[0]
+    per_worker = cores((trainer.model_extra or {})["resources"]["requests"]["cpu"])
+    admitted = int(cores(quota["cpu"]) // per_worker)
+    assert job.spec.min_replicas <= admitted < job.spec.desired_replicas, (
+        "the example should show a partial admission"
+    )
+    volumes = job.spec.worker.template.spec.volumes or []
+    claim = next(v for v in volumes if v["name"] == "checkpoints")["persistentVolumeClaim"]
+    assert ("PersistentVolumeClaim", claim["claimName"]) in docs
