@@ -687,6 +687,11 @@ class WorkerIndexes(_Model):
         description="Indexes that left the job and are not replaced (restartPolicy Never, "
         "or a failure after training finished).",
     )
+    disrupted: list[int] = Field(
+        default_factory=list,
+        description="Indexes whose pod the cluster took (preempted, evicted): replaced "
+        "without being counted against backoffLimit.",
+    )
 
 
 class ElasticJobStatus(_Model):

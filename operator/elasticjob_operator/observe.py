@@ -50,6 +50,9 @@ class ObservedPod:
     # metadata.deletionTimestamp: by then the pod's kubelet should have confirmed the delete
     deletion_deadline: datetime | None = None
     waiting: tuple[Waiting, ...] = ()  # init containers first, in the pod's order
+    # why the cluster took it (DisruptionTarget's reason, or a kubelet eviction): not the
+    # worker's failure, so never charged to backoffLimit; "" for anything else
+    disruption: str = ""
 
 
 @dataclass(frozen=True)
@@ -130,6 +133,24 @@ def waiting(pod: Obj) -> tuple[Waiting, ...]:
     return tuple(out)
 
 
+# The DisruptionTarget reasons of a pod the cluster took on purpose: a scheduler's
+# preemption, the eviction API (kubectl drain, a PodDisruptionBudget-guarded eviction)
+# and the kubelet's own termination (node pressure, graceful node shutdown). A lost
+# node's taint-manager or pod-GC deletion is not among them: a broken node is a failure.
+DISRUPTIONS = frozenset({"PreemptionByScheduler", "EvictionByEvictionAPI", "TerminationByKubelet"})
+
+
+def disruption_of(pod: Obj) -> str:
+    """Why the cluster took this pod on purpose, or "" (see :data:`DISRUPTIONS`)."""
+    status = pod.get("status") or {}
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == "DisruptionTarget" and cond.get("status") == "True":
+            reason = str(cond.get("reason") or "")
+            if reason in DISRUPTIONS:
+                return reason
+    return "Evicted" if status.get("reason") == "Evicted" else ""
+
+
 def observe_pod(pod: Obj, job_uid: str) -> ObservedPod | None:
     """Reduce a worker pod to the facts the decisions need; None if it is not a worker."""
     meta = pod.get("metadata") or {}
@@ -154,6 +175,7 @@ def observe_pod(pod: Obj, job_uid: str) -> ObservedPod | None:
         foreign=foreign,
         node_lost_since=node_lost_since(pod),
         waiting=waiting(pod),
+        disruption=disruption_of(pod),
     )
 
 

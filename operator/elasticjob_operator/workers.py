@@ -27,12 +27,14 @@ class Act(StrEnum):
     CREATE = "create"  # never launched in this run
     RECREATE = "recreate"  # the pod deleted to be replaced is gone: create its successor
     REPLACE = "replace"  # a pod this run launched vanished: create it again at once
+    # a pod the cluster took (preempted, evicted) is gone: create it again, uncounted
+    REPLACE_DISRUPTED = "replace-disrupted"
     DELETE_TO_REPLACE = "delete-to-replace"  # it failed: delete it, re-create once gone
     RETIRE = "retire"  # it leaves the job (restartPolicy Never, or training has finished)
     FAIL_JOB = "fail-job"  # a permanent error, or the backoff limit is spent
 
 
-CREATES: Final = frozenset({Act.CREATE, Act.RECREATE, Act.REPLACE})
+CREATES: Final = frozenset({Act.CREATE, Act.RECREATE, Act.REPLACE, Act.REPLACE_DISRUPTED})
 RESTARTS: Final = frozenset({Act.RECREATE, Act.REPLACE})  # counted in status.restartCount
 
 
@@ -44,6 +46,7 @@ class WorkerAction:
     failed: bool = False  # a worker failure (status.replicaStatuses.Worker.failed)
     pod: ObservedPod | None = None  # DELETE_TO_REPLACE: the pod to delete
     force: bool = False  # delete with grace 0: its node stopped responding
+    disrupted: bool = False  # the cluster took its pod: remembered, replaced uncounted
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,7 @@ class WorkerContext:
     launched: frozenset[int]
     replacing: frozenset[int]
     retired: frozenset[int]
+    disrupted: frozenset[int] = frozenset()
 
     def of_run(self, pod: ObservedPod) -> bool:
         """The pod is ours and belongs to the current run."""
@@ -69,6 +73,10 @@ class WorkerContext:
     def after(self, action: WorkerAction) -> WorkerContext:
         """The context once ``action`` is taken."""
         i = frozenset({action.index})
+        if action.disrupted:
+            return replace(self, disrupted=self.disrupted | i)
+        if action.act is Act.REPLACE_DISRUPTED:
+            return replace(self, launched=self.launched | i, disrupted=self.disrupted - i)
         if action.act is Act.CREATE:
             return replace(self, launched=self.launched | i)
         if action.act is Act.RECREATE:
@@ -92,6 +100,7 @@ class WorkerContext:
             launched=sorted(self.launched),
             replacing=sorted(self.replacing),
             retired=sorted(self.retired),
+            disrupted=sorted(self.disrupted),
         )
 
 
@@ -122,6 +131,7 @@ def worker_context(
         launched=below(indexes.launched),
         replacing=below(indexes.replacing),
         retired=below(indexes.retired),
+        disrupted=below(indexes.disrupted),
     )
     mine = [p for p in current.values() if ctx.of_run(p)]
     return replace(
@@ -152,17 +162,37 @@ def decide_worker(index: int, pod: ObservedPod | None, ctx: WorkerContext) -> Wo
     if index in ctx.retired:
         return WorkerAction(Act.KEEP, index)
     if pod is not None and (pod.terminating or not ctx.of_run(pod)):
-        return WorkerAction(Act.WAIT, index)  # the name is stable: the old pod goes first
+        # the name is stable: the old pod goes first
+        return WorkerAction(Act.WAIT, index, disrupted=_disrupted(pod, ctx))
     on_lost_node = pod is not None and pod.name in ctx.lost
     if pod is not None and pod.phase != "Failed" and not on_lost_node:
         return WorkerAction(Act.KEEP, index)
     if ctx.completing:
         return _leave_after_completion(index, pod, ctx)
+    if pod is None and index in ctx.disrupted:
+        name = builders.worker_pod_name(ctx.job, index)
+        message = f"worker {name} was taken by the cluster; replacing it (not a failure)"
+        return WorkerAction(
+            Act.REPLACE_DISRUPTED, index, normal("ReplacingDisruptedWorker", message)
+        )
+    if pod is not None and pod.disruption and ctx.of_run(pod):  # evicted by the kubelet
+        name = builders.worker_pod_name(ctx.job, index)
+        message = (
+            f"worker {name} was taken by the cluster ({pod.disruption}); deleting it to "
+            "replace it (not counted against backoffLimit)"
+        )
+        event = normal("DisruptedWorker", message)
+        return WorkerAction(Act.DELETE_TO_REPLACE, index, event, pod=pod, disrupted=True)
     if pod is None and index in ctx.replacing:
         return WorkerAction(Act.RECREATE, index)
     if pod is None and index not in ctx.launched:
         return WorkerAction(Act.CREATE, index)
     return decide_failure(index, pod, on_lost_node, ctx)
+
+
+def _disrupted(pod: ObservedPod, ctx: WorkerContext) -> bool:
+    """A terminating pod of this run that the cluster is taking (preemption, eviction)."""
+    return bool(pod.disruption) and pod.terminating and ctx.of_run(pod)
 
 
 def _leave_after_completion(

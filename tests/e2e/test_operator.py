@@ -693,6 +693,42 @@ def test_a_deleted_worker_pod_is_replaced_and_counted(operator: Cluster, ns: str
     assert "RestartingWorker" in events.stdout
 
 
+def test_an_evicted_worker_is_replaced_without_spending_the_backoff_limit(
+    operator: Cluster, ns: str
+) -> None:
+    """The eviction API (what `kubectl drain` calls) marks the pod DisruptionTarget: the
+    cluster took it, the worker did not fail, so backoffLimit 0 is not spent by it."""
+    c = operator
+    name = start_job(c, ns, job("evict", PRINT_ENV_AND_SLEEP, replicas=2, backoffLimit=0))
+    wait_for("2 running workers", lambda: len(c.running_workers(ns, name)) == 2)
+    old_uid = c.core.read_namespaced_pod("evict-worker-0", ns).metadata.uid
+    eviction = {
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": "evict-worker-0", "namespace": ns},
+    }
+    c.kubectl(
+        "create",
+        "--raw",
+        f"/api/v1/namespaces/{ns}/pods/evict-worker-0/eviction",
+        "-f",
+        "-",
+        input=json.dumps(eviction),
+    )
+    wait_for(
+        "a new evict-worker-0",
+        lambda: (
+            (p := c.running_workers(ns, name).get("evict-worker-0")) is not None
+            and p.metadata.uid != old_uid
+        ),
+    )
+    status = c.status(ns, name)
+    assert status.get("phase") != "Failed", status
+    assert status["restartCount"] == 0 and status["replicaStatuses"]["Worker"]["failed"] == 0
+    events = c.kubectl("-n", ns, "get", "events", "--field-selector", f"involvedObject.name={name}")
+    assert "ReplacingDisruptedWorker" in events.stdout, events.stdout
+
+
 def test_restarting_the_operator_changes_nothing_that_runs(operator: Cluster, ns: str) -> None:
     c = operator
     name = start_job(c, ns, job("steady", PRINT_ENV_AND_SLEEP, replicas=2))

@@ -23,3 +23,18 @@ def test_a_malformed_record_is_said_once_at_debug(
     assert "malformed progress record" in said[0].getMessage()
     assert "'samples_per_second' is missing" in said[0].getMessage()
     assert "malformed node-memory report" in said[1].getMessage()
+
+
+def test_the_disruption_is_read_from_the_pods_disruption_target_condition() -> None:
+    from elasticjob_operator.observe import disruption_of
+
+    def with_condition(reason: str, status: str = "True") -> dict[str, object]:
+        condition = {"type": "DisruptionTarget", "status": status, "reason": reason}
+        return {"status": {"conditions": [condition]}}
+
+    assert disruption_of(with_condition("EvictionByEvictionAPI")) == "EvictionByEvictionAPI"
+    assert disruption_of(with_condition("PreemptionByScheduler")) == "PreemptionByScheduler"
+    assert disruption_of(with_condition("DeletionByTaintManager")) == ""  # a lost node
+    assert disruption_of(with_condition("EvictionByEvictionAPI", "False")) == ""
+    assert disruption_of({"status": {"phase": "Failed", "reason": "Evicted"}}) == "Evicted"
+    assert disruption_of({}) == ""

@@ -877,6 +877,7 @@ def test_observe_pod_reads_index_phase_owner_and_deletion() -> None:
         incarnation=2,
         foreign=False,
         deletion_deadline=datetime(2026, 1, 1, tzinfo=UTC),
+        disruption="Evicted",  # the kubelet took it: not the worker's failure
     )
     other = observe_pod(raw_pod(phase="Running"), "uid-2")
     assert other is not None and other.foreign

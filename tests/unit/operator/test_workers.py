@@ -194,3 +194,34 @@ def test_a_round_starts_from_the_remembered_indexes_below_replicas() -> None:
     start = worker_context("train", spec, 0, 5, remembered, current, frozenset())
     assert (start.launched, start.replacing, start.retired) == ({0, 1}, set(), {1})
     assert start.completing and start.restart_count == 5
+
+
+# -- rule "Disrupted worker": the cluster took the pod, the worker did not fail ---------
+
+
+def test_an_evicted_worker_is_replaced_without_spending_the_backoff_limit() -> None:
+    spent = ctx(restart_count=3, backoff_limit=3)  # one more failure would fail the job
+    leaving = pod(terminating=True, disruption="EvictionByEvictionAPI")
+    waited = decide_worker(1, leaving, spent)
+    assert (waited.act, waited.disrupted) == (Act.WAIT, True)
+    after = spent.after(waited)
+    assert after.disrupted == {1} and after.indexes().disrupted == [1]
+    gone = decide_worker(1, None, after)
+    assert gone.act is Act.REPLACE_DISRUPTED and not gone.failed
+    assert gone.event is not None and gone.event.reason == "ReplacingDisruptedWorker"
+    done = after.after(gone)
+    assert (done.restart_count, done.disrupted, 1 in done.launched) == (3, frozenset(), True)
+
+
+def test_a_worker_the_kubelet_evicted_is_no_permanent_error_under_exit_code() -> None:
+    evicted = failed(code=1, disruption="Evicted")
+    action = decide_worker(1, evicted, ctx(policy=RestartPolicy.EXIT_CODE))
+    assert (action.act, action.failed, action.disrupted) == (Act.DELETE_TO_REPLACE, False, True)
+    assert action.event is not None and "not counted against backoffLimit" in action.event.message
+
+
+def test_a_plain_delete_of_a_worker_still_counts_as_a_failure() -> None:
+    """kubectl delete pod, a lost node's eviction: no DisruptionTarget reason of ours."""
+    left = ctx().after(decide_worker(1, pod(terminating=True), ctx()))
+    assert left.disrupted == frozenset()
+    assert decide_worker(1, None, left).act is Act.REPLACE
