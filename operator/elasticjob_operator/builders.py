@@ -383,6 +383,24 @@ def add_secret_volume(pod_spec: Obj, secret: str, path: str) -> None:
         container["volumeMounts"] = [*(container.get("volumeMounts") or []), mount]
 
 
+def disruption_budget_name(job: str) -> str:
+    return f"{job}-workers"
+
+
+def disruption_budget(ref: JobRef, spec: models.ElasticJobSpec) -> Obj:
+    """The workers' PodDisruptionBudget: evictions may not leave fewer than minReplicas."""
+    name = disruption_budget_name(ref.name)
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": child_meta(ref, name, {LABEL_JOB: ref.name}),
+        "spec": {
+            "minAvailable": spec.min_replicas,
+            "selector": {"matchLabels": worker_selector(ref.name)},
+        },
+    }
+
+
 def worker_service(ref: JobRef) -> Obj:
     """Headless Service giving every worker pod a stable DNS name (and c10d's port)."""
     return {

@@ -60,6 +60,7 @@ RESOURCES = {
     "Deployment": ("apps/v1", "deployments"),
     "ReplicaSet": ("apps/v1", "replicasets"),
     "NetworkPolicy": ("networking.k8s.io/v1", "networkpolicies"),
+    "PodDisruptionBudget": ("policy/v1", "poddisruptionbudgets"),
     "Workload": (kueue_workload.API_VERSION, "workloads"),
 }
 
@@ -143,6 +144,7 @@ class Kube:
         )
         services = self.rest.list(_path("Service", ns), selector)
         deployments = self.rest.list(_path("Deployment", ns), selector)
+        budgets = self.rest.list(_path("PodDisruptionBudget", ns), selector)
         policies: list[Obj] = []
         if self.network_policies:
             policies = self.rest.list(_path("NetworkPolicy", ns), selector)
@@ -176,6 +178,7 @@ class Kube:
             services=owned(services),
             deployments=owned(deployments),
             network_policies=owned(policies),
+            disruption_budgets=owned(budgets),
             progress=progress,
             admission=admission,
             placement=placement,
@@ -239,6 +242,7 @@ class Kube:
         self.rest.delete(_path("Pod", namespace), labelSelector=selector)
         if self.network_policies:
             self.rest.delete(_path("NetworkPolicy", namespace), labelSelector=selector)
+        self.rest.delete(_path("PodDisruptionBudget", namespace), labelSelector=selector)
         if self.kueue:  # the quota goes back now, not when the garbage collector gets here
             self.rest.delete(_path("Workload", namespace), labelSelector=selector)
         for service in self.rest.list(_path("Service", namespace), selector):

@@ -315,6 +315,12 @@ class ElasticJobSpec(_Model):
         description="true deletes the worker pods and keeps the job; false again starts a "
         "new run (a new PET_RDZV_ID) that resumes from the latest checkpoint.",
     )
+    pod_disruption_budget: bool = Field(
+        default=False,
+        description="true: a PodDisruptionBudget over the workers with minAvailable = "
+        "minReplicas, so evictions (kubectl drain, a cluster autoscaler) never take the job "
+        "below its minimum; an eviction it allows replaces the worker uncounted.",
+    )
     etcd: EtcdSpec | None = Field(
         default=None,
         description="Settings of the etcd the operator provisions (only when rdzvEndpoint is "

@@ -63,6 +63,7 @@ class Observed:
     services: frozenset[str] = frozenset()
     deployments: frozenset[str] = frozenset()
     network_policies: frozenset[str] = frozenset()
+    disruption_budgets: frozenset[str] = frozenset()
     progress: models.Progress | None = None  # None: not read this round, keep the last one
     memory_fallbacks: tuple[records.MemoryFallback, ...] = ()  # this run's reports, if read
     hangs: tuple[records.Hang, ...] = ()  # this run's hang records, if read

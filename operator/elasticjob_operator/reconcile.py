@@ -492,7 +492,8 @@ def _admitted(d: Decision, r: Round, gate: Gate) -> Round:
 
 def _provision(d: Decision, r: Round) -> None:
     """The NetworkPolicies (first: no pod of the job is ever unguarded), the headless
-    worker Service and, unless the job brings its own, the etcd."""
+    worker Service, the workers' PodDisruptionBudget if asked for and, unless the job
+    brings its own, the etcd."""
     ref, observed = r.ref, r.observed
     if r.config.network_policy is not None:
         for policy in network_policy.policies(ref, r.config.network_policy, r.own_etcd):
@@ -500,6 +501,9 @@ def _provision(d: Decision, r: Round) -> None:
                 d.create.append(policy)
     if builders.worker_service_name(ref.name) not in observed.services:
         d.create.append(builders.worker_service(ref))
+    budget = builders.disruption_budget_name(ref.name)
+    if r.spec.pod_disruption_budget and budget not in observed.disruption_budgets:
+        d.create.append(builders.disruption_budget(ref, r.spec))
     if r.own_etcd:
         etcd = builders.etcd_name(ref.name)
         if etcd not in observed.deployments:

@@ -729,6 +729,47 @@ def test_an_evicted_worker_is_replaced_without_spending_the_backoff_limit(
     assert "ReplacingDisruptedWorker" in events.stdout, events.stdout
 
 
+def test_a_disruption_budget_refuses_an_eviction_below_min_replicas(
+    operator: Cluster, ns: str
+) -> None:
+    """With spec.podDisruptionBudget, kubectl drain cannot take the job below minReplicas:
+    the API server refuses the eviction (429) and the worker stays."""
+    c = operator
+    doc = job("guarded", PRINT_ENV_AND_SLEEP, replicas=2, podDisruptionBudget=True)
+    doc["spec"]["minReplicas"] = 2
+    name = start_job(c, ns, doc)
+    wait_for("2 running workers", lambda: len(c.running_workers(ns, name)) == 2)
+    wait_for(
+        "the budget to count both workers healthy",
+        lambda: (
+            c.kubectl("-n", ns, "get", "pdb", "guarded-workers", "-o", "json", check=False).stdout
+            and json.loads(
+                c.kubectl("-n", ns, "get", "pdb", "guarded-workers", "-o", "json").stdout
+            )
+            .get("status", {})
+            .get("currentHealthy")
+            == 2
+        ),
+    )
+    uid = c.core.read_namespaced_pod("guarded-worker-0", ns).metadata.uid
+    eviction = {
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": "guarded-worker-0", "namespace": ns},
+    }
+    refused = c.kubectl(
+        "create",
+        "--raw",
+        f"/api/v1/namespaces/{ns}/pods/guarded-worker-0/eviction",
+        "-f",
+        "-",
+        input=json.dumps(eviction),
+        check=False,
+    )
+    assert refused.returncode != 0 and "disruption budget" in refused.stderr, refused.stderr
+    assert c.core.read_namespaced_pod("guarded-worker-0", ns).metadata.uid == uid
+
+
 def test_restarting_the_operator_changes_nothing_that_runs(operator: Cluster, ns: str) -> None:
     c = operator
     name = start_job(c, ns, job("steady", PRINT_ENV_AND_SLEEP, replicas=2))

@@ -52,6 +52,9 @@ log; docs/operator.md says why each is needed). */}}
 - apiGroups: [apps]
   resources: [replicasets]
   verbs: [deletecollection]
+- apiGroups: [policy]
+  resources: [poddisruptionbudgets]
+  verbs: [list, create, deletecollection]
 {{- if .Values.networkPolicy.enabled }}
 - apiGroups: [networking.k8s.io]
   resources: [networkpolicies]

@@ -1188,3 +1188,17 @@ def test_suspending_forgets_the_stuck_workers_so_the_next_run_is_warned_again() 
     w.round()
     w.pods[name] = replace(w.pods[name], waiting=(pull,))
     assert "WorkerStuck" in reasons(w.round())
+
+
+def test_a_disruption_budget_keeps_evictions_above_min_replicas_when_asked_for() -> None:
+    w = World(make_spec(replicas=3, podDisruptionBudget=True))
+    d = w.round()
+    (budget,) = [o for o in d.create if o["kind"] == "PodDisruptionBudget"]
+    assert budget["metadata"]["name"] == "train-workers"
+    assert budget["spec"]["minAvailable"] == 1  # minReplicas
+    assert budget["spec"]["selector"]["matchLabels"] == builders.worker_selector("train")
+    observed = replace(w.observed(), disruption_budgets=frozenset({"train-workers"}))
+    again = reconcile(REF, 1, w.spec, w.status, observed, w.now, w.config)
+    assert not [o for o in again.create if o["kind"] == "PodDisruptionBudget"]
+    plain = World(make_spec(replicas=3)).round()
+    assert not [o for o in plain.create if o["kind"] == "PodDisruptionBudget"]
