@@ -27,6 +27,7 @@ from elasticjob_runtime import contract
 from elasticjob_runtime.etcd.client import EtcdClient, EtcdError
 from elasticjob_runtime.etcd.endpoints import parse_endpoints
 from elasticjob_runtime.rendezvous.backend import EtcdV3RendezvousBackend
+from elasticjob_runtime.rendezvous.etcd_store import RoundAbandoned
 from elasticjob_runtime.rendezvous.handler import EtcdV3RendezvousHandler
 from elasticjob_runtime.rendezvous.join import RunFinishedError
 from elasticjob_runtime.rendezvous.keys import members_prefix, state_key
@@ -464,3 +465,113 @@ def test_a_join_takes_a_new_lease_when_etcd_no_longer_knows_its_own(
     (info,) = join_all(a)
     assert info.world_size == 1
     assert time.monotonic() - started < 20
+
+
+def cut_off_keepers(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, threading.Event]:
+    """Keeper connections opened before ``cut`` is set stop answering once it is (until
+    ``release``): the keeper cut off with the old etcd pod, as in the e2e etcd-loss test.
+    Connections opened after it reach etcd as usual."""
+    cut, release = threading.Event(), threading.Event()
+    another = EtcdClient.another
+
+    def keeper_connection(
+        self: EtcdClient, timeout: float, reconnect_within: float | None = None
+    ) -> EtcdClient:
+        client = another(self, timeout, reconnect_within)
+        if cut.is_set():
+            return client
+        refresh = client.refresh
+
+        def stuck(lease: int) -> bool:
+            if cut.is_set():
+                release.wait()  # no answer, no error: the keeper logs nothing
+            return refresh(lease)
+
+        client.refresh = stuck  # type: ignore[method-assign]
+        return client
+
+    monkeypatch.setattr(EtcdClient, "another", keeper_connection)
+    return cut, release
+
+
+def test_nodes_whose_keepers_were_cut_off_with_a_lost_etcd_stay_members(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """etcd replaced by an empty one while the nodes' keepers stay cut off, then a third
+    node joins: the round of three must hold. Before the fix each join took new leases
+    that nothing kept alive, so a TTL later the node's member key lapsed and every round
+    with it broke (its peers and the node itself named it a lost peer)."""
+    cut, release = cut_off_keepers(monkeypatch)
+    server = start_etcd("3.5", tmp_path / "etcd")
+    try:
+        with handler_factory(server.endpoint, "cut-keepers", timeout=5) as make:
+            (a, _), (b, _) = make(2, 3), make(2, 3)
+            join_all(a, b)
+
+            cut.set()
+            server.stop()
+            shutil.rmtree(tmp_path / "etcd" / "data")
+            server.restart()
+            # as torch's loop does: the watch says the round is gone; both join again
+            assert wait_until(lambda: a.num_nodes_waiting() > 0, 15) is not None
+            assert wait_until(lambda: b.num_nodes_waiting() > 0, 15) is not None
+            join_all(a, b)
+
+            c, _ = make(2, 3)  # a new node, its keeper on a connection to the new etcd
+            waiting, joined_c = join_in_background(c)
+            assert wait_until(lambda: a.num_nodes_waiting() > 0, 15) is not None
+            assert wait_until(lambda: b.num_nodes_waiting() > 0, 15) is not None
+            infos = join_all(a, b)
+            waiting.join(timeout=60)
+            assert joined_c, "the third node never joined"
+            assert [i.world_size for i in [*infos, *joined_c]] == [3, 3, 3]
+
+            # it holds for several TTLs (torch's loop asks every monitor interval)
+            deadline = time.monotonic() + 6
+            while time.monotonic() < deadline:
+                for node in (a, b, c):
+                    assert node.num_nodes_waiting() == 0, (node.node, node._watch.restart_why)
+                time.sleep(0.1)
+    finally:
+        release.set()
+        server.stop()
+
+
+@pytest.mark.parametrize("how", ["it died", "it went on to the next round"])
+def test_rank_assignment_gives_up_when_a_participant_left_the_sealed_round(
+    handlers: Factory, how: str
+) -> None:
+    """torch's agent assigns ranks in the round's store (``_assign_worker_ranks``): rank 0
+    waits for every participant's role, the others for rank 0's answer. A participant
+    that left the sealed round before writing its role (its round broke up: the e2e
+    etcd-loss test's new node, which abandoned the round when rank 0's lease lapsed) never
+    comes; the others waited the store's 300 s, silent, while it trained alone."""
+    made = [handlers(lo=3, hi=3) for _ in range(3)]
+    nodes = [h for h, _ in made]
+    infos = join_all(*nodes)
+    by_rank = {info.rank: (node, info) for node, info in zip(nodes, infos, strict=True)}
+    leaver = by_rank[2][0]
+    moved_on: tuple[threading.Thread, list[RendezvousInfo]] | None = None
+    if how == "it died":
+        leaver._leave()
+    else:
+        moved_on = join_in_background(leaver)  # it opens the next round "after a local failure"
+    store0, store1 = by_rank[0][1].store, by_rank[1][1].store
+    store0.set("torchelastic/role_info/0", b"0")
+    store1.set("torchelastic/role_info/1", b"1")
+    started = time.monotonic()
+    results, errors = in_threads(
+        [
+            lambda: store0.multi_get([f"torchelastic/role_info/{i}" for i in range(3)]),
+            lambda: store1.get("torchelastic/assigned_ranks/1"),
+        ],
+        timeout=30,
+    )
+    assert len(errors) == 2, f"still waiting after 30 s: {results}"
+    assert all(isinstance(e, RoundAbandoned) for e in errors), errors
+    assert time.monotonic() - started < 10
+    if moved_on is not None:  # the three meet again in the next round, as their agents do
+        infos = join_all(by_rank[0][0], by_rank[1][0])
+        moved_on[0].join(timeout=60)
+        assert moved_on[1], "the node that moved on never joined the next round"
+        assert [i.world_size for i in [*infos, *moved_on[1]]] == [3, 3, 3]

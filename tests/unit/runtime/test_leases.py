@@ -13,6 +13,7 @@ from elasticjob_runtime.rendezvous.leases import (
     granted_ttl_message,
     job_lease_due,
     keep_alive_timing,
+    keeper_cut_off,
     late_refresh_warning,
     notice_within,
 )
@@ -31,6 +32,16 @@ def test_after_a_stuck_refresh_the_next_one_is_done_before_the_lease_runs_out(tt
     assert 2 * (t.interval + t.timeout) < ttl
     assert ttl / t.interval >= 4  # refreshed at least four times per TTL
     assert t.interval < t.late_after < ttl
+
+
+@given(st.integers(min_value=0, max_value=3600))
+def test_a_keeper_is_cut_off_only_once_silent_for_longer_than_a_working_one_ever_is(
+    ttl: int,
+) -> None:
+    t = keep_alive_timing(max(ttl, 1))
+    # a working keeper answers within an interval plus one request's timeout at most
+    assert not keeper_cut_off(t.interval + t.timeout - 1e-9, ttl)
+    assert keeper_cut_off(t.late_after + 1e-3, ttl)
 
 
 def test_a_refresh_on_time_says_nothing() -> None:

@@ -184,7 +184,15 @@ class MembershipAwareAgent(TorchAgent):
                 "warm spares ready in %.1f s; joining the rendezvous", time.monotonic() - started
             )
         self._joined_once = True
-        super().rendezvous(worker_group)
+        while True:
+            try:
+                super().rendezvous(worker_group)
+                return
+            except RoundAbandoned as exc:
+                # torch's rank assignment waited in the round's store for a participant that
+                # left the round after it was sealed (the store's give_up says why): join
+                # the next round now rather than at the store's timeout (300 s)
+                log.info("the round broke up before its workers started (%s); next round", exc)
 
     def run(self, role: str = "default") -> Any:
         try:

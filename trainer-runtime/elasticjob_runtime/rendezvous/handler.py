@@ -107,7 +107,7 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
         self._registered = False
         self._register_lock = threading.Lock()
         self._joins = JoinExecutor(self._state, self._leases, self.node, limits, join_timeout)
-        self._watch = RoundWatch(self._state, self.node)
+        self._watch = RoundWatch(self._state, self.node, on_own_loss=self._own_lease_lapsed)
         self._finished = False  # training finished here: the close says so (mark_finished)
 
     def register(self) -> None:
@@ -181,8 +181,24 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
             self._state.drop_rounds_before(joined.number - 1)
         store.give_up = functools.partial(self._rank_zero_lost, joined)
         bootstrap = RendezvousStoreInfo.build(joined.rank, store, local_addr=self._addr)
-        store.give_up = None
+        # torch's agent next assigns the ranks in this store (_assign_worker_ranks): rank 0
+        # waits for every participant's role, the others for rank 0's answer, for the
+        # store's 300 s. A participant that left the round after it was sealed (its own
+        # round broke up, it died) never writes its role: give up as soon as the round
+        # watch says the round is over (the agent joins the next; agent.py). The exit
+        # barrier sets a give_up of its own.
+        store.give_up = self._round_over
         return store, bootstrap
+
+    def _round_over(self) -> str | None:
+        """Why this node's round can no longer start, or None (the watch's events: O(1))."""
+        return self._watch.restart_why if self._watch.num_nodes_waiting() > 0 else None
+
+    def _own_lease_lapsed(self) -> None:
+        """The watch saw this node's member key go while etcd answers: announce again."""
+        if self._stop.is_set() or self._state.is_live(self.node):
+            return  # it left (the key went with its revoked lease), or its keeper was first
+        self._leases.renew_member("the round watch saw this node's member key deleted")
 
     def _rank_zero_lost(self, joined: Joined) -> str | None:
         """Why ``joined`` cannot start, or None: the other ranks wait in its store for

@@ -135,7 +135,9 @@ class JoinExecutor:
         joins_at, joins = self.state.joins(current.number)
         match decide_lead(self.node, joins, live, self.limits, last_call, time.time()):
             case Rejoin():
-                self.leases.announce()  # a new member lease, and enter again under it
+                # a new member lease (and keeper, if it stopped answering), and enter again
+                why = f"its member lease ran out while it led round {current.number}"
+                self.leases.renew_member(why)
                 self.entered = None
                 return last_call
             case Seal(participants):

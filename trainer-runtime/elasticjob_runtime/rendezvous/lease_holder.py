@@ -13,8 +13,10 @@ import json
 import logging
 import math
 import os
+import sys
 import threading
 import time
+import traceback
 import weakref
 from collections.abc import Callable
 
@@ -24,6 +26,7 @@ from elasticjob_runtime.rendezvous.leases import (
     granted_ttl_message,
     job_lease_due,
     keep_alive_timing,
+    keeper_cut_off,
     late_refresh_warning,
 )
 
@@ -62,6 +65,15 @@ class LeaseHolder:
         self._refreshed_at: float | None = None  # the last refresh, None after a failed one
         self._job_refreshed_at = 0.0
         self._warned_late_at = -math.inf
+        # The keeper: its thread, its connection and its generation. A keeper whose
+        # generation is not the holder's has been replaced and exits at its next turn.
+        self._keeper_lock = threading.Lock()
+        self._keeper_generation = 0
+        self._keeper_client: EtcdClient | None = None
+        self._keeper_thread: threading.Thread | None = None
+        # When the keeper last got an answer from etcd (a refresh that worked or that etcd
+        # refused): one with none for half a TTL is cut off (see revive_keeper_if_stalled).
+        self._answered_at = 0.0
 
     def start(self) -> None:
         """Take both leases, announce the node and start the keeper thread.
@@ -84,13 +96,54 @@ class LeaseHolder:
         now = time.monotonic()
         self._refreshed_at = now
         self._job_refreshed_at = now
+        self._answered_at = now
         keeper_client.timeout = keep_alive_timing(self.granted_ttl).timeout
-        threading.Thread(
-            target=_keep_alive,
-            args=(weakref.ref(self), self.stop, keeper_client),
-            name=f"etcd-v3-lease-{self._node}",
-            daemon=True,
-        ).start()
+        self._start_keeper(keeper_client)
+
+    def _start_keeper(self, client: EtcdClient, connect_within: float | None = None) -> None:
+        """Run a keeper on ``client`` (connected first, within ``connect_within`` seconds,
+        if given); a keeper already running is told to stop, and its connection closed
+        (which ends a call stuck on it)."""
+        with self._keeper_lock:
+            self._keeper_generation += 1
+            generation = self._keeper_generation
+            old, self._keeper_client = self._keeper_client, client
+            thread = threading.Thread(
+                target=_keep_alive,
+                args=(weakref.ref(self), self.stop, client, generation, connect_within),
+                name=f"etcd-v3-lease-{self._node}",
+                daemon=True,
+            )
+            self._keeper_thread = thread
+        thread.start()
+        if old is not None:
+            old.close()
+
+    def revive_keeper_if_stalled(self, why: str) -> None:
+        """Replace the keeper by one on a new connection if it has had no answer from etcd
+        for half a TTL while etcd answers this node (``why``: how we know). Seen in the e2e
+        etcd-loss test: after the job's etcd pod was replaced, an agent's keeper never
+        refreshed again and logged nothing, so each lease its joins took lapsed a TTL later
+        and its peers dropped it over and over. Its stack is logged: where it is stuck."""
+        timing = keep_alive_timing(max(self.granted_ttl, 1))
+        silent_for = time.monotonic() - self._answered_at
+        if not keeper_cut_off(silent_for, self.granted_ttl):
+            return  # it answers (five times per TTL when etcd does)
+        thread = self._keeper_thread
+        frame = sys._current_frames().get(thread.ident) if thread and thread.ident else None
+        stack = "".join(traceback.format_stack(frame)) if frame is not None else "(not running)\n"
+        log.warning(
+            "etcd-v3: %s: the lease keeper had no answer from etcd for %.1fs although etcd "
+            "answers this node (%s); starting a new one on a new connection. The old "
+            "keeper's stack:\n%s",
+            self._node,
+            silent_for,
+            why,
+            stack,
+        )
+        self._answered_at = time.monotonic()  # one revival per half TTL at most
+        client = self._client.another(timing.timeout, timing.interval)
+        self._start_keeper(client, connect_within=self._client.timeout)
 
     def announce(self) -> None:
         """Take a fresh member lease and announce this node under it."""
@@ -104,15 +157,22 @@ class LeaseHolder:
             value = json.dumps({"addr": self._addr, "pid": os.getpid()}).encode()
             self._client.put(self._keys.member(self._node), value, lease=self.member_lease)
 
-    def keep_alive(self, client: EtcdClient | None = None) -> None:
+    def keep_alive(self, client: EtcdClient | None = None, generation: int | None = None) -> None:
         """Refresh the member lease once (through ``client``, the keeper's connection),
-        and the run's lease when it is due; take new ones where etcd has lost them."""
+        and the run's lease when it is due; take new ones where etcd has lost them.
+        ``generation``: the keeper's; a replaced keeper acts on nothing it learns."""
         via = client or self._client
         asked, previous = time.monotonic(), self._refreshed_at
         self._refreshed_at = None  # until this refresh has worked
-        lost = not via.refresh(self.member_lease)
+        lease = self.member_lease
+        lost = not via.refresh(lease)
+        if generation is not None and generation != self._keeper_generation:
+            return  # replaced while its call was under way
+        self._answered_at = time.monotonic()
         if lost and self.stop.is_set():
             return  # revoked by leave (which stops this first): do not come back
+        if lost and lease != self.member_lease:
+            lost = False  # a join took a new lease meanwhile: that one is refreshed next
         if lost:
             log.warning("etcd-v3: node %s lost its lease; registering again", self._node)
             self.announce()
@@ -142,10 +202,16 @@ class LeaseHolder:
         self.job_lease = self._client.grant(self._job_ttl)
         self._on_job_lease(self.job_lease)
 
+    def renew_member(self, why: str) -> None:
+        """etcd answers this node but its member lease is gone: a new one now, and a new
+        keeper if the old one has stopped answering (it should have done this itself)."""
+        self.announce()
+        self.revive_keeper_if_stalled(why)
+
     def renew(self, why: str) -> None:
         """A write failed because etcd does not know a lease of ours: take both anew."""
         log.warning("etcd-v3: %s: %s; taking new leases", self._node, why)
-        self.announce()
+        self.renew_member(why)
         self.take_job_lease()
 
     def leave(self) -> None:
@@ -160,9 +226,15 @@ class LeaseHolder:
             log.warning("etcd-v3: could not revoke the lease of %s: %s", self._node, exc)
 
 
-def _keep_alive(ref: weakref.ref[LeaseHolder], stop: threading.Event, client: EtcdClient) -> None:
+def _keep_alive(
+    ref: weakref.ref[LeaseHolder],
+    stop: threading.Event,
+    client: EtcdClient,
+    generation: int,
+    connect_within: float | None = None,
+) -> None:
     """Refresh the leases five times per TTL through ``client`` (closed on the way out);
-    exits when the holder is gone or has left.
+    exits when the holder is gone or has left, or has a newer keeper (``generation``).
 
     Nothing else in an agent holds the GIL for long (torch's agent loop sleeps between
     monitor ticks, etcd calls and process waits release it), so this thread runs on time
@@ -170,13 +242,20 @@ def _keep_alive(ref: weakref.ref[LeaseHolder], stop: threading.Event, client: Et
     """
     failure_told: float | None = None  # when a failure was last logged; None: working
     try:
+        if connect_within is not None:
+            # as start() does for the first keeper: a first refresh that also had to open
+            # the connection (TLS handshake included) in a quarter of the TTL can miss it
+            try:
+                client.connect(connect_within)
+            except EtcdError as exc:
+                log.warning("etcd-v3: lease keeper: %s (it keeps trying)", exc)
         while True:
             holder = ref()
-            if holder is None:
+            if holder is None or holder._keeper_generation != generation:
                 return
             interval = keep_alive_timing(holder.granted_ttl).interval
             try:
-                holder.keep_alive(client)
+                holder.keep_alive(client, generation)
                 if failure_told is not None:
                     log.info("etcd-v3: lease keep-alive works again")
                 failure_told = None

@@ -61,6 +61,14 @@ def job_lease_due(since_refresh: float, member_lease_lost: bool) -> bool:
     return member_lease_lost or since_refresh >= JOB_LEASE_REFRESH_S
 
 
+def keeper_cut_off(silent_for: float, ttl: int) -> bool:
+    """Is a keeper that has had no answer from etcd (a refresh that worked or that etcd
+    refused) for ``silent_for`` seconds cut off, when etcd answers the node's other
+    connection? It asks five times per TTL and each request times out in a quarter of
+    it, so a working one is never silent for half a TTL (``ttl`` 0: not granted yet)."""
+    return silent_for > keep_alive_timing(max(ttl, 1)).late_after
+
+
 def late_refresh_warning(gap: float, ttl: int, since_warned: float) -> str | None:
     """What to say when two refreshes of the member lease were ``gap`` seconds apart
     (None: nothing, it was on time or we said it less than a minute ago)."""

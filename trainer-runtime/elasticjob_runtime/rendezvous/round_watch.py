@@ -29,9 +29,19 @@ log = logging.getLogger(__name__)
 class RoundWatch:
     """This node's round and the changes to it the watch has seen."""
 
-    def __init__(self, state: RendezvousState, node: str) -> None:
+    def __init__(
+        self,
+        state: RendezvousState,
+        node: str,
+        on_own_loss: Callable[[], None] | None = None,
+    ) -> None:
         self._state = state
         self._node = node
+        # Called when this node's own member key is gone while etcd answers (its lease
+        # lapsed: a keeper cut off, a starved process): it announces the node again at
+        # once. The round still ends (its peers saw the same deletion), and peers_lost()
+        # still names this node, so its workers abandon the round's collectives.
+        self._on_own_loss = on_own_loss
         self.round = 0  # the round this node last joined
         self.participants: tuple[str, ...] = ()
         self.restart_why: str | None = None
@@ -103,12 +113,27 @@ class RoundWatch:
             revision, current, _, live = self._state.read()
             log.info("etcd-v3: %s: watch lost; watching again", self._node)
             self._watch(revision)
+            if self._node not in live:
+                self._own_loss()
             return current, lost_participants(self.participants, live)
+        if self._node in gone:
+            self._own_loss()
         lost = [p for p in self.participants if p in gone]
         if not state_changed and not lost:
             return None
         _, current, _ = self._state.read_state()
         return current, lost
+
+    def _own_loss(self) -> None:
+        """Announce this node again now. Otherwise only a join's write refused for its
+        lease does, and with the keeper cut off the lease taken then lapses a TTL later,
+        round after round (the e2e etcd-loss test)."""
+        if self._on_own_loss is None:
+            return
+        try:
+            self._on_own_loss()
+        except EtcdError as exc:  # the keeper, or the next join's refused write, will
+            log.warning("etcd-v3: %s: cannot announce itself again yet: %s", self._node, exc)
 
     def wait_for_change(self, timeout: float) -> str | None:
         """Why this node must move to a new round, waiting up to ``timeout`` to find out."""
