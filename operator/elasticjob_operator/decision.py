@@ -63,9 +63,9 @@ class Decision:
     status: ElasticJobStatus = field(default_factory=ElasticJobStatus)
     events: list[Event] = field(default_factory=list)
     delete_job: bool = False
-    # a merge patch of the job's Kueue Workload's status (quota given back), after the
-    # children and before the job's status
-    workload_status: Obj | None = None
+    # merge patches of the job's Kueue Workloads' status by name (quota given back),
+    # after the children and before the job's status
+    workload_status: dict[str, Obj] = field(default_factory=dict)
 
     def normal(self, reason: str, message: str, reports: tuple[str, ...] = ()) -> None:
         self.events.append(normal(reason, message, reports))

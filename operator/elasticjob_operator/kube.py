@@ -157,20 +157,21 @@ class Kube:
             )
 
         observed = [observe_pod(p, ref.uid) for p in pods]
-        admission, placement, found = None, kueue_admission.Placement(), None
+        admission = more = found = None
+        placement = more_placement = kueue_admission.Placement()
         if queued:
-            workloads = self.rest.list(_path("Workload", ns), selector)
-            name = kueue_workload.workload_name(ref.name)
-            if name in owned(workloads):
-                raw = next(w for w in workloads if w["metadata"]["name"] == name)
-                admission = kueue_admission.admission_of(raw, kueue_workload.POD_SET)
-                flavors = [
-                    f"{kueue_workload.API_VERSION}/resourceflavors/{f}" for f in admission.flavors
-                ]
-                placement = kueue_admission.placement(
-                    [self._cluster_object(f) or {} for f in flavors]
-                )
-            elif priority is not None:
+            workloads = {
+                w["metadata"]["name"]: w
+                for w in self.rest.list(_path("Workload", ns), selector)
+                if w["metadata"]["name"] in owned([w])
+            }
+            raw = workloads.get(kueue_workload.workload_name(ref.name))
+            if raw is not None:
+                admission, placement = self._admission(raw)
+            raw = workloads.get(kueue_workload.more_workload_name(ref.name))
+            if raw is not None:
+                more, more_placement = self._admission(raw)
+            if priority is not None and (admission is None or more is None):
                 cls = self._cluster_object(priority.resource)
                 found = Priority(priority, int(cls["value"]) if cls is not None else None)
         return Observed(
@@ -182,8 +183,21 @@ class Kube:
             progress=progress,
             admission=admission,
             placement=placement,
+            more=more,
+            more_placement=more_placement,
             priority=found,
         )
+
+    def _admission(
+        self, workload: Obj
+    ) -> tuple[kueue_admission.Admission, kueue_admission.Placement]:
+        """What Kueue says of one of the job's Workloads, and where its flavors place pods."""
+        admission = kueue_admission.admission_of(workload, kueue_workload.POD_SET)
+        flavors = [
+            self._cluster_object(f"{kueue_workload.API_VERSION}/resourceflavors/{f}") or {}
+            for f in admission.flavors
+        ]
+        return admission, kueue_admission.placement(flavors)
 
     def _cluster_object(self, where: str) -> Obj | None:
         """A cluster-scoped object by ``group/version/plural/name`` (a ResourceFlavor, a
@@ -333,8 +347,8 @@ class Kube:
             self.post_event(ref, event)
         if conflict is not None:
             raise conflict
-        if decision.workload_status is not None:
-            self._patch_workload_status(ref, decision.workload_status)
+        for name, patch in decision.workload_status.items():
+            self._patch_workload_status(ref, name, patch)
         self._patch_status(ref, job, decision.status)
         if decision.delete_job:
             try:
@@ -353,11 +367,10 @@ class Kube:
             if event.reports and created.issuperset(event.reports):
                 self.post_event(ref, event)
 
-    def _patch_workload_status(self, ref: builders.JobRef, patch: Obj) -> None:
-        """The job's Workload's status (the quota given back): a patch computed from the
-        resourceVersion it carries; if Kueue wrote since (409), the next round computes
-        it again."""
-        name = kueue_workload.workload_name(ref.name)
+    def _patch_workload_status(self, ref: builders.JobRef, name: str, patch: Obj) -> None:
+        """One of the job's Workloads' status (quota given back): a patch computed from
+        the resourceVersion it may carry; if Kueue wrote since (409), the next round
+        computes it again."""
         try:
             self.rest.patch(_path("Workload", ref.namespace, name) + "/status", patch)
         except ApiException as exc:

@@ -69,6 +69,9 @@ class Observed:
     hangs: tuple[records.Hang, ...] = ()  # this run's hang records, if read
     divergences: tuple[records.Divergence, ...] = ()  # this run's divergence records
     admission: Admission | None = None  # the job's Kueue Workload, if it is in a queue
+    more: Admission | None = None  # its second one: the workers a partial admission left out
+    # where the second one's admitted flavors put the workers it adds
+    more_placement: Placement = field(default_factory=Placement)
     priority: Priority | None = None  # the class it names, read while it has no Workload
     # where its admitted flavors put the workers
     placement: Placement = field(default_factory=Placement)

@@ -41,6 +41,8 @@ from elasticjob_operator.kueue import workload as kueue_workload
 from elasticjob_operator.kueue.admission import reclaim_patch, release_patch
 from elasticjob_operator.kueue.gate import Act as QueueAct
 from elasticjob_operator.kueue.gate import Gate, decide_gate
+from elasticjob_operator.kueue.growth import Act as GrowthAct
+from elasticjob_operator.kueue.growth import decide_growth
 from elasticjob_operator.models import CleanPodPolicy, ConditionType, ElasticJobSpec
 from elasticjob_operator.network_policy import OperatorPeer
 from elasticjob_operator.node_memory import decide_memory_fallback
@@ -302,6 +304,7 @@ class Round:
     config: Config
     shared: str | None = None  # the shared etcd's endpoint if the job rendezvouses there
     queue: str | None = None  # the Kueue LocalQueue the job names (rule "Queue")
+    first_admitted: int | None = None  # the workers its first Workload admitted, once it ran
 
     @property
     def own_etcd(self) -> bool:
@@ -360,8 +363,7 @@ def _finish(d: Decision, r: Round, going: frozenset[str], stop_workers: bool = F
     d.delete += finish.children
     d.events += finish.events
     d.delete_job = finish.delete_job
-    if r.observed.admission is not None:  # rule "Queue": the quota goes back
-        d.delete.append(ChildRef("Workload", r.observed.admission.workload))
+    _delete_workloads(d, r, first=True)  # rule "Queue": the quota goes back
     _count(d, r.pods, going | {p.name for p in finish.pods})
     st.phase = phase_of(st)
     return d
@@ -420,8 +422,10 @@ def _suspend(
     if not st.is_true(C.SUSPENDED):
         set_condition(st, C.SUSPENDED, True, reason, why, r.now)
         d.normal(reason, f"{why}: deleted worker pods {', '.join(names) or '(none)'}")
-    if reason == "Suspended" and r.observed.admission is not None:
-        d.delete.append(ChildRef("Workload", r.observed.admission.workload))
+    if reason == "Suspended":
+        _delete_workloads(d, r, first=True)
+    else:  # evicted: the first Workload is released once the pods are gone; not the second
+        _delete_workloads(d, r, first=False)
     for type_ in (C.RUNNING, C.RESTARTING, C.SCALING):
         set_condition(st, type_, False, "Suspended", "the job is suspended", r.now)
     st.worker_indexes = models.WorkerIndexes()
@@ -456,7 +460,7 @@ def _queued(d: Decision, r: Round, gate: Gate) -> Decision:
     if gate.act in (QueueAct.STOP, QueueAct.RELEASE):
         _suspend(d, r, gate.reason, gate.message)
         if gate.act is QueueAct.RELEASE and admission is not None:
-            d.workload_status = release_patch(admission, r.now)
+            d.workload_status[admission.workload] = release_patch(admission, r.now)
     elif not st.is_true(C.QUEUED):
         if gate.reason in ("KueueNotEnabled", "PriorityClassNotFound"):
             d.warning(gate.reason, gate.message)
@@ -475,19 +479,45 @@ def _queued(d: Decision, r: Round, gate: Gate) -> Decision:
 def _admitted(d: Decision, r: Round, gate: Gate) -> Round:
     """Rule "Queue" once admitted: Admitted says by whom and how many; the round goes on
     with the job wanting at most the admitted workers, placed on the admitted flavors.
-    A scale-down below what was admitted gives the rest of the quota back."""
-    st = d.status
-    if not st.is_true(C.ADMITTED):
-        d.normal("Admitted", gate.message)
-    set_condition(st, C.ADMITTED, True, gate.reason, gate.message, r.now)
-    set_condition(st, C.QUEUED, False, gate.reason, gate.message, r.now)
-    st.admitted_replicas = gate.workers
-    admission = r.observed.admission
-    if admission is not None:
-        d.workload_status = reclaim_patch(
-            admission, r.spec.desired_replicas, kueue_workload.POD_SET
+    Workers a partial admission left out are asked for with a second Workload
+    (kueue/growth.py); a scale-down below what was admitted gives the rest back."""
+    st, base, more = d.status, r.observed.admission, r.observed.more
+    assert base is not None and r.queue is not None
+    desired = r.spec.desired_replicas
+    extra_pods = sum(1 for p in r.pods if not p.foreign and p.index >= gate.workers)
+    growth = decide_growth(desired, base, more, extra_pods)
+    if growth.act is GrowthAct.CREATE:
+        d.create.append(
+            kueue_workload.workload(
+                r.ref, r.spec, r.queue, st.incarnation, r.observed.priority, more=growth.count
+            )
         )
-    return replace(r, spec=r.spec.capped(gate.workers))
+    elif growth.act in (GrowthAct.REPLACE, GrowthAct.DELETE) and more is not None:
+        d.delete.append(ChildRef("Workload", more.workload))
+    workers = gate.workers + growth.workers
+    message = gate.message
+    if growth.workers:
+        message += f", and {growth.workers} more by a second admission"
+    elif growth.act in (GrowthAct.CREATE, GrowthAct.KEEP) and desired > gate.workers:
+        message += f"; asking Kueue for {desired - gate.workers} more"
+    if not st.is_true(C.ADMITTED) or (st.admitted_replicas or 0) < workers:
+        d.normal("Admitted", message)
+    set_condition(st, C.ADMITTED, True, gate.reason, message, r.now)
+    set_condition(st, C.QUEUED, False, gate.reason, message, r.now)
+    st.admitted_replicas = workers
+    for a, wanted in ((base, desired), (more, desired - gate.workers)):
+        patch = reclaim_patch(a, wanted, kueue_workload.POD_SET) if a is not None else None
+        if a is not None and patch is not None and wanted > 0:
+            d.workload_status[a.workload] = patch
+    return replace(r, spec=r.spec.capped(workers), first_admitted=gate.workers)
+
+
+def _delete_workloads(d: Decision, r: Round, first: bool) -> None:
+    """The job's Workloads go (the quota with them): the second one always, the first
+    one if ``first``."""
+    for a in (r.observed.admission if first else None, r.observed.more):
+        if a is not None:
+            d.delete.append(ChildRef("Workload", a.workload))
 
 
 def _provision(d: Decision, r: Round) -> None:
@@ -557,9 +587,10 @@ def _workers(d: Decision, r: Round) -> WorkerRound:
     pods: list[str] = []  # "Pod/name" of those created
     for a in actions:
         if a.act in CREATES:
-            pod = builders.worker_pod(
-                r.ref, r.spec, a.index, st.incarnation, r.shared, r.observed.placement
-            )
+            placement = r.observed.placement
+            if r.first_admitted is not None and a.index >= r.first_admitted:
+                placement = r.observed.more_placement  # a worker the second admission added
+            pod = builders.worker_pod(r.ref, r.spec, a.index, st.incarnation, r.shared, placement)
             d.create.append(pod)
             created.append(builders.worker_pod_name(r.ref.name, a.index))
             pods.append(child_key(pod))

@@ -157,6 +157,22 @@ def queued(doc: Obj, queue: str, priority: str | None = None) -> Obj:
     return doc
 
 
+def queue_cq(installed: Operator) -> str:
+    return f"ku-cq-{SUFFIX}"
+
+
+def set_cpu_quota(c: Cluster, cluster_queue: str, cpu: str) -> None:
+    path = "/spec/resourceGroups/0/flavors/0/resources/0/nominalQuota"
+    c.kubectl(
+        "patch",
+        "clusterqueue",
+        cluster_queue,
+        "--type=json",
+        "-p",
+        json.dumps([{"op": "replace", "path": path, "value": cpu}]),
+    )
+
+
 def conditions(c: Cluster, ns: str, name: str) -> dict[str, Obj]:
     return {x["type"]: x for x in c.status(ns, name).get("conditions", [])}
 
@@ -201,12 +217,21 @@ def test_a_job_without_quota_creates_no_worker_until_kueue_admits_it_then_runs_w
 
         c.kubectl("-n", ns, "delete", "elasticjob", first, "--wait=false")
         # quota for 3 of the 4 it wants (minReplicas 1): Kueue admits 3, and 3 train
-        wait_step(logs, 3, world=3)
+        three = wait_step(logs, 3, world=3)
         status = c.status(ns, second)
         assert status["admittedReplicas"] == 3
         assert "3 of 4 workers" in conditions(c, ns, second)["Admitted"]["message"]
         assert workers(c, ns, second) == [f"{second}-worker-{i}" for i in range(3)]
         assert "Admitted" in events(c, ns, second)
+
+        # quota for the 4th frees (the admin raises it): the worker the partial admission
+        # left out starts and joins the running group
+        set_cpu_quota(c, queue_cq(installed), "400m")
+        try:
+            wait_step(logs, three.step + 1, world=4)
+            assert c.status(ns, second)["admittedReplicas"] == 4
+        finally:
+            set_cpu_quota(c, queue_cq(installed), "300m")
 
 
 def checkpoint_claim(c: Cluster, ns: str, name: str) -> None:

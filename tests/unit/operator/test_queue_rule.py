@@ -21,7 +21,13 @@ from elasticjob_operator.kueue.admission import (
 )
 from elasticjob_operator.kueue.gate import Act, decide_gate
 from elasticjob_operator.kueue.priority import Priority, PriorityRef, priority_ref
-from elasticjob_operator.kueue.workload import POD_SET, queue_of, workload, workload_name
+from elasticjob_operator.kueue.workload import (
+    POD_SET,
+    more_workload_name,
+    queue_of,
+    workload,
+    workload_name,
+)
 from elasticjob_operator.models import ConditionType as C
 from elasticjob_operator.observe import Observed, ObservedPod
 from elasticjob_operator.reconcile import Config, reconcile
@@ -199,25 +205,36 @@ def test_without_kueue_in_the_operator_a_queued_job_waits_and_says_how_to_fix_it
 
 
 class Cluster:
-    """The job's world between rounds: worker pods and its Workload as Kueue edits it."""
+    """The job's world between rounds: worker pods and its Workloads as Kueue edits them."""
 
     def __init__(self, job: models.ElasticJobSpec, kueue: bool = True) -> None:
         self.spec = job
         self.status = models.ElasticJobStatus()
         self.pods: dict[str, ObservedPod] = {}
-        self.workload: dict[str, Any] | None = None
+        self.workloads: dict[str, dict[str, Any]] = {}
         self.config = Config(kueue=kueue)
         self.last = Decision()
 
+    @property
+    def workload(self) -> dict[str, Any] | None:
+        return self.workloads.get(workload_name("train"))
+
     def round(self) -> Decision:
-        admission = admission_of(self.workload, POD_SET) if self.workload is not None else None
-        observed = Observed(pods=tuple(self.pods.values()), admission=admission)
+        def seen(name: str) -> Admission | None:
+            w = self.workloads.get(name)
+            return admission_of(w, POD_SET) if w is not None else None
+
+        observed = Observed(
+            pods=tuple(self.pods.values()),
+            admission=seen(workload_name("train")),
+            more=seen(more_workload_name("train")),
+        )
         d = reconcile(REF, 1, self.spec, self.status, observed, T0, self.config, queue=QUEUE)
         for ref in d.delete:
             if ref.kind == "Pod" and ref.name in self.pods:
                 self.pods[ref.name] = replace(self.pods[ref.name], terminating=True)
             if ref.kind == "Workload":
-                self.workload = None
+                self.workloads.pop(ref.name, None)
         for obj in d.create:
             if obj["kind"] == "Pod":
                 labels = obj["metadata"]["labels"]
@@ -228,23 +245,29 @@ class Cluster:
                     incarnation=int(labels[builders.LABEL_INCARNATION]),
                 )
             elif obj["kind"] == "Workload":
-                self.workload = kueue_workload(count=obj["spec"]["podSets"][0]["count"])
-        if d.workload_status is not None and self.workload is not None:
-            self.workload["status"].update(d.workload_status["status"])
+                name = obj["metadata"]["name"]
+                w = kueue_workload(count=obj["spec"]["podSets"][0]["count"])
+                w["metadata"]["name"] = name
+                self.workloads[name] = w
+        for name, patch in d.workload_status.items():
+            if name in self.workloads:
+                self.workloads[name]["status"].update(patch["status"])
         self.status, self.last = d.status, d
         return d
 
-    def kueue_admits(self, count: int) -> None:
-        assert self.workload is not None
-        self.workload = kueue_workload(
-            count=self.workload["spec"]["podSets"][0]["count"], admitted=count
+    def kueue_admits(self, count: int, name: str = workload_name("train")) -> None:
+        w = self.workloads[name]
+        self.workloads[name] = kueue_workload(
+            count=w["spec"]["podSets"][0]["count"], admitted=count
         )
+        self.workloads[name]["metadata"]["name"] = name
 
-    def kueue_evicts(self, reason: str) -> None:
-        assert self.workload is not None
-        admitted = self.workload["status"]["admission"]["podSetAssignments"][0]["count"]
-        count = self.workload["spec"]["podSets"][0]["count"]
-        self.workload = kueue_workload(count=count, admitted=admitted, evicted=reason)
+    def kueue_evicts(self, reason: str, name: str = workload_name("train")) -> None:
+        w = self.workloads[name]
+        admitted = w["status"]["admission"]["podSetAssignments"][0]["count"]
+        count = w["spec"]["podSets"][0]["count"]
+        self.workloads[name] = kueue_workload(count=count, admitted=admitted, evicted=reason)
+        self.workloads[name]["metadata"]["name"] = name
 
     def pods_gone(self) -> None:
         self.pods = {n: p for n, p in self.pods.items() if not p.terminating}
@@ -298,11 +321,11 @@ def test_an_evicted_job_stops_gives_quota_back_and_resumes_as_a_new_run() -> Non
         "train-worker-0",
         "train-worker-1",
     ]
-    assert d.workload_status is None  # not before the workers are gone
+    assert d.workload_status == {}  # not before the workers are gone
     assert c.status.phase == "Queued" and c.status.is_true(C.SUSPENDED)
     c.pods_gone()
     d = c.round()
-    assert d.workload_status is not None and d.workload_status["status"]["admission"] is None
+    assert d.workload_status[workload_name("train")]["status"]["admission"] is None
     c.kueue_admits(2)
     d = c.round()
     assert "Resumed" in [e.reason for e in d.events]
@@ -394,3 +417,52 @@ def test_a_job_readmitted_with_fewer_workers_succeeds_when_those_finish() -> Non
     c.pods["train-worker-0"] = replace(c.pods["train-worker-0"], phase="Succeeded", exit_code=0)
     c.round()
     assert c.status.phase == "Succeeded"
+
+
+def test_workers_a_partial_admission_left_out_are_asked_for_and_join_when_admitted() -> None:
+    c = Cluster(spec(replicas=4, min_replicas=2))
+    c.round()
+    c.kueue_admits(3)
+    d = c.round()
+    (more,) = [o for o in d.create if o["kind"] == "Workload"]
+    assert more["metadata"]["name"] == more_workload_name("train")
+    assert more["spec"]["podSets"][0]["count"] == 1 and "minCount" not in more["spec"]["podSets"][0]
+    assert sorted(c.pods) == [f"train-worker-{i}" for i in range(3)]
+    admitted = c.status.condition(C.ADMITTED)
+    assert admitted is not None and "asking Kueue for 1 more" in admitted.message
+    c.round()
+    assert [o for o in c.last.create if o["kind"] == "Workload"] == []  # asked once
+    c.kueue_admits(1, more_workload_name("train"))  # quota freed
+    d = c.round()
+    assert [o["metadata"]["name"] for o in d.create if o["kind"] == "Pod"] == ["train-worker-3"]
+    assert c.status.admitted_replicas == 4 and "Admitted" in [e.reason for e in d.events]
+
+
+def test_an_evicted_second_admission_shrinks_the_job_to_its_first_and_asks_again() -> None:
+    c = Cluster(spec(replicas=4, min_replicas=2))
+    c.round()
+    c.kueue_admits(3)
+    c.round()
+    c.kueue_admits(1, more_workload_name("train"))
+    c.round()
+    c.kueue_evicts("Preempted", more_workload_name("train"))
+    d = c.round()
+    assert [r.name for r in d.delete if r.kind == "Pod"] == ["train-worker-3"]
+    assert more_workload_name("train") in c.workloads  # held until its worker is gone
+    assert not c.status.is_true(C.SUSPENDED)  # the job goes on at 3
+    c.pods_gone()
+    d = c.round()
+    assert ChildRef("Workload", more_workload_name("train")) in d.delete
+    d = c.round()  # and it asks again for the one it lacks
+    asked = [o["metadata"]["name"] for o in d.create if o["kind"] == "Workload"]
+    assert asked == [more_workload_name("train")]
+
+
+def test_scaling_down_to_the_first_admission_drops_the_second_request() -> None:
+    c = Cluster(spec(replicas=4, min_replicas=2))
+    c.round()
+    c.kueue_admits(3)
+    c.round()
+    c.spec = spec(replicas=3, min_replicas=2)
+    d = c.round()
+    assert ChildRef("Workload", more_workload_name("train")) in d.delete
