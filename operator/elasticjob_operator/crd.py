@@ -136,11 +136,17 @@ PRINTER_COLUMNS: list[Schema] = [
     {"name": "Min", "type": "integer", "jsonPath": ".spec.minReplicas"},
     {"name": "Max", "type": "integer", "jsonPath": ".spec.maxReplicas"},
     {"name": "Desired", "type": "integer", "jsonPath": ".spec.replicaSpecs.Worker.replicas"},
-    {"name": "Admitted", "type": "integer", "jsonPath": ".status.admittedReplicas"},
     {"name": "Active", "type": "integer", "jsonPath": ".status.replicaStatuses.Worker.active"},
     {"name": "Step", "type": "integer", "jsonPath": ".status.progress.step"},
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    # `kubectl get -o wide`: only a job in a Kueue queue has it (docs/scheduling.md)
+    {
+        "name": "Admitted",
+        "type": "integer",
+        "jsonPath": ".status.admittedReplicas",
+        "priority": 1,
+    },
 ]
 
 

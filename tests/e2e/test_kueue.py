@@ -212,7 +212,7 @@ def test_a_job_without_quota_creates_no_worker_until_kueue_admits_it_then_runs_w
         )
         assert c.status(ns, second)["phase"] == "Queued"
         assert workers(c, ns, second) == []  # nothing holds part of the cluster while it waits
-        table = c.kubectl("-n", ns, "get", "elasticjob", second).stdout
+        table = c.kubectl("-n", ns, "get", "elasticjob", second, "-o", "wide").stdout
         assert "ADMITTED" in table and "Queued" in table
 
         c.kubectl("-n", ns, "delete", "elasticjob", first, "--wait=false")

@@ -353,7 +353,9 @@ def test_the_operator_uses_exactly_what_the_chart_grants(
         pytest.skip("the audit log is the devcluster's; ELASTICJOB_E2E_KUBECONFIG points elsewhere")
     with installed_operator(cluster, "audit") as op:
         c, ns, name = cluster, op.job_namespace, "life"
-        c.apply(ns, job(name, SLEEP, replicas=2, ttlSecondsAfterFinished=5))
+        c.apply(
+            ns, job(name, SLEEP, replicas=2, ttlSecondsAfterFinished=5, podDisruptionBudget=True)
+        )
         wait_for("2 running workers", lambda: len(c.running_workers(ns, name)) == 2)
         wait_for("the policies", lambda: len(policies(c, ns, name)) == 2)
         for restarts in (1, 2):  # the same event twice: counted (patched), not repeated

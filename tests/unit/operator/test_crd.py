@@ -110,11 +110,11 @@ def test_scale_subresource_and_printer_columns_point_at_real_fields() -> None:
         "Min",
         "Max",
         "Desired",
-        "Admitted",
         "Active",
         "Step",
         "Phase",
         "Age",
+        "Admitted",  # -o wide only
     ]
     for name, path in columns.items():
         if name != "Age":
