@@ -314,3 +314,61 @@ def test_a_node_that_joins_as_training_ends_gets_the_final_state_and_every_agent
     # after it finished may have reported its own end too).
     assert {r["steps"] for r in results} == {steps}, text[-4000:]
     assert (steps, 2) in {(r["steps"], r["world_size"]) for r in results}, text[-4000:]
+
+
+def test_after_rank_0_dies_the_new_rank_0_goes_on_writing_the_checkpoint_directory(
+    agents: list[subprocess.Popen[bytes]], etcd: EtcdServer, tmp_path: Path
+) -> None:
+    """The survivor that becomes rank 0 in place takes over the directory's writes: the
+    writer was fixed at the process's start, so after the first rank 0 died nobody
+    wrote there again, and a full restart later went back to its last save."""
+    run_id = f"writer-{uuid.uuid4().hex[:8]}"
+    logs = [tmp_path / "a.log", tmp_path / "b.log"]
+    ckpt = tmp_path / "ckpt"
+    args = train_args(ckpt, 1_000_000, "--sleep=0.05", "--epochs=1000")
+    env = {"CRASH_AT_STEP": "-1", "ELASTICJOB_CHECKPOINT_MEMORY_DIR": "off"}
+    procs = [
+        start(agents, etcd, log, args, nnodes="1:2", nproc=1, run_id=run_id, env=env)
+        for log in logs
+    ]
+    wait_for(
+        "training at world size 2",
+        lambda: True if re.search(r"^step=2\d .*world=2 ", logs[0].read_text(), re.M) else None,
+        180,
+        logs[0],
+    )
+    rank_0 = next(
+        i for i, log in enumerate(logs) if re.search(r"^step=\d+ .*rank=0 ", log.read_text(), re.M)
+    )
+    family = descendants(procs[rank_0].pid)
+    os.killpg(procs[rank_0].pid, signal.SIGKILL)  # the agent and its worker, at once
+    for pid in family:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    survivor = logs[1 - rank_0]
+    killed_at = max(int(s) for s in re.findall(r"^step=(\d+) ", survivor.read_text(), re.M))
+    wait_for(
+        "the survivor 40 steps on, alone, as rank 0",
+        lambda: (
+            True
+            if any(
+                int(s) >= killed_at + 40
+                for s in re.findall(r"^step=(\d+) .*world=1 rank=0 ", survivor.read_text(), re.M)
+            )
+            else None
+        ),
+        180,
+        survivor,
+    )
+    saved = sorted(
+        int(m.group(1)) for p in ckpt.glob("step-*.pt") if (m := STEP_FILE.match(p.name))
+    )
+    assert saved and saved[-1] > killed_at + 10, (
+        f"newest checkpoint step {saved[-1] if saved else None} in {ckpt}; rank 0 died at "
+        f"about step {killed_at}"
+    )
+    os.killpg(procs[1 - rank_0].pid, signal.SIGTERM)
+    wait_for("the survivor's agent to exit", lambda: procs[1 - rank_0].poll(), 90, survivor)
+
+
+STEP_FILE = re.compile(r"^step-(\d+)\.pt$")

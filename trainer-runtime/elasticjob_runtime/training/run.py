@@ -361,6 +361,9 @@ class Run:
             took,
         )
         self.reporter = reporter_for_rank(self.rank, self.reporter)
+        # its checkpoints go to the directory from rank 0 as it is now: fixed at the start,
+        # nobody wrote there once the first rank 0 was gone (a full restart lost the rest)
+        self.ckpt.writer = self.rank == 0
         if self._on_regroup is not None:
             self._on_regroup(self)
 
