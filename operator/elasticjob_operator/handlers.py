@@ -31,7 +31,7 @@ import kopf
 from elasticjob_operator import builders, models, rest
 from elasticjob_operator.assembly import Operator, assemble
 from elasticjob_operator.kueue import workload as kueue_workload
-from elasticjob_operator.settings import from_env
+from elasticjob_operator.settings import from_env, kueue_enabled
 
 log = logging.getLogger("elasticjob_operator")
 
@@ -121,7 +121,7 @@ async def workload_event(labels: Mapping[str, str], namespace: str | None, **_: 
 
 # Kueue's Workloads are watched only when the chart enables Kueue: the operator is granted
 # nothing on them otherwise, and the cluster may not serve them at all.
-if os.environ.get("ELASTICJOB_KUEUE", "").strip().lower() == "true":
+if kueue_enabled(os.environ):
     kopf.on.event(
         kueue_workload.GROUP,
         kueue_workload.VERSION,

@@ -149,12 +149,11 @@ class Kube:
         if self.network_policies:
             policies = self.rest.list(_path("NetworkPolicy", ns), selector)
 
+        def ours(o: Obj) -> bool:
+            return any(r.get("uid") == ref.uid for r in o["metadata"].get("ownerReferences") or [])
+
         def owned(objs: list[Obj]) -> frozenset[str]:
-            return frozenset(
-                o["metadata"]["name"]
-                for o in objs
-                if any(r.get("uid") == ref.uid for r in o["metadata"].get("ownerReferences") or [])
-            )
+            return frozenset(o["metadata"]["name"] for o in objs if ours(o))
 
         observed = [observe_pod(p, ref.uid) for p in pods]
         admission = more = found = None
@@ -163,7 +162,7 @@ class Kube:
             workloads = {
                 w["metadata"]["name"]: w
                 for w in self.rest.list(_path("Workload", ns), selector)
-                if w["metadata"]["name"] in owned([w])
+                if ours(w)
             }
             raw = workloads.get(kueue_workload.workload_name(ref.name))
             if raw is not None:

@@ -42,6 +42,11 @@ def _bool(env: Mapping[str, str], name: str) -> bool:
     return raw == "true"
 
 
+def kueue_enabled(env: Mapping[str, str]) -> bool:
+    """The chart's kueue.enabled: jobs in a Kueue queue are admitted by Kueue."""
+    return _bool(env, "ELASTICJOB_KUEUE")
+
+
 def from_env(env: Mapping[str, str]) -> Settings:
     """The settings, or SystemExit with one line saying what to set."""
     workers = int(_float(env, "ELASTICJOB_RECONCILE_WORKERS", 8))
@@ -53,7 +58,7 @@ def from_env(env: Mapping[str, str]) -> Settings:
             node_lost_grace_seconds=_float(env, "ELASTICJOB_NODE_LOST_GRACE_SECONDS", 10.0),
             network_policy=network_policy.peer_from_env(env),
             shared_etcd=shared_etcd.from_env(env),
-            kueue=_bool(env, "ELASTICJOB_KUEUE"),
+            kueue=kueue_enabled(env),
         )
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
