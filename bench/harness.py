@@ -266,6 +266,10 @@ class Agent:
                 os.kill(pid, signal.SIGKILL)
         self.proc.wait(timeout=30)
 
+    def terminate(self) -> None:
+        """SIGTERM the agent alone, as the kubelet stops a pod (its main process)."""
+        self.proc.send_signal(signal.SIGTERM)
+
     def freeze(self) -> None:
         """SIGSTOP the agent and its workers: a node that vanishes without closing a socket
         (``Job.stop`` SIGKILLs them later; a stopped process still dies on SIGKILL)."""

@@ -6,6 +6,9 @@ timestamp), same machine, a real etcd on loopback. Scenarios:
 * ``worker-kill``: 2 agents (``--nnodes=2:2``); SIGKILL one agent's worker process.
 * ``node-kill``:   3 agents (``--nnodes=2:3``); SIGKILL one agent and its worker together.
 * ``scale-up``:    2 agents (``--nnodes=2:3``) training; start a third agent.
+* ``scale-down``:  3 agents (``--nnodes=2:3``); SIGTERM one agent (not its workers), as
+  the kubelet stops a pod on a scale-down, a drain or a preemption: ours announces the
+  departure and hands over (rendezvous/departure.py), torchrun stops its workers.
 * ``node-freeze`` (not run by default): like node-kill, but SIGSTOP: a node that vanishes
   without closing its connections, so no peer sees a reset socket.
 
@@ -104,12 +107,19 @@ from bench.plot import plot_goodput
 from bench.report import Figure, markdown_table, render, write
 
 RESULTS = REPO / "bench" / "results"
-SCENARIOS = ("worker-kill", "node-kill", "scale-up", "goodput", "node-freeze")
+SCENARIOS = ("worker-kill", "node-kill", "scale-up", "scale-down", "goodput", "node-freeze")
 SCALE_SCENARIOS = ("checkpoint-stall", *rdzv_scale.SCENARIOS, *operator_load.SCENARIOS)
 # goodput (10 minutes) and node-freeze (torchrun's full --recover-timeout) only on demand
-DEFAULT_SCENARIOS = ("worker-kill", "node-kill", "scale-up", "checkpoint-stall", "rdzv-round")
+DEFAULT_SCENARIOS = (
+    "worker-kill",
+    "node-kill",
+    "scale-up",
+    "scale-down",
+    "checkpoint-stall",
+    "rdzv-round",
+)
 FULL = {
-    "scenarios": [*SCENARIOS[:3], *SCALE_SCENARIOS],
+    "scenarios": [*SCENARIOS[:4], *SCALE_SCENARIOS],
     "rdzv_sizes": [64, 256, 1024],
     "checkpoint_sizes": ["100MB", "1GB"],
     "rdzv_timeout": 180.0,  # ours formed 1024 in 45-60 s at load 200 here
@@ -177,6 +187,7 @@ def run_scenario(
         "node-kill": ("2:3", 3, 2),
         "node-freeze": ("2:3", 3, 2),
         "scale-up": ("2:3", 2, 3),
+        "scale-down": ("2:3", 3, 2),
     }[scenario]
     job = Job(launcher, workdir, endpoint, nnodes, list(train_args), run_id, script=script)
     workdir.mkdir(parents=True)
@@ -205,6 +216,11 @@ def run_scenario(
                 job.agents[-1].kill_node()
             else:
                 job.agents[-1].freeze()
+        elif scenario == "scale-down":
+            for agent in job.agents:
+                old_pids.update(agent.workers())
+            fault_at = time.time()
+            job.agents[-1].terminate()
         else:
             fault_at = time.time()
             job.start_agent()
@@ -229,7 +245,7 @@ def run_scenario(
         last = max((s.t for s in job.steps() if s.t < after.t and s.pid in old_pids), default=None)
         if last is not None:
             result.pause = round(after.t - last, 2)
-        if scenario == "scale-up":
+        if scenario in ("scale-up", "scale-down"):  # the group trains on after the fault
             result.phases = recovery_phases(job, last, after, reacted_after=fault_at)
         else:
             result.phases = recovery_phases(job, fault_at, after)
@@ -401,6 +417,7 @@ LABELS = {
     "node-kill": "SIGKILL an agent (3->2) -> next step",
     "node-freeze": "SIGSTOP an agent (3->2) -> next step",
     "scale-up": "agent joins (2->3) -> step at 3",
+    "scale-down": "SIGTERM an agent (3->2) -> step at 2",
     "gpt-worker-kill": "train_gpt / gpt_plain: SIGKILL a worker -> next step",
     "gpt-scale-up": "train_gpt / gpt_plain: agent joins (2->3) -> step at 3",
     "classic-worker-kill": "classic_imagenet: SIGKILL a worker -> next step",

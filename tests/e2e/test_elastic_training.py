@@ -467,6 +467,67 @@ def test_kubectl_scale_2_4_2_world_follows_and_no_sample_repeats_within_an_epoch
     assert found.resized_in_epoch, "no resize landed inside an epoch; the check proved nothing"
 
 
+def test_a_drained_worker_hands_over_at_a_step_boundary_and_no_step_is_redone(
+    cluster: Cluster, ns: str, start: Any
+) -> None:
+    """The eviction API (what ``kubectl drain`` calls) ends the pod with SIGTERM: its
+    agent announces the departure, the other two regroup without it at a step boundary
+    while it finishes its step, and then it leaves. No step is trained twice, no restart
+    is counted, and every sample is still seen once per epoch."""
+    c = cluster
+    name = unique("drain")
+    samples, steps = 2048, 300
+    logs = start(
+        manifest(
+            name,
+            replicas=3,
+            TRAIN_STEPS=steps,
+            TRAIN_SAMPLES=samples,
+            TRAIN_BATCH_SIZE=32,
+            TRAIN_SLEEP=0.1,
+            TRAIN_LOG_EVERY=1,
+            TRAIN_CHECKPOINT_INTERVAL=5,
+            TRAIN_LOG_SAMPLES=1,
+        )
+    )
+    wait_step(logs, 10, world=3)
+    pod = f"{name}-worker-2"
+    eviction = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": pod}}
+    evicted_at = time.time()
+    c.kubectl(
+        "create",
+        "--raw",
+        f"/api/v1/namespaces/{ns}/pods/{pod}/eviction",
+        "-f",
+        "-",
+        input=json.dumps(eviction),
+    )
+    two = wait_world(logs, 2, evicted_at)
+    wait_for(
+        "the leaving pod to say its workers left",
+        lambda: any("departure: the workers have left" in line for line in logs.text()),
+        TRAIN,
+    )
+    text = "\n".join(logs.text())
+    assert "announced this node's departure" in text, logs.tail()
+    assert "abandon its collectives" not in text and " dropped: " not in text, logs.tail()
+    (regroup,) = [r for r in logs.resumes() if evicted_at < r.t <= two.t]
+    assert (regroup.world, two.step) == (2, regroup.step + 1), (regroup, two)
+    last_at_3 = max(s.t for s in logs.steps() if s.world == 3 and s.t < two.t)
+    print(f"drain: training paused {two.t - last_at_3:.2f} s (last step at 3 -> first at 2)")
+    waited = c.kubectl(
+        "-n", ns, "wait", f"elasticjob/{name}", "--for=condition=Succeeded", "--timeout=600s"
+    )
+    assert waited.returncode == 0
+    time.sleep(2)  # the followers read the last lines
+    logged = [s.step for s in logs.steps()]
+    assert len(logged) == len(set(logged)), "a step was trained twice"
+    found = sample_audit.audit(logs.samples(), samples, steps)
+    assert not found.problems, found.problems
+    status = c.status(ns, name)
+    assert status["restartCount"] == 0, status
+
+
 def test_deleting_the_jobs_etcd_pod_is_survived(cluster: Cluster, ns: str, start: Any) -> None:
     c = cluster
     name = unique("etcd")

@@ -164,7 +164,8 @@ def run_job(
     for proc, log in zip(procs, logs, strict=True):
         wait_for("the job to end", lambda p=proc: p.poll(), 300, log)
         if expect_ok:
-            assert proc.returncode == 0 or "LOSE_NODE_AT_STEP" in env, log.read_text()[-4000:]
+            ok = {0, 143} if "LEAVE_AT_STEP" in env else {0}  # a node that left exits 143
+            assert proc.returncode in ok or "LOSE_NODE_AT_STEP" in env, log.read_text()[-4000:]
     return "\n".join(log.read_text() for log in logs)
 
 
@@ -239,6 +240,36 @@ def test_a_realistic_script_that_loses_a_node_trains_what_a_planned_shrink_train
     assert re.search(r"^started \(checkpoint step 15\)", second, re.M), second[-3000:]
 
     assert len(re.findall(r"^regrouped at step 15 \(own memory at step 15\)", faulted, re.M)) == 2
+    assert_same_training(faulted, first + second)
+    assert_every_sample_once_per_epoch(faulted)
+
+
+def test_a_node_that_announces_its_departure_costs_no_step_and_trains_a_planned_shrink(
+    agents: list[subprocess.Popen[bytes]], etcd: EtcdServer, tmp_path: Path
+) -> None:
+    # Faulted: three nodes; after step 15 the agent of rank 2 gets SIGTERM (its pod is
+    # deleted, its node drained). It announces its departure, the other two regroup
+    # without it at the step boundary, and its worker leaves once their old group
+    # breaks. Reference: the planned shrink of the lost-node test. Both: world 3 to step
+    # 15, world 2 after.
+    faulted = run_job(
+        agents,
+        etcd,
+        tmp_path / "faulted",
+        {"LEAVE_AT_STEP": "15", "LEAVE_RANK": "2"},
+        3,
+        "2:3",
+    )
+    first = run_job(agents, etcd, tmp_path / "reference", {"STOP_AT_STEP": "15"}, 3, "3")
+    second = run_job(agents, etcd, tmp_path / "reference", {}, 2, "2")
+
+    assert "announced this node's departure" in faulted, faulted[-3000:]
+    assert "this node left the job and its peers went on without it" in faulted, faulted[-3000:]
+    assert "departure: the workers have left; exiting" in faulted, faulted[-3000:]
+    # The survivors switched at the boundary, with nothing abandoned and no step dropped.
+    assert len(re.findall(r"^regrouped at step 15 \(own memory at step 15\)", faulted, re.M)) == 2
+    assert "abandon its collectives" not in faulted, faulted[-3000:]
+    assert not re.search(r"step \d+ dropped", faulted), faulted[-3000:]
     assert_same_training(faulted, first + second)
     assert_every_sample_once_per_epoch(faulted)
 

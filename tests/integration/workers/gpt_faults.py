@@ -12,6 +12,10 @@ optional):
   after exactly that step in every run;
 * ``LOSE_NODE_AT_STEP`` / ``LOSE_NODE_RANK``: that rank SIGKILLs its agent and itself
   (a node lost at once, as when a VM dies);
+* ``LEAVE_AT_STEP`` / ``LEAVE_RANK``: that rank SIGTERMs its agent (a pod deleted, a
+  drain): the node announces its departure; every worker then holds still until its
+  agent has a new round for it, or, on the leaving node, has handed over, so the world
+  changes after exactly that step;
 * ``COLLECTIVE_AFTER_UPDATE``: every rank all-reduces a tensor right after each
   optimizer update, inside the step (a script logging an all-reduced value);
   ``CRASH_AFTER_UPDATE_IN_STEP`` / ``CRASH_RANK``: that rank dies right after its update
@@ -61,6 +65,16 @@ def main() -> None:
             run.ckpt.wait()
             print(f"stopped at step {step} rank={run.rank}", flush=True)
             os._exit(0)
+        if step == _at("LEAVE_AT_STEP"):
+            leaving = rank == os.environ["LEAVE_RANK"]
+            if leaving:
+                os.kill(os.getppid(), signal.SIGTERM)
+            print(f"held at step {step} rank={run.rank}", flush=True)
+            rounds, deadline = run._rounds, time.monotonic() + 60
+            while time.monotonic() < deadline and not (
+                rounds.handed_over() if leaving else rounds.switch_pending()
+            ):
+                time.sleep(0.02)
         if step == _at("HOLD_AT_STEP") and run.world_size == int(os.environ["HOLD_WORLD"]):
             print(f"held at step {step} rank={run.rank}", flush=True)
             deadline = time.monotonic() + 240

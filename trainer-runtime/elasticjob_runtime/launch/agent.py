@@ -55,7 +55,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -67,6 +67,7 @@ from torch.distributed.elastic.utils import store as store_util
 
 from elasticjob_runtime import contract
 from elasticjob_runtime.launch.channel import AgentChannel
+from elasticjob_runtime.launch.departing import Departing, DepartureRequest
 from elasticjob_runtime.launch.hang import group_step
 from elasticjob_runtime.launch.hang_watch import HangWatch
 from elasticjob_runtime.launch.spare import parse_worker_command
@@ -124,6 +125,23 @@ def gone_from_exit_barrier(lost: list[str]) -> str | None:
     return f"{', '.join(lost)} left the round and will not reach the exit barrier"
 
 
+def kill_orphans(result: RunResult) -> None:
+    """SIGKILL what a worker that exited left behind in its session (its DataLoader
+    workers, any process it forked). They hold copies of its sockets, so its peers
+    saw no connection reset until they went (a DataLoader worker notices its parent
+    is gone only within 5 s), and torch's agent signals only workers still alive."""
+    for failure in result.failures.values():
+        if failure.pid > 0:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(failure.pid, signal.SIGKILL)  # a worker leads its own session
+
+
+def signal_all(pids: Iterable[int], sig: signal.Signals) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
 class MembershipAwareAgent(TorchAgent):
     """``LocalElasticAgent`` that starts workers from warm spares and does not charge
     restarts for peers that left."""
@@ -136,6 +154,7 @@ class MembershipAwareAgent(TorchAgent):
         warm_imports: tuple[str, ...] = (),
         joined: threading.Event | None = None,
         hang_timeout: float | None = None,
+        departure: DepartureRequest | None = None,
         **kw: Any,
     ) -> None:
         super().__init__(*args, **kw)
@@ -153,6 +172,12 @@ class MembershipAwareAgent(TorchAgent):
         # None with torch's own rendezvous backends: the agent then behaves as torch's.
         self._membership = membership_of(self.worker_group.spec.rdzv_handler)
         self.hang_watch = HangWatch(self._channel, hang_timeout, self._membership)
+        # A SIGTERM while a round trains hands this node's place over (departing.py).
+        self._departing = (
+            Departing(departure, self._membership, self._channel)
+            if departure is not None and self._membership is not None
+            else None
+        )
         os.environ[contract.AGENT_CHANNEL] = str(self._notes)
         self._generation = 0
         self._next_start = StartKind()
@@ -201,11 +226,18 @@ class MembershipAwareAgent(TorchAgent):
                 self._membership.mark_finished()  # before torch's launcher closes the run
             return result
         finally:
+            self._accept_departure(False)
             if self._spares is not None:
                 self._spares.close()
             shutil.rmtree(self._notes, ignore_errors=True)
 
+    def _accept_departure(self, accepting: bool) -> None:
+        """Whether a SIGTERM now asks for a departure (a round trains) or stops the agent."""
+        if self._departing is not None:
+            self._departing.request.accepting = accepting
+
     def restart_workers(self, worker_group: WorkerGroup) -> None:
+        self._accept_departure(False)
         # torch's loop sets the state before it calls this: HEALTHY is its membership
         # branch (a peer left or came); FAILED/UNHEALTHY means a local worker exited.
         if worker_group.state == WorkerState.HEALTHY and self._workers_regroup_in_place():
@@ -253,6 +285,7 @@ class MembershipAwareAgent(TorchAgent):
             self._next_start = StartKind()
 
     def stop_workers(self, worker_group: WorkerGroup) -> None:
+        self._accept_departure(False)
         if self._membership is not None:
             lost = self._membership.peers_lost()
             if lost:
@@ -264,15 +297,10 @@ class MembershipAwareAgent(TorchAgent):
             # later; SIGTERM first, then SIGCONT, wakes it into the save-and-exit path.
             self._hung = False
             self._channel.mark_group_broken()
-            self._signal_workers(signal.SIGTERM)
-            self._signal_workers(signal.SIGCONT)
+            signal_all(self.worker_pids().values(), signal.SIGTERM)
+            signal_all(self.worker_pids().values(), signal.SIGCONT)
         self._channel.forget_workers()
         super().stop_workers(worker_group)
-
-    def _signal_workers(self, sig: signal.Signals) -> None:
-        for pid in self.worker_pids().values():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
 
     def start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
         self._channel.clear_group_broken()
@@ -298,10 +326,18 @@ class MembershipAwareAgent(TorchAgent):
             self._refill = (now, group_step(steps))
         ranks = range(worker_group.spec.local_world_size)
         self.hang_watch.round_started(generation, ranks, in_place, steps, now)
+        self._accept_departure(True)
         return started
 
     def monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         result = super().monitor_workers(worker_group)
+        if self._departing is not None and self._departing.under_way:
+            # announce, wait, hand over; SignalException once it is time to stop
+            exited = result.state != WorkerState.HEALTHY
+            self._departing.step(self._workers_regroup_in_place, exited)
+            return RunResult(state=WorkerState.HEALTHY)
+        if result.state == WorkerState.SUCCEEDED:
+            self._accept_departure(False)  # a SIGTERM in the exit barrier stops the agent
         now = time.monotonic()
         steps = self._read_steps(now)
         self._refill_spares(steps, now)
@@ -317,7 +353,7 @@ class MembershipAwareAgent(TorchAgent):
             return self._check_hang(worker_group, steps, now) or result
         if result.state not in {WorkerState.FAILED, WorkerState.UNHEALTHY}:
             return result
-        self._kill_orphans(result)
+        kill_orphans(result)
         fatal = self._channel.fatal()
         if fatal is not None:
             # A restart would resume from a checkpoint into the same script bug: fail now.
@@ -340,16 +376,6 @@ class MembershipAwareAgent(TorchAgent):
         # HEALTHY sends torch's loop to its membership branch: num_nodes_waiting() > 0,
         # so it restarts the workers into the next round without spending a restart.
         return RunResult(state=WorkerState.HEALTHY)
-
-    def _kill_orphans(self, result: RunResult) -> None:
-        """SIGKILL what a worker that exited left behind in its session (its DataLoader
-        workers, any process it forked). They hold copies of its sockets, so its peers
-        saw no connection reset until they went (a DataLoader worker notices its parent
-        is gone only within 5 s), and torch's agent signals only workers still alive."""
-        for failure in result.failures.values():
-            if failure.pid > 0:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(failure.pid, signal.SIGKILL)  # a worker leads its own session
 
     def _read_steps(self, now: float) -> dict[int, int] | None:
         """The workers' steps for this monitor pass's readers, or None when the pass reads

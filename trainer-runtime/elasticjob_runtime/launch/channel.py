@@ -26,6 +26,11 @@ Workers write these back:
   reads them once per monitor pass for all its readers: the hang clock (hang.py) and the
   refill of the spares the round took (spare_pool.py).
 
+When its node is leaving (a SIGTERM, rendezvous/departure.py) and the other nodes have
+sealed a round without it, the agent writes ``handed-over``: the workers go on training in
+their old round until its group breaks (the others leave it at a step boundary), then
+exit without saving, since the others hold the same state.
+
 And the agent writes ``group-broken`` before it stops workers whose round lost a peer:
 their step in flight sits in a collective that can never finish, so the checkpoint's
 SIGTERM path saves the last completed step at once (:func:`group_broken`) instead of
@@ -63,6 +68,7 @@ from elasticjob_runtime import contract
 POLL_S = 0.01
 REGROUPING = "regrouping"  # the agent is forming the next round for its workers
 GROUP_BROKEN = "group-broken"  # the agent stops workers whose round lost a peer
+HANDED_OVER = "handed-over"  # this node left the job; its peers went on without it
 STEP_WIDTH = 20  # digits of a step file, rewritten in place
 
 
@@ -183,6 +189,10 @@ class AgentChannel:
         """The workers about to be stopped lost a peer: they save without waiting."""
         (self.directory / GROUP_BROKEN).touch()
 
+    def hand_over(self) -> None:
+        """The workers' peers went on without this node: they leave when their group breaks."""
+        (self.directory / HANDED_OVER).touch()
+
     def clear_group_broken(self) -> None:
         (self.directory / GROUP_BROKEN).unlink(missing_ok=True)
 
@@ -263,6 +273,10 @@ class WorkerChannel:
 
     def say_fatal(self, message: str) -> None:
         _write_whole(self.directory / f"fatal-{self.local_rank}", message)
+
+    def handed_over(self) -> bool:
+        """Has this node left the job, its peers having gone on without it?"""
+        return (self.directory / HANDED_OVER).exists()
 
     def agent_regrouping(self) -> bool:
         """Is the agent forming a round this worker was offered for?"""

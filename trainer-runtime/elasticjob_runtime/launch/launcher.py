@@ -25,7 +25,11 @@ environment, torch's ``LocalElasticAgent`` runs the workers), with these changes
   (``/dev/shm/elasticjob/<job>/<pod>``): outside a pod nothing else ever would. A failure
   or a restart keeps it, since a restart resumes from it;
 * a node that comes to a run whose training already finished (a late scale-up pod, or the
-  same command run again) exits 0 with one warning saying so and how to start afresh.
+  same command run again) exits 0 with one warning saying so and how to start afresh;
+* SIGTERM is its own, not torch's: while a round trains, the node announces its
+  departure and hands its place over, so its peers lose no step
+  (:mod:`elasticjob_runtime.rendezvous.departure`); at any other moment it stops as
+  torchrun would. Either way it exits 143, never 0 (a stopped node is not a success).
 """
 
 from __future__ import annotations
@@ -34,15 +38,19 @@ import argparse
 import functools
 import logging
 import os
+import signal
 import sys
 import threading
 import time
 from collections.abc import Sequence
 from importlib.metadata import entry_points
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from elasticjob_runtime import contract
 from elasticjob_runtime.launch import hang, health
+
+if TYPE_CHECKING:  # it imports torch, which a bad command line need not wait for
+    from elasticjob_runtime.launch.departing import DepartureRequest
 
 PROG = "elasticjob-run"
 # by name, not __name__: run as `python -m elasticjob_runtime.launch.launcher` this is __main__
@@ -263,13 +271,31 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
     except ValueError as exc:
         _fail(str(exc))
+    from torch.distributed.elastic.multiprocessing import SignalException
+
+    from elasticjob_runtime.launch.departing import DepartureRequest
+
+    departure = DepartureRequest()
+    signal.signal(signal.SIGTERM, functools.partial(_on_sigterm, departure))
     joined = threading.Event()  # the agent sets it once its workers first run in a round
     probes = _serve_probes(joined)
     try:
-        _launch(args, warm_imports, joined, hang_timeout, spare_count)
+        _launch(args, warm_imports, joined, hang_timeout, spare_count, departure)
+    except SignalException as exc:
+        log.info("stopped by %s", signal.Signals(exc.sigval).name)
+        raise SystemExit(128 + int(exc.sigval)) from None
     finally:
         if probes is not None:
             probes.stop()
+
+
+def _on_sigterm(departure: DepartureRequest, signum: int, _frame: object) -> None:
+    """A departure while a round trains (the agent carries it out); otherwise stop now,
+    as torch's own handler would (its agent stops the workers and re-raises)."""
+    from elasticjob_runtime.launch.departing import stop_signal
+
+    if not departure.take():
+        raise stop_signal(signal.Signals(signum))
 
 
 def _serve_probes(joined: threading.Event) -> health.HealthServer | None:
@@ -297,6 +323,7 @@ def _launch(
     joined: threading.Event,
     hang_timeout: float | None = None,
     spare_count: int | None = None,
+    departure: DepartureRequest | None = None,
 ) -> None:
     """Check the etcd, then run torchrun's launch with our agent until the job ends."""
     if not args.standalone and args.rdzv_backend == "etcd-v3":
@@ -307,6 +334,8 @@ def _launch(
     ):
         os.environ[contract.PROGRESS_ENDPOINT] = etcd
         _share_etcd_tls(etcd, args.rdzv_conf)
+    # SIGTERM is ours (main): torch's handler would stop the workers at once.
+    args.signals_to_handle = without_sigterm(args.signals_to_handle)
     # torch 2.13's agent-shared TCPStore crashed c10d scale-up (docs/design.md); ours never shares.
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
 
@@ -327,6 +356,7 @@ def _launch(
         warm_imports=warm_imports,
         joined=joined,
         hang_timeout=hang_timeout,
+        departure=departure,
     )
     try:
         with launching_agents_with(agent):
@@ -343,6 +373,11 @@ def _launch(
     except RendezvousError as exc:
         _fail(f"rendezvous failed: {exc}", code=1)
     _forget_node_memory(str(args.rdzv_id))
+
+
+def without_sigterm(signals: str) -> str:
+    """torchrun's ``--signals-to-handle`` list without SIGTERM, which ``main`` handles."""
+    return ",".join(s.strip() for s in signals.split(",") if s.strip() and s.strip() != "SIGTERM")
 
 
 def _forget_node_memory(run_id: str) -> None:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
+from elasticjob_runtime.rendezvous.departure import Standing
+
 
 @runtime_checkable
 class MembershipRendezvous(Protocol):
@@ -46,6 +48,15 @@ class MembershipRendezvous(Protocol):
 
     def mark_finished(self) -> None:
         """This node's training finished: later joiners are told the run is over."""
+        ...
+
+    def announce_departure(self) -> None:
+        """This node is leaving: its peers form the next round without it, and it joins
+        none (rendezvous/departure.py)."""
+        ...
+
+    def standing(self) -> Standing:
+        """Where this node stands in the rendezvous, read now (EtcdError if etcd fails)."""
         ...
 
 

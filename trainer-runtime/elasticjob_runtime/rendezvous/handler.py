@@ -53,6 +53,7 @@ from elasticjob_runtime import contract
 from elasticjob_runtime.etcd.client import EtcdClient, EtcdError
 from elasticjob_runtime.etcd.tls import connect
 from elasticjob_runtime.rendezvous.backend import BACKEND_NAME
+from elasticjob_runtime.rendezvous.departure import Standing
 from elasticjob_runtime.rendezvous.etcd_store import EtcdV3Store, RoundAbandoned
 from elasticjob_runtime.rendezvous.join import join_round
 from elasticjob_runtime.rendezvous.join_executor import JoinExecutor
@@ -228,6 +229,28 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
         workers so before it stops them (see ``MembershipAwareAgent._stop_workers``).
         """
         return self._watch.peers_lost()
+
+    def announce_departure(self) -> None:
+        """This node is leaving (rendezvous/departure.py): put its leaving key, on its
+        member lease, and join no further round. Its member key stays until it exits, so
+        its peers do not count it lost while its workers finish their step."""
+        self._watch.departing = True
+        self._client.put(
+            self._state.keys.leaving_key(self.node), b"", lease=self._leases.member_lease
+        )
+
+    def standing(self) -> Standing:
+        """Where this node stands, read now: the round key and the live nodes."""
+        _, current, _ = self._state.read_state()
+        _, live = self._state.live()
+        return Standing(
+            me=self.node,
+            my_round=self._watch.round,
+            participants=self._watch.participants,
+            current=current,
+            others_live=len(live - {self.node}),
+            min_nodes=self._joins.limits.min_nodes,
+        )
 
     @property
     def lease_ttl(self) -> int:

@@ -148,7 +148,7 @@ class JoinExecutor:
                 if until is not None:
                     left = min(left, max(until - time.time(), 0.0) + 0.05)
                 keys = self.state.keys
-                watched = [keys.state, keys.members, keys.joins(current.number)]
+                watched = [keys.state, keys.members, keys.leaving, keys.joins(current.number)]
                 self.state.client.wait_for_change(watched, min(live_at, joins_at), left)
                 return until
 

@@ -27,6 +27,13 @@ def members_prefix(run_id: str) -> str:
     return rdzv_prefix(run_id) + "members/"
 
 
+def leaving_prefix(run_id: str) -> str:
+    """Under it, a key per node that announced its departure (a SIGTERM), on its member
+    lease: its peers regroup without it at a step boundary instead of abandoning the
+    round's collectives (rendezvous/departure.py)."""
+    return rdzv_prefix(run_id) + "leaving/"
+
+
 def state_digest_key(run_id: str) -> str:
     """Where the backend keeps the SHA-256 of the state it wrote. Beside the state, not in
     it: the state stays the caller's bytes (the handler reads the round's JSON straight
@@ -58,13 +65,29 @@ class RendezvousKeys:
     def members(self) -> str:
         return members_prefix(self.run_id)
 
+    @property
+    def leaving(self) -> str:
+        return leaving_prefix(self.run_id)
+
+    def leaving_key(self, node: str) -> str:
+        return self.leaving + node
+
     def member(self, node: str) -> str:
         """The key that holds ``node`` live, on its member lease."""
         return self.members + node
 
     def member_names(self, keys: Iterable[str]) -> frozenset[str]:
-        """The nodes whose member key is among ``keys``: the live nodes."""
+        """The nodes whose member key is among ``keys``: the present nodes."""
         return frozenset(k[len(self.members) :] for k in keys if k.startswith(self.members))
+
+    def leaving_names(self, keys: Iterable[str]) -> frozenset[str]:
+        """The nodes whose leaving key is among ``keys``: present, but not in a next round."""
+        return frozenset(k[len(self.leaving) :] for k in keys if k.startswith(self.leaving))
+
+    def live_names(self, keys: Iterable[str]) -> frozenset[str]:
+        """The live nodes: present (member key) and not leaving. A round seals with these."""
+        keys = list(keys)
+        return self.member_names(keys) - self.leaving_names(keys)
 
     def round_prefix(self, number: int) -> str:
         return _numbered(contract.run_prefix(self.run_id) + "rounds/", number)

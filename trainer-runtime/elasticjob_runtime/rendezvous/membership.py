@@ -335,9 +335,12 @@ def decide_seal(
     return Wait(deadline, "waiting for live nodes that have not joined yet")
 
 
-def restart_reason(current: Round | None, lost: Sequence[str], my_round: int) -> str | None:
+def restart_reason(
+    current: Round | None, lost: Sequence[str], my_round: int, leaving: Sequence[str] = ()
+) -> str | None:
     """Why a node running round ``my_round`` must restart its workers, or None to keep
-    going. ``lost``: its round's participants whose member lease is gone."""
+    going. ``lost``: its round's participants whose member lease is gone; ``leaving``:
+    those that announced their departure (their workers finish the step in flight)."""
     if current is None:
         return "the rendezvous state is gone"
     if current.closed:
@@ -346,4 +349,6 @@ def restart_reason(current: Round | None, lost: Sequence[str], my_round: int) ->
         return f"round {current.number} has opened (a node joined or left)"
     if lost:
         return f"lost peer(s) {', '.join(lost)}"
+    if leaving:
+        return f"{', '.join(leaving)} announced its departure"
     return None

@@ -50,6 +50,10 @@ class RoundWatch:
         self._lock = threading.Lock()
         self._state_changed = False  # the watch saw the round key change
         self._gone: set[str] = set()  # nodes whose member key the watch saw deleted
+        self._leaving: set[str] = set()  # nodes whose leaving key the watch saw put
+        # This node announced its departure (departure.py): it joins no further round,
+        # and its member key stays until its workers have handed over.
+        self.departing = False
         self._cancel: Callable[[], None] | None = None
 
     def leave_round(self) -> None:
@@ -70,15 +74,24 @@ class RoundWatch:
         with self._lock:
             # The first check reads the round key (one key): a newer round may have
             # opened before the watch has delivered its first events.
-            self._state_changed, self._gone = True, set()
+            self._state_changed, self._gone, self._leaving = True, set(), set()
         try:
             self._watch(sealed_at)
+            # A participant that announced its departure between the leader's read of
+            # the live nodes and the seal is in the round but will not run it: the
+            # watch starts after its key was put, so read the (usually empty) set once.
+            leaving = self._state.leaving()
+            with self._lock:
+                self._leaving |= leaving
         except EtcdError as exc:  # the first membership check watches again
             log.warning("etcd-v3: %s: cannot watch yet (%s); retrying", self._node, exc)
         self._changed.set()  # the first membership check looks at once
 
     def num_nodes_waiting(self) -> int:
-        """Non-zero when this node must restart into a new round (a peer left or came)."""
+        """Non-zero when this node must restart into a new round (a peer left or came);
+        never once this node is departing (it hands its place over instead)."""
+        if self.departing:
+            return 0
         if self.restart_why is not None:
             return 1
         if not self._changed.is_set():
@@ -86,9 +99,10 @@ class RoundWatch:
         self._changed.clear()
         with self._lock:
             state_changed, gone = self._state_changed, set(self._gone)
+            leaving = [p for p in self.participants if p in self._leaving and p != self._node]
             self._state_changed = False
         try:
-            seen = self._what_changed(state_changed, gone)
+            seen = self._what_changed(state_changed, gone, bool(leaving))
         except EtcdError as exc:
             log.warning("etcd-v3: cannot check membership: %s", exc)
             with self._lock:
@@ -97,16 +111,17 @@ class RoundWatch:
             return 0
         if seen is None:
             return 0
-        self.restart_why = restart_reason(seen[0], seen[1], self.round)
+        self.restart_why = restart_reason(seen[0], seen[1], self.round, leaving)
         if self.restart_why is None:
             return 0
         log.info("etcd-v3: %s restarts its workers: %s", self._node, self.restart_why)
         return 1
 
     def _what_changed(
-        self, state_changed: bool, gone: set[str]
+        self, state_changed: bool, gone: set[str], leaving: bool
     ) -> tuple[Round | None, list[str]] | None:
-        """The round key now and the participants lost, or None if nothing changed."""
+        """The round key now and the participants lost, or None if nothing changed
+        (``leaving``: a participant announced its departure, which is a change)."""
         if self._broken.is_set():
             # The stream died (etcd restarted, a member failed over): watch again.
             # Comparing state, not counting events, means nothing in between is lost.
@@ -119,7 +134,7 @@ class RoundWatch:
         if self._node in gone:
             self._own_loss()
         lost = [p for p in self.participants if p in gone]
-        if not state_changed and not lost:
+        if not state_changed and not lost and not leaving:
             return None
         _, current, _ = self._state.read_state()
         return current, lost
@@ -128,7 +143,7 @@ class RoundWatch:
         """Announce this node again now. Otherwise only a join's write refused for its
         lease does, and with the keeper cut off the lease taken then lapses a TTL later,
         round after round (the e2e etcd-loss test)."""
-        if self._on_own_loss is None:
+        if self._on_own_loss is None or self.departing:
             return
         try:
             self._on_own_loss()
@@ -148,9 +163,10 @@ class RoundWatch:
 
     def peers_lost(self) -> list[str]:
         """The participants whose lease is gone, or that went on to a newer round without
-        this node (:func:`gone_on_without`), read now."""
+        this node (:func:`gone_on_without`), read now. A participant that announced its
+        departure is not lost: its workers finish their step with the round's."""
         try:
-            _, live = self._state.live()
+            live = self._state.present()
             _, current, _ = self._state.read_state()
         except EtcdError as exc:
             log.warning("etcd-v3: cannot read the live nodes: %s", exc)
@@ -187,3 +203,5 @@ class RoundWatch:
                     self._state_changed = True
                 elif change.deleted and change.key.startswith(keys.members):
                     self._gone.add(change.key[len(keys.members) :])
+                elif not change.deleted and change.key.startswith(keys.leaving):
+                    self._leaving.add(change.key[len(keys.leaving) :])

@@ -32,12 +32,12 @@ class RendezvousState:
         self._backend.lease = lease
 
     def read(self) -> tuple[int, Round | None, KeyValue | None, frozenset[str]]:
-        """One snapshot of ``rdzv/``: revision, round, its key, and the live nodes. O(N):
-        only where the watch's events cannot be trusted (it broke)."""
+        """One snapshot of ``rdzv/``: revision, round, its key, and the live nodes (present
+        and not leaving). O(N): only where the watch's events cannot be trusted (it broke)."""
         snap = self.client.snapshot(self.keys.prefix)
         kv = snap.items.get(self.keys.state)
         current = Round.decode(kv.value) if kv is not None else None
-        return snap.revision, current, kv, self.keys.member_names(snap.items)
+        return snap.revision, current, kv, self.keys.live_names(snap.items)
 
     def read_state(self) -> tuple[int, Round | None, KeyValue | None]:
         """The round key alone, with the revision it was read at: O(1)."""
@@ -46,12 +46,22 @@ class RendezvousState:
         return snap.revision, (Round.decode(kv.value) if kv is not None else None), kv
 
     def live(self) -> tuple[int, frozenset[str]]:
-        """The nodes whose member key is present, with the revision read at."""
-        snap = self.client.snapshot(self.keys.members)
-        return snap.revision, self.keys.member_names(snap.items)
+        """The nodes a next round is made of (member key present, not leaving), with the
+        revision read at. The leaving keys sit beside the member keys under ``rdzv/``."""
+        snap = self.client.snapshot(self.keys.prefix)
+        return snap.revision, self.keys.live_names(snap.items)
+
+    def present(self) -> frozenset[str]:
+        """The nodes whose member key is there, leaving or not: those whose workers still
+        take part in their round's collectives."""
+        return self.keys.member_names(self.client.snapshot(self.keys.members).items)
+
+    def leaving(self) -> frozenset[str]:
+        """The nodes that announced their departure (usually none: one empty range read)."""
+        return self.keys.leaving_names(self.client.snapshot(self.keys.leaving).items)
 
     def is_live(self, node: str) -> bool:
-        """One key: is ``node``'s member lease still there?"""
+        """One key: is ``node``'s member lease still there (leaving or not)?"""
         return self.client.get(self.keys.member(node)) is not None
 
     def has_entered(self, number: int, node: str) -> bool:

@@ -141,6 +141,7 @@ class Run:
         self.checkpoint_interval = checkpoint_interval
         self.ckpt = run_checkpoints(checkpoint_dir, keep, async_checkpoint, sigterm_grace)
         self.ckpt.track(self._state.objects)
+        self._rounds.on_leave = self.ckpt.wait  # a hand-over finishes a save in flight
         self.reporter = reporter_from_env()
         self.restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
         self.regroups = 0  # rounds this process joined in place

@@ -190,6 +190,8 @@ class StepLoop:
             self._phase = "idle"
             if not self._rounds.group_broke(exc):
                 raise
+            if self._rounds.handed_over():
+                self._regroup(True)  # leaves: the peers went on without this node
             if self._updated:
                 raise broke_after_update(next_step, exc) from exc
             log.warning("step %d dropped: %s", next_step, str(exc).splitlines()[0])

@@ -51,6 +51,14 @@ REGROUP_TIMEOUT_S = float(os.environ.get("ELASTICJOB_REGROUP_TIMEOUT", "900"))
 GLOO_FAILURES = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "[gloo")
 
 
+class HandedOver(SystemExit):
+    """This worker's node left the job and its peers went on without it from the last
+    step they completed together: the process exits (0), saving nothing."""
+
+    def __init__(self) -> None:
+        super().__init__(0)
+
+
 def collective_failed(exc: BaseException) -> bool:
     """Is ``exc`` a collective that failed because the group broke (not a bug here)?"""
     if isinstance(exc, dist.DistError):
@@ -100,6 +108,7 @@ class WorkerRounds:
         self._closed = threading.Event()
         self._parent = os.getppid()  # the agent; a worker whose agent died stops waiting
         self._watcher: threading.Thread | None = None
+        self.on_leave: Callable[[], None] = lambda: None  # runs before HandedOver exits
         started = time.monotonic()
         self.group.build(self.assignment, self._timeout)
         self.built_in = time.monotonic() - started
@@ -130,6 +139,17 @@ class WorkerRounds:
             return False
         latest = self.channel.latest()
         return latest is not None and latest.generation > self.generation
+
+    def handed_over(self) -> bool:
+        """Did this node leave the job (channel.py, ``handed-over``)?"""
+        return self.channel is not None and self.channel.handed_over()
+
+    def leave_if_handed_over(self) -> None:
+        """Exit (:class:`HandedOver`) when this node left and its peers went on without it."""
+        if self.handed_over():
+            log.warning("this node left the job and its peers went on without it; leaving")
+            self.on_leave()
+            raise HandedOver()
 
     def group_broke(self, exc: BaseException) -> bool:
         """Did ``exc`` come from the group breaking (regroup), not from the script?"""
@@ -176,6 +196,7 @@ class WorkerRounds:
         started = time.monotonic()
         while True:
             waiting()
+            self.leave_if_handed_over()
             if failed:
                 self.channel.request_regroup(self.generation)
             self._aborted_generation = self.generation
@@ -205,6 +226,7 @@ class WorkerRounds:
                 self.channel.say_taken(found.generation)
                 return found
             waiting()
+            self.leave_if_handed_over()
             if self.orphaned():
                 raise RuntimeError("the elasticjob-run agent exited while its workers regrouped")
             if time.monotonic() - started > REGROUP_TIMEOUT_S:
