@@ -136,7 +136,8 @@ def worker_context(
     mine = [p for p in current.values() if ctx.of_run(p)]
     return replace(
         ctx,
-        completing=any(p.phase == "Succeeded" for p in mine),
+        # a pod on its way out (scale-down, drain) exited as it was told: not an end
+        completing=any(p.phase == "Succeeded" and not p.terminating for p in mine),
         launched=ctx.launched | {p.index for p in mine},
     )
 

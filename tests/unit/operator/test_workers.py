@@ -194,6 +194,9 @@ def test_a_round_starts_from_the_remembered_indexes_below_replicas() -> None:
     start = worker_context("train", spec, 0, 5, remembered, current, frozenset())
     assert (start.launched, start.replacing, start.retired) == ({0, 1}, set(), {1})
     assert start.completing and start.restart_count == 5
+    # a pod on its way out (a scale-down, a drain) says nothing of training's end
+    leaving = {1: pod(1, "Succeeded", terminating=True)}
+    assert not worker_context("train", spec, 0, 5, remembered, leaving, frozenset()).completing
 
 
 # -- rule "Disrupted worker": the cluster took the pod, the worker did not fail ---------
