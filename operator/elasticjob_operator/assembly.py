@@ -20,6 +20,7 @@ from elasticjob_operator.etcd.secrets import EtcdSecrets
 from elasticjob_operator.kube import Kube, load_config
 from elasticjob_operator.reconcile import Config
 from elasticjob_operator.settings import Settings
+from elasticjob_operator.taken_pods import TakenPods
 from elasticjob_operator.workqueue import WorkQueue
 
 log = logging.getLogger("elasticjob_operator")
@@ -37,6 +38,7 @@ class Operator:
             lambda key, progress: job_round.reconcile_job(self, *key, progress), settings.workers
         )
         self.deletions = Deletions(self.delete_children)
+        self.taken = TakenPods()  # worker pods the cluster took, from their DELETED events
         self.stopping = threading.Event()
         self.last_sweep = 0.0  # the liveness probe's: when the resync last listed the jobs
 

@@ -32,6 +32,7 @@ from elasticjob_operator import builders, models, rest
 from elasticjob_operator.assembly import Operator, assemble
 from elasticjob_operator.kueue import workload as kueue_workload
 from elasticjob_operator.settings import from_env, kueue_enabled
+from elasticjob_operator.taken_pods import taken_index
 
 log = logging.getLogger("elasticjob_operator")
 
@@ -108,9 +109,14 @@ async def job_event(
     "pods",
     labels={builders.LABEL_JOB: kopf.PRESENT, builders.LABEL_ROLE: builders.ROLE_WORKER},
 )
-async def pod_event(labels: Mapping[str, str], namespace: str | None, **_: Any) -> None:
+async def pod_event(
+    type: str, labels: Mapping[str, str], namespace: str | None, body: Mapping[str, Any], **_: Any
+) -> None:
     if _operator is not None and namespace:
-        _operator.queue.add((namespace, labels[builders.LABEL_JOB]))
+        job = labels[builders.LABEL_JOB]
+        if type == "DELETED" and (taken := taken_index(body)) is not None:
+            _operator.taken.note(namespace, job, taken)  # its last state: the cluster took it
+        _operator.queue.add((namespace, job))
 
 
 async def workload_event(labels: Mapping[str, str], namespace: str | None, **_: Any) -> None:

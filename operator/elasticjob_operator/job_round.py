@@ -79,6 +79,7 @@ def _round(op: Operator, namespace: str, name: str, read_progress: bool) -> None
         queued=queue is not None and op.config.kueue,
         priority=priority_ref(meta.get("labels"), spec),
     )
+    observed = replace(observed, taken=op.taken.take(namespace, name))
     shared = shared_etcd_of(ref, spec, observed, op.config)
     if read_progress and not status.finished and spec.rdzv_backend is not models.RdzvBackend.C10D:
         observed = _with_records(op, ref, spec, status, observed, shared)

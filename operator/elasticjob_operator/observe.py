@@ -75,6 +75,8 @@ class Observed:
     priority: Priority | None = None  # the class it names, read while it has no Workload
     # where its admitted flavors put the workers
     placement: Placement = field(default_factory=Placement)
+    # (index, incarnation) of workers the cluster took, seen only as DELETED (taken_pods.py)
+    taken: frozenset[tuple[int, int]] = frozenset()
 
 
 # -- pods ------------------------------------------------------------------------------

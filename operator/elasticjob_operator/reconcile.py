@@ -569,6 +569,20 @@ def _tidy(d: Decision, r: Round, lost: frozenset[str], scaling: Scaling) -> froz
     return frozenset(stale + beyond)
 
 
+def with_taken(
+    indexes: models.WorkerIndexes,
+    taken: frozenset[tuple[int, int]],
+    incarnation: int,
+    current: Mapping[int, ObservedPod],
+) -> models.WorkerIndexes:
+    """The remembered indexes, plus as disrupted each worker of this run the cluster took
+    whose pod this round no longer lists (taken_pods.py)."""
+    gone = {i for i, inc in taken if inc == incarnation and i not in current}
+    if not gone:
+        return indexes
+    return indexes.model_copy(update={"disrupted": sorted(set(indexes.disrupted) | gone)})
+
+
 def _workers(d: Decision, r: Round) -> WorkerRound:
     """Decide every worker index (:func:`~elasticjob_operator.workers.decide_workers`) after
     the pods that go anyway, and apply the actions: pods, events, the status's counts."""
@@ -578,8 +592,9 @@ def _workers(d: Decision, r: Round) -> WorkerRound:
     st.desired_replicas = desired
     going = _tidy(d, r, lost, scaling)
     current = {p.index: p for p in r.pods if p.index < desired and p.name not in going}
+    indexes = with_taken(st.worker_indexes, r.observed.taken, st.incarnation, current)
     start = worker_context(
-        r.ref.name, r.spec, st.incarnation, st.restart_count, st.worker_indexes, current, lost
+        r.ref.name, r.spec, st.incarnation, st.restart_count, indexes, current, lost
     )
     actions, ctx = decide_workers(start, current, desired)
     created: list[str] = []
