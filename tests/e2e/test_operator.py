@@ -616,7 +616,11 @@ def test_a_worker_the_kubelet_cannot_start_shows_on_the_job(operator: Cluster, n
     [event] = wait_for("the WorkerStuck event", events)
     assert event.type == "Warning"
     assert event.message.startswith(f"worker pod {said}; "), event.message
-    running = running_condition(c.status(ns, name))
+    # the round posts its events before it writes the status (Kube.apply): wait for it
+    running = wait_for(
+        "the Running condition to name the stuck worker",
+        lambda: (r := running_condition(c.status(ns, name)))["message"].endswith(said) and r,
+    )
     assert (running["status"], running["reason"]) == ("False", "WaitingForWorkers")
     assert running["message"] == f"0 of 1 workers running (minReplicas 1); {said}"
     [stuck] = c.status(ns, name)["stuckWorkers"]
