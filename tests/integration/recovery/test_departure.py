@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from conftest import EtcdServer, start, still_running, wait_for
-from test_in_place import STEP_FILE, steps_by_pid, train_args
+from test_in_place import STEP_FILE, steps_by_pid, train_args, two_nodes
 
 from elasticjob_devcluster.procs import descendants
 from elasticjob_runtime.etcd.client import EtcdClient
@@ -26,28 +26,6 @@ from elasticjob_runtime.etcd.endpoints import parse_endpoints
 from elasticjob_runtime.rendezvous.keys import members_prefix
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-ENV = {"CRASH_AT_STEP": "-1", "ELASTICJOB_CHECKPOINT_MEMORY_DIR": "off"}
-
-
-def two_nodes(
-    agents: list[subprocess.Popen[bytes]], etcd: EtcdServer, tmp: Path, nnodes: str
-) -> tuple[list[subprocess.Popen[bytes]], list[Path]]:
-    """Two agents of one worker each, training until stopped, at world size 2."""
-    run_id = f"depart-{uuid.uuid4().hex[:8]}"
-    logs = [tmp / "a.log", tmp / "b.log"]
-    args = train_args(tmp / "ckpt", 1_000_000, "--sleep=0.05", "--epochs=1000")
-    procs = [
-        start(agents, etcd, log, args, nnodes=nnodes, nproc=1, run_id=run_id, env=ENV)
-        for log in logs
-    ]
-    wait_for(
-        "training at world size 2",
-        lambda: True if re.search(r"^step=2\d .*world=2 ", logs[0].read_text(), re.M) else None,
-        180,
-        logs[0],
-    )
-    return procs, logs
 
 
 def test_a_node_that_leaves_hands_over_and_its_peer_drops_no_step(
@@ -109,7 +87,8 @@ def test_a_sigterm_before_any_round_exits_143_and_drops_the_member_key_at_once(
     run_id = f"lonely-{uuid.uuid4().hex[:8]}"
     log = tmp_path / "agent.log"
     args = train_args(tmp_path / "ckpt", 10, "--sleep=0.05")
-    proc = start(agents, etcd, log, args, nnodes="2", nproc=1, run_id=run_id, env=ENV)
+    env = {"CRASH_AT_STEP": "-1", "ELASTICJOB_CHECKPOINT_MEMORY_DIR": "off"}
+    proc = start(agents, etcd, log, args, nnodes="2", nproc=1, run_id=run_id, env=env)
     client = EtcdClient(parse_endpoints(etcd.endpoint, 2379))
     try:
         members = members_prefix(run_id)

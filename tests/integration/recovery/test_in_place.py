@@ -84,6 +84,28 @@ def assert_exactly_once(text: str, world_history: str) -> None:
         assert len(by_epoch[epoch]) == SAMPLES, f"epoch {epoch} skipped samples"
 
 
+def two_nodes(
+    agents: list[subprocess.Popen[bytes]], etcd: EtcdServer, tmp: Path, nnodes: str
+) -> tuple[list[subprocess.Popen[bytes]], list[Path]]:
+    """Two agents of one worker each (checkpoints in ``tmp / "ckpt"``), training until
+    stopped, once they train at world size 2."""
+    run_id = f"two-{uuid.uuid4().hex[:8]}"
+    logs = [tmp / "a.log", tmp / "b.log"]
+    args = train_args(tmp / "ckpt", 1_000_000, "--sleep=0.05", "--epochs=1000")
+    env = {"CRASH_AT_STEP": "-1", "ELASTICJOB_CHECKPOINT_MEMORY_DIR": "off"}
+    procs = [
+        start(agents, etcd, log, args, nnodes=nnodes, nproc=1, run_id=run_id, env=env)
+        for log in logs
+    ]
+    wait_for(
+        "training at world size 2",
+        lambda: True if re.search(r"^step=2\d .*world=2 ", logs[0].read_text(), re.M) else None,
+        180,
+        logs[0],
+    )
+    return procs, logs
+
+
 def run_crash(
     agents: list[subprocess.Popen[bytes]], etcd: EtcdServer, tmp: Path, in_place: bool
 ) -> tuple[str, str]:
@@ -322,21 +344,8 @@ def test_after_rank_0_dies_the_new_rank_0_goes_on_writing_the_checkpoint_directo
     """The survivor that becomes rank 0 in place takes over the directory's writes: the
     writer was fixed at the process's start, so after the first rank 0 died nobody
     wrote there again, and a full restart later went back to its last save."""
-    run_id = f"writer-{uuid.uuid4().hex[:8]}"
-    logs = [tmp_path / "a.log", tmp_path / "b.log"]
+    procs, logs = two_nodes(agents, etcd, tmp_path, "1:2")
     ckpt = tmp_path / "ckpt"
-    args = train_args(ckpt, 1_000_000, "--sleep=0.05", "--epochs=1000")
-    env = {"CRASH_AT_STEP": "-1", "ELASTICJOB_CHECKPOINT_MEMORY_DIR": "off"}
-    procs = [
-        start(agents, etcd, log, args, nnodes="1:2", nproc=1, run_id=run_id, env=env)
-        for log in logs
-    ]
-    wait_for(
-        "training at world size 2",
-        lambda: True if re.search(r"^step=2\d .*world=2 ", logs[0].read_text(), re.M) else None,
-        180,
-        logs[0],
-    )
     rank_0 = next(
         i for i, log in enumerate(logs) if re.search(r"^step=\d+ .*rank=0 ", log.read_text(), re.M)
     )
