@@ -221,6 +221,15 @@ def test_a_step_that_breaks_after_its_update_is_redone_from_a_checkpoint_not_twi
     assert_every_sample_once_per_epoch(faulted)
 
 
+def planned_shrink_at_15(agents: list[subprocess.Popen[bytes]], etcd: EtcdServer, tmp: Path) -> str:
+    """The reference for a node that goes after step 15: three nodes save step 15 and
+    stop, two resume from that checkpoint. Returns both runs' logs."""
+    first = run_job(agents, etcd, tmp, {"STOP_AT_STEP": "15"}, 3, "3")
+    second = run_job(agents, etcd, tmp, {}, 2, "2")
+    assert re.search(r"^started \(checkpoint step 15\)", second, re.M), second[-3000:]
+    return first + second
+
+
 def test_a_realistic_script_that_loses_a_node_trains_what_a_planned_shrink_trains(
     agents: list[subprocess.Popen[bytes]], etcd: EtcdServer, tmp_path: Path
 ) -> None:
@@ -235,12 +244,10 @@ def test_a_realistic_script_that_loses_a_node_trains_what_a_planned_shrink_train
         3,
         "2:3",
     )
-    first = run_job(agents, etcd, tmp_path / "reference", {"STOP_AT_STEP": "15"}, 3, "3")
-    second = run_job(agents, etcd, tmp_path / "reference", {}, 2, "2")
-    assert re.search(r"^started \(checkpoint step 15\)", second, re.M), second[-3000:]
+    reference = planned_shrink_at_15(agents, etcd, tmp_path / "reference")
 
     assert len(re.findall(r"^regrouped at step 15 \(own memory at step 15\)", faulted, re.M)) == 2
-    assert_same_training(faulted, first + second)
+    assert_same_training(faulted, reference)
     assert_every_sample_once_per_epoch(faulted)
 
 
@@ -260,8 +267,7 @@ def test_a_node_that_announces_its_departure_costs_no_step_and_trains_a_planned_
         3,
         "2:3",
     )
-    first = run_job(agents, etcd, tmp_path / "reference", {"STOP_AT_STEP": "15"}, 3, "3")
-    second = run_job(agents, etcd, tmp_path / "reference", {}, 2, "2")
+    reference = planned_shrink_at_15(agents, etcd, tmp_path / "reference")
 
     assert "announced this node's departure" in faulted, faulted[-3000:]
     assert "this node left the job and its peers went on without it" in faulted, faulted[-3000:]
@@ -270,7 +276,7 @@ def test_a_node_that_announces_its_departure_costs_no_step_and_trains_a_planned_
     assert len(re.findall(r"^regrouped at step 15 \(own memory at step 15\)", faulted, re.M)) == 2
     assert "abandon its collectives" not in faulted, faulted[-3000:]
     assert not re.search(r"step \d+ dropped", faulted), faulted[-3000:]
-    assert_same_training(faulted, first + second)
+    assert_same_training(faulted, reference)
     assert_every_sample_once_per_epoch(faulted)
 
 
