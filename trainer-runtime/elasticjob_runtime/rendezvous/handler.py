@@ -240,9 +240,9 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
         )
 
     def standing(self) -> Standing:
-        """Where this node stands, read now: the round key and the live nodes."""
-        _, current, _ = self._state.read_state()
-        _, live = self._state.live()
+        """Where this node stands, read now: the round key and the live nodes (one read
+        of ``rdzv/``, which holds both)."""
+        _, current, _, live = self._state.read()
         return Standing(
             me=self.node,
             my_round=self._watch.round,
