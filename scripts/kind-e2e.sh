@@ -112,6 +112,13 @@ nodes:
   - role: control-plane
   - role: worker
   - role: worker
+# kube-scheduler's gang placement (alpha in 1.35): the Workload API and the plugin that
+# binds a gang's minCount pods together or none (tests/e2e/test_gang_placement.py)
+featureGates:
+  GenericWorkload: true
+  GangScheduling: true
+runtimeConfig:
+  "scheduling.k8s.io/v1alpha1": "true"
 kubeadmConfigPatches:
   # the hosts here have cgroup v1, which kubelet 1.35 refuses unless told
   - |

@@ -12,8 +12,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import replace
 
-from elasticjob_operator import job_round, metrics
+from elasticjob_operator import gang, job_round, metrics
 from elasticjob_operator.deletions import Deletions
 from elasticjob_operator.etcd.access import SharedAccess, open_shared
 from elasticjob_operator.etcd.secrets import EtcdSecrets
@@ -117,6 +118,20 @@ def assemble(settings: Settings) -> Operator:
         network_policies=settings.config.network_policy is not None,
         kueue=settings.config.kueue,
     )
+    served = settings.gang_mode is not gang.Mode.OFF and kube.serves(
+        gang.API_VERSION, gang.RESOURCE
+    )
+    try:
+        kube.gang = gang.enabled(settings.gang_mode, served)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    log.info(
+        "gang placement by kube-scheduler (%s %s): %s for new jobs",
+        gang.API_VERSION,
+        gang.RESOURCE,
+        "on" if kube.gang else f"off ({settings.gang_mode.value}, served: {served})",
+    )
+    settings = replace(settings, config=replace(settings.config, gang=kube.gang))
     secrets = EtcdSecrets(kube.rest)
     etcd = settings.config.shared_etcd
     shared = open_shared(secrets, etcd) if etcd is not None else None

@@ -44,6 +44,10 @@ ETCD_MOUNTED_KEYS: Final = (TLS_CA, TLS_CERT, TLS_KEY)
 # /health without a client certificate, for the readiness probe (serves no keys)
 ETCD_METRICS_PORT: Final = 2381
 SHM_VOLUME: Final = "elasticjob-shm"
+# The etcd's requests unless spec.etcd.resources says otherwise. Without any it would be
+# BestEffort, whose cgroup gets the least CPU share there is: on a node whose workers keep
+# every core busy it starved, and the workers lost their leases (kind, 2 cores).
+ETCD_RESOURCES: Final = {"requests": {"cpu": "100m", "memory": "128Mi"}}
 
 # Liveness and readiness probes on the health server elasticjob-run starts in every pod
 # (elasticjob_runtime.launch.health): False builds worker pods without them.
@@ -209,10 +213,12 @@ def worker_pod(
     incarnation: int,
     shared: str | None = None,
     placement: Placement | None = None,
+    workload_ref: Obj | None = None,
 ) -> Obj:
     """Worker pod `index`: the template plus stable identity, env and owner reference;
     ``shared``: the shared etcd's endpoint if the job rendezvouses there; ``placement``:
-    the node labels and tolerations of the flavors Kueue admitted it on.
+    the node labels and tolerations of the flavors Kueue admitted it on; ``workload_ref``:
+    the gang it is placed with (:mod:`elasticjob_operator.gang`).
 
     The pod's hostname/subdomain make it resolvable as
     `<job>-worker-<i>.<job>-worker.<ns>.svc` through the headless Service. Its
@@ -246,6 +252,8 @@ def worker_pod(
         add_secret_volume(pod_spec, secret, WORKER_ETCD_TLS_DIR)
     if placement is not None:
         add_placement(pod_spec, placement)
+    if workload_ref is not None:
+        pod_spec["workloadRef"] = dict(workload_ref)
     add_node_lost_tolerations(pod_spec)
     pod_security.restrict(pod_spec)
     if HEALTH_PROBES:
@@ -489,8 +497,9 @@ def _etcd_container(ref: JobRef, settings: models.EtcdSpec) -> Obj:
         ],
         "securityContext": dict(pod_security.ETCD_CONTAINER_SECURITY),
     }
-    if settings.resources:
-        container["resources"] = settings.resources
+    resources = settings.resources if settings.resources is not None else ETCD_RESOURCES
+    if resources:
+        container["resources"] = copy.deepcopy(resources)
     return container
 
 

@@ -147,6 +147,7 @@ PRINTER_COLUMNS: list[Schema] = [
         "jsonPath": ".status.admittedReplicas",
         "priority": 1,
     },
+    {"name": "Placement", "type": "string", "jsonPath": ".status.placement", "priority": 1},
 ]
 
 

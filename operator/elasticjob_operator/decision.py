@@ -39,7 +39,7 @@ def warning(reason: str, message: str) -> Event:
 
 @dataclass(frozen=True)
 class ChildRef:
-    kind: Literal["Pod", "Service", "Deployment", "Workload"]
+    kind: Literal["Pod", "Service", "Deployment", "Workload", "GangWorkload"]
     name: str
     force: bool = False  # delete with grace 0: no kubelet is left to confirm it
 

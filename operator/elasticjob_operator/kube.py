@@ -17,7 +17,7 @@ from typing import Any
 import kubernetes.config
 from kubernetes.client.exceptions import ApiException
 
-from elasticjob_operator import builders, models, refusals
+from elasticjob_operator import builders, gang, models, refusals
 from elasticjob_operator.decision import ChildRef, Decision, Event, child_key
 from elasticjob_operator.kueue import admission as kueue_admission
 from elasticjob_operator.kueue import workload as kueue_workload
@@ -62,7 +62,13 @@ RESOURCES = {
     "NetworkPolicy": ("networking.k8s.io/v1", "networkpolicies"),
     "PodDisruptionBudget": ("policy/v1", "poddisruptionbudgets"),
     "Workload": (kueue_workload.API_VERSION, "workloads"),
+    gang.KIND_KEY: (gang.API_VERSION, gang.RESOURCE),
 }
+
+
+def resource_key(obj: Obj) -> str:
+    """An object's key in RESOURCES: its kind, but two kinds are named Workload."""
+    return gang.KIND_KEY if obj.get("apiVersion") == gang.API_VERSION else str(obj["kind"])
 
 
 def _path(kind: str, namespace: str, name: str | None = None) -> str:
@@ -100,12 +106,16 @@ def uid_selector(uids: Sequence[str]) -> str:
 
 
 class Kube:
-    def __init__(self, network_policies: bool = False, kueue: bool = False) -> None:
+    def __init__(
+        self, network_policies: bool = False, kueue: bool = False, gang: bool = False
+    ) -> None:
         self.rest = Rest()
         # list the jobs' NetworkPolicies (only then does the operator need to)
         self.network_policies = network_policies
         # the jobs' Kueue Workloads go with them (only then may the operator touch them)
         self.kueue = kueue
+        # the jobs' kube-scheduler Workloads (gang.py): listed, and deleted with them
+        self.gang = gang
         self.instance = os.environ.get("HOSTNAME") or socket.gethostname()
         # (job uid, type, reason, message) -> (Event name, count), like kubelet's recorder
         self._events: dict[tuple[str, str, str, str], tuple[str, int]] = {}
@@ -156,6 +166,14 @@ class Kube:
             return frozenset(o["metadata"]["name"] for o in objs if ours(o))
 
         observed = [observe_pod(p, ref.uid) for p in pods]
+        gangs: list[Obj] = []
+        if self.gang:
+            wanted = gang.workload_name(ref.name)
+            gangs = [
+                w
+                for w in self.rest.list(_path(gang.KIND_KEY, ns), selector)
+                if ours(w) and w["metadata"]["name"] == wanted
+            ]
         admission = more = found = None
         placement = more_placement = kueue_admission.Placement()
         if queued:
@@ -185,6 +203,8 @@ class Kube:
             more=more,
             more_placement=more_placement,
             priority=found,
+            gang_workload=bool(gangs),
+            gang_min_count=gang.min_count_of(gangs[0]) if gangs else None,
         )
 
     def _admission(
@@ -197,6 +217,16 @@ class Kube:
             for f in admission.flavors
         ]
         return admission, kueue_admission.placement(flavors)
+
+    def serves(self, api_version: str, resource: str) -> bool:
+        """Whether the API server serves ``resource`` in ``api_version`` (its discovery)."""
+        try:
+            found = self.rest.get(f"/apis/{api_version}")
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return any(r.get("name") == resource for r in found.get("resources") or [])
 
     def _cluster_object(self, where: str) -> Obj | None:
         """A cluster-scoped object by ``group/version/plural/name`` (a ResourceFlavor, a
@@ -213,7 +243,7 @@ class Kube:
     def _create(self, ns: str, obj: Obj) -> None:
         kind = obj["kind"]
         try:
-            self.rest.create(_path(kind, ns), obj)
+            self.rest.create(_path(resource_key(obj), ns), obj)
         except ApiException as exc:
             name = obj["metadata"]["name"]
             if exc.status == 409:
@@ -258,6 +288,8 @@ class Kube:
         self.rest.delete(_path("PodDisruptionBudget", namespace), labelSelector=selector)
         if self.kueue:  # the quota goes back now, not when the garbage collector gets here
             self.rest.delete(_path("Workload", namespace), labelSelector=selector)
+        if self.gang:
+            self.rest.delete(_path(gang.KIND_KEY, namespace), labelSelector=selector)
         for service in self.rest.list(_path("Service", namespace), selector):
             self._delete(namespace, ChildRef("Service", service["metadata"]["name"]))
 

@@ -217,7 +217,9 @@ class EtcdSpec(_Model):
         description="etcd image (3.6: the rendezvous uses only the v3 API).",
     )
     resources: dict[str, Any] | None = Field(
-        default=None, description="core/v1 ResourceRequirements of the etcd container."
+        default=None,
+        description="core/v1 ResourceRequirements of the etcd container; unset: requests of "
+        "100m CPU and 128Mi memory, so that busy workers on its node cannot starve it.",
     )
 
 
@@ -740,6 +742,12 @@ class ElasticJobStatus(_Model):
     admitted_replicas: int | None = Field(
         default=None,
         description="Workers Kueue admitted and the job may run (a job in a Kueue queue only).",
+    )
+    placement: str | None = Field(
+        default=None,
+        description="What places the workers, decided in the job's first round: Kueue "
+        "(admitted by its queue), Gang (kube-scheduler binds at least minReplicas together "
+        "or none, through the Workload <job>-gang), both joined by '+', or OneByOne.",
     )
     incarnation: int = Field(
         default=0,

@@ -77,6 +77,9 @@ class Observed:
     placement: Placement = field(default_factory=Placement)
     # (index, incarnation) of workers the cluster took, seen only as DELETED (taken_pods.py)
     taken: frozenset[tuple[int, int]] = frozenset()
+    # its kube-scheduler Workload (gang.py): there at all, and its gang's minCount
+    gang_workload: bool = False
+    gang_min_count: int | None = None
 
 
 # -- pods ------------------------------------------------------------------------------

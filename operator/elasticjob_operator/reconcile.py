@@ -22,7 +22,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Final
 
-from elasticjob_operator import builders, models, network_policy
+from elasticjob_operator import builders, gang, models, network_policy
 from elasticjob_operator.builders import JobRef
 from elasticjob_operator.conditions import ConditionChange, phase_of, set_condition
 from elasticjob_operator.decision import (
@@ -76,6 +76,8 @@ class Config:
     shared_etcd: SharedEtcd | None = None
     # jobs in a Kueue queue are admitted by Kueue (kueue.enabled; rule "Queue")
     kueue: bool = False
+    # new jobs' workers are placed as a gang by kube-scheduler (gangScheduling; gang.py)
+    gang: bool = False
 
 
 # -- the decisions (pure, each returns a value) ----------------------------------------
@@ -534,6 +536,12 @@ def _provision(d: Decision, r: Round) -> None:
     budget = builders.disruption_budget_name(ref.name)
     if r.spec.pod_disruption_budget and budget not in observed.disruption_budgets:
         d.create.append(builders.disruption_budget(ref, r.spec))
+    if gang.in_use(d.status.placement, r.config.gang):
+        plan = gang.decide(r.spec.min_replicas, observed.gang_min_count, observed.gang_workload)
+        if plan.replace:
+            d.delete.append(ChildRef(gang.KIND_KEY, gang.workload_name(ref.name)))
+        if plan.create:
+            d.create.append(gang.workload(ref, r.spec.min_replicas))
     if r.own_etcd:
         etcd = builders.etcd_name(ref.name)
         if etcd not in observed.deployments:
@@ -600,12 +608,17 @@ def _workers(d: Decision, r: Round) -> WorkerRound:
     created: list[str] = []
     deleted: list[str] = []
     pods: list[str] = []  # "Pod/name" of those created
+    workload_ref = (
+        gang.workload_ref(r.ref.name) if gang.in_use(st.placement, r.config.gang) else None
+    )
     for a in actions:
         if a.act in CREATES:
             placement = r.observed.placement
             if r.first_admitted is not None and a.index >= r.first_admitted:
                 placement = r.observed.more_placement  # a worker the second admission added
-            pod = builders.worker_pod(r.ref, r.spec, a.index, st.incarnation, r.shared, placement)
+            pod = builders.worker_pod(
+                r.ref, r.spec, a.index, st.incarnation, r.shared, placement, workload_ref
+            )
             d.create.append(pod)
             created.append(builders.worker_pod_name(r.ref.name, a.index))
             pods.append(child_key(pod))
@@ -723,6 +736,8 @@ def _decide(d: Decision, r: Round, generation: int | None) -> Decision:
     if diverged is not None:
         _fail(d, diverged, r.now)
         return _finish(d, r, frozenset(), stop_workers=True)
+    ours = any(not p.foreign for p in r.pods)
+    st.placement = gang.placement_of(st.placement, r.queue is not None, config.gang, ours)
     if spec.suspend:
         return _suspend(d, r)
     if r.queue is not None:  # rule "Queue"

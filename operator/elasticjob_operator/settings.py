@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from elasticjob_operator import network_policy
+from elasticjob_operator import gang, network_policy
 from elasticjob_operator.etcd import shared as shared_etcd
 from elasticjob_operator.reconcile import Config
 
@@ -25,6 +25,9 @@ class Settings:
     # loopback unless told otherwise (the chart sets 0.0.0.0 inside the operator's pod)
     metrics_addr: str
     config: Config
+    # gang placement by kube-scheduler: auto, true or false (the chart's gangScheduling);
+    # whether the cluster serves it is asked at start (assembly.py), which fills config.gang
+    gang_mode: gang.Mode = gang.Mode.AUTO
 
 
 def _float(env: Mapping[str, str], name: str, default: float) -> float:
@@ -60,6 +63,7 @@ def from_env(env: Mapping[str, str]) -> Settings:
             shared_etcd=shared_etcd.from_env(env),
             kueue=kueue_enabled(env),
         )
+        gang_mode = gang.mode_from_env(env)
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
     return Settings(
@@ -69,4 +73,5 @@ def from_env(env: Mapping[str, str]) -> Settings:
         metrics_port=int(_float(env, "ELASTICJOB_METRICS_PORT", 8000)),
         metrics_addr=env.get("ELASTICJOB_METRICS_ADDR", "127.0.0.1"),
         config=config,
+        gang_mode=gang_mode,
     )

@@ -68,6 +68,11 @@ log; docs/operator.md says why each is needed). */}}
   resources: [workloads/status]
   verbs: [patch]
 {{- end }}
+{{- if ne (toString .Values.gangScheduling.enabled) "false" }}
+- apiGroups: [scheduling.k8s.io]
+  resources: [workloads]
+  verbs: [list, create, delete, deletecollection]
+{{- end }}
 - apiGroups: [""]
   resources: [events]
   verbs: [create, patch]

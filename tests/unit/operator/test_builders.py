@@ -234,6 +234,21 @@ def test_headless_service_selects_the_workers() -> None:
     assert svc["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
 
 
+@pytest.mark.parametrize(
+    ("resources", "want"),
+    [
+        (None, {"requests": {"cpu": "100m", "memory": "128Mi"}}),  # Burstable: never starved
+        ({}, None),  # asked for BestEffort
+    ],
+)
+def test_the_etcd_requests_cpu_unless_told_otherwise(
+    resources: dict[str, Any] | None, want: dict[str, Any] | None
+) -> None:
+    etcd = {"resources": resources} if resources is not None else {}
+    dep = builders.etcd_deployment(REF, make_spec(etcd=etcd))
+    assert dep["spec"]["template"]["spec"]["containers"][0].get("resources") == want
+
+
 def test_etcd_deployment_and_service() -> None:
     spec = make_spec(etcd={"image": "etcd:test", "resources": {"limits": {"cpu": "1"}}})
     dep = builders.etcd_deployment(REF, spec)

@@ -195,6 +195,28 @@ def test_the_value_turns_network_policies_off_and_their_rights_with_them() -> No
     assert not any(r == "networkpolicies" for _, r, _ in rules(role))
 
 
+@pytest.mark.parametrize(("value", "env"), [(None, "auto"), ("true", "true"), ("false", "false")])
+def test_gang_scheduling_is_auto_by_default_and_false_takes_its_rights(
+    value: str | None, env: str
+) -> None:
+    docs = render(*([f"gangScheduling.enabled={value}"] if value else []))
+    assert env_of(docs)["ELASTICJOB_GANG_SCHEDULING"] == env
+    (role,) = by_kind(docs, "ClusterRole")
+    granted = ("scheduling.k8s.io", "workloads", "create") in rules(role)
+    assert granted is (env != "false")
+
+
+def test_a_bad_gang_scheduling_value_is_refused_by_the_schema() -> None:
+    out = subprocess.run(
+        ["helm", "template", "rel", str(CHART), "--set", "gangScheduling.enabled=maybe"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert out.returncode != 0 and "/gangScheduling/enabled" in out.stderr
+
+
 def test_the_shared_etcd_is_rendered_only_when_enabled() -> None:
     assert len(by_kind(render(), "Deployment")) == 1
     docs = render("sharedEtcd.enabled=true")

@@ -1,0 +1,187 @@
+"""Gang placement by kube-scheduler: the rule, the Workload, and what a round does with it.
+
+kube-scheduler's side (binding minCount pods together or none) runs on kind:
+tests/e2e/test_gang_placement.py.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from elasticjob_operator import builders, gang, models
+from elasticjob_operator.builders import JobRef
+from elasticjob_operator.decision import ChildRef, Decision
+from elasticjob_operator.observe import Observed, ObservedPod
+from elasticjob_operator.reconcile import Config, reconcile
+from elasticjob_operator.settings import from_env
+
+REF = JobRef(name="train", namespace="ml", uid="uid-1")
+T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
+GANG_ON = Config(gang=True)
+
+
+def spec(min_replicas: int = 2, replicas: int = 3) -> models.ElasticJobSpec:
+    return models.ElasticJobSpec.model_validate(
+        {
+            "minReplicas": min_replicas,
+            "maxReplicas": 4,
+            "replicaSpecs": {
+                "Worker": {
+                    "replicas": replicas,
+                    "template": {"spec": {"containers": [{"name": "t", "image": "img"}]}},
+                }
+            },
+        }
+    )
+
+
+def round_of(
+    config: Config,
+    status: models.ElasticJobStatus | None = None,
+    observed: Observed | None = None,
+    job: models.ElasticJobSpec | None = None,
+    queue: str | None = None,
+) -> Decision:
+    return reconcile(
+        REF,
+        1,
+        job or spec(),
+        status or models.ElasticJobStatus(),
+        observed or Observed(),
+        T0,
+        config,
+        queue=queue,
+    )
+
+
+def created(d: Decision, kind: str, api_version: str | None = None) -> list[dict[str, Any]]:
+    return [
+        o
+        for o in d.create
+        if o["kind"] == kind and (api_version is None or o["apiVersion"] == api_version)
+    ]
+
+
+def test_a_new_job_gets_a_gang_of_min_replicas_and_every_worker_names_it() -> None:
+    d = round_of(GANG_ON)
+    assert d.status.placement == "Gang"
+    (workload,) = created(d, "Workload", gang.API_VERSION)
+    assert workload["metadata"]["name"] == "train-gang"
+    assert workload["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+    assert workload["spec"]["podGroups"] == [
+        {"name": "workers", "policy": {"gang": {"minCount": 2}}}
+    ]
+    assert workload["spec"]["controllerRef"]["kind"] == models.KIND
+    pods = created(d, "Pod")
+    assert len(pods) == 3
+    assert all(
+        p["spec"]["workloadRef"] == {"name": "train-gang", "podGroup": "workers"} for p in pods
+    )
+    # the Workload is created before the pods that name it
+    kinds = [o["kind"] for o in d.create]
+    assert kinds.index("Workload") < kinds.index("Pod")
+
+
+def test_without_the_gang_no_workload_and_no_workload_ref() -> None:
+    d = round_of(Config())
+    assert d.status.placement == "OneByOne"
+    assert not created(d, "Workload")
+    assert all("workloadRef" not in p["spec"] for p in created(d, "Pod"))
+
+
+def test_a_job_that_already_has_pods_and_no_record_stays_one_by_one() -> None:
+    """Its pods have no workloadRef: a gang would never count them, and a replacement
+    that named it would wait for ever."""
+    pod = ObservedPod(name=builders.worker_pod_name("train", 0), index=0, phase="Running")
+    status = models.ElasticJobStatus(desired_replicas=3)
+    d = round_of(GANG_ON, status, Observed(pods=(pod,)))
+    assert d.status.placement == "OneByOne"
+    assert not created(d, "Workload")
+    assert created(d, "Pod") and all("workloadRef" not in p["spec"] for p in created(d, "Pod"))
+
+
+def test_the_recorded_placement_holds_whatever_the_operator_is_told_later() -> None:
+    status = models.ElasticJobStatus(placement="Gang", desired_replicas=3)
+    pods = tuple(
+        ObservedPod(name=builders.worker_pod_name("train", i), index=i, phase="Running")
+        for i in range(2)
+    )
+    observed = Observed(pods=pods, gang_workload=True, gang_min_count=2)
+    d = round_of(GANG_ON, status, observed)
+    assert not created(d, "Workload")  # it is there, with the right count
+    (replacement,) = created(d, "Pod")
+    assert replacement["spec"]["workloadRef"]["name"] == "train-gang"
+    # the cluster no longer serves the API: nothing is created that it would refuse
+    d = round_of(Config(), status, Observed(pods=pods))
+    assert d.status.placement == "Gang"
+    assert not created(d, "Workload")
+    assert all("workloadRef" not in p["spec"] for p in created(d, "Pod"))
+
+
+def test_a_changed_min_replicas_replaces_the_workload() -> None:
+    status = models.ElasticJobStatus(placement="Gang", desired_replicas=3)
+    observed = Observed(gang_workload=True, gang_min_count=2)
+    d = round_of(GANG_ON, status, observed, spec(min_replicas=3))
+    assert ChildRef("GangWorkload", "train-gang") in d.delete
+    (workload,) = created(d, "Workload", gang.API_VERSION)
+    assert workload["spec"]["podGroups"][0]["policy"]["gang"]["minCount"] == 3
+
+
+def test_a_queued_job_says_both_and_makes_no_gang_before_admission() -> None:
+    d = round_of(Config(kueue=True, gang=True), queue="team-a")
+    assert d.status.placement == "Kueue+Gang"
+    assert not created(d, "Pod")
+    assert not created(d, "Workload", gang.API_VERSION)
+
+
+@pytest.mark.parametrize(
+    ("recorded", "queued", "on", "has_pods", "want"),
+    [
+        (None, False, False, False, "OneByOne"),
+        (None, False, True, False, "Gang"),
+        (None, True, False, False, "Kueue"),
+        (None, True, True, False, "Kueue+Gang"),
+        (None, True, True, True, "Kueue"),
+        ("Gang", False, False, True, "Gang"),
+    ],
+)
+def test_placement_of(
+    recorded: str | None, queued: bool, on: bool, has_pods: bool, want: str
+) -> None:
+    assert gang.placement_of(recorded, queued, on, has_pods) == want
+
+
+def test_in_use_needs_both_the_record_and_the_api() -> None:
+    assert gang.in_use("Kueue+Gang", True)
+    assert not gang.in_use("Kueue+Gang", False)
+    assert not gang.in_use("Kueue", True)
+    assert not gang.in_use(None, True)
+
+
+def test_min_count_is_read_back_from_the_workload() -> None:
+    assert gang.min_count_of(gang.workload(REF, 5)) == 5
+    assert gang.min_count_of({"spec": {"podGroups": [{"name": "other"}]}}) is None
+    assert gang.min_count_of({}) is None
+
+
+@pytest.mark.parametrize(
+    ("raw", "mode"), [("", gang.Mode.AUTO), ("auto", gang.Mode.AUTO), ("TRUE", gang.Mode.ON)]
+)
+def test_the_chart_value_is_read(raw: str, mode: gang.Mode) -> None:
+    assert from_env({gang.ENV: raw, "ELASTICJOB_NETWORK_POLICY": "false"}).gang_mode is mode
+
+
+def test_a_bad_chart_value_stops_the_operator_naming_it() -> None:
+    with pytest.raises(SystemExit, match="ELASTICJOB_GANG_SCHEDULING='yes': set it to auto"):
+        from_env({gang.ENV: "yes", "ELASTICJOB_NETWORK_POLICY": "false"})
+
+
+def test_required_but_not_served_says_which_gates_to_enable() -> None:
+    assert gang.enabled(gang.Mode.AUTO, served=True)
+    assert not gang.enabled(gang.Mode.AUTO, served=False)
+    assert not gang.enabled(gang.Mode.OFF, served=True)
+    with pytest.raises(ValueError, match="GenericWorkload=true,GangScheduling=true"):
+        gang.enabled(gang.Mode.ON, served=False)
