@@ -48,6 +48,7 @@ from training_logs import (
     manifest,
     unique,
     wait_step,
+    wait_world,
 )
 
 from elasticjob_devcluster import faults
@@ -394,26 +395,6 @@ def test_a_frozen_agent_fails_its_liveness_probe_and_its_pod_is_replaced(
     assert c.status(ns, name).get("restartCount") == restarts + 1
     events = c.kubectl("-n", ns, "get", "events", "--field-selector", f"involvedObject.name={name}")
     assert f"worker {pod} failed with exit code 137" in events.stdout, events.stdout
-
-
-def wait_world(logs: Logs, world: int, after: float, step: int = 0) -> Step:
-    """The first step logged at ``world`` after ``after`` (unix time, at least ``step``);
-    fails at once, saying so, if training ended first: then that world can never come."""
-
-    def reached() -> Step | None:
-        found = next(
-            (s for s in logs.steps() if s.world == world and s.t > after and s.step >= step),
-            None,
-        )
-        if found is None and any(line.startswith("ELASTICJOB_RESULT ") for line in logs.text()):
-            last = logs.steps()[-1] if logs.steps() else None
-            raise AssertionError(
-                f"training ended ({last}) before world {world}: the job's step budget ran "
-                f"out before the resize reached the workers\n{logs.tail()}"
-            )
-        return found
-
-    return wait_for(f"{logs.job} to log a step at world {world}", reached, TRAIN)
 
 
 def test_kubectl_scale_2_4_2_world_follows_and_no_sample_repeats_within_an_epoch(

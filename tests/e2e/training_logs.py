@@ -121,6 +121,26 @@ def wait_step(logs: Logs, step: int, timeout: float = TRAIN, world: int | None =
         raise AssertionError(f"{e}\n{logs.tail()}") from None
 
 
+def wait_world(logs: Logs, world: int, after: float, step: int = 0) -> Step:
+    """The first step logged at ``world`` after ``after`` (unix time, at least ``step``);
+    fails at once, saying so, if training ended first: then that world can never come."""
+
+    def reached() -> Step | None:
+        found = next(
+            (s for s in logs.steps() if s.world == world and s.t > after and s.step >= step),
+            None,
+        )
+        if found is None and any(line.startswith("ELASTICJOB_RESULT ") for line in logs.text()):
+            last = logs.steps()[-1] if logs.steps() else None
+            raise AssertionError(
+                f"training ended ({last}) before world {world}: the job's step budget ran "
+                f"out before the resize reached the workers\n{logs.tail()}"
+            )
+        return found
+
+    return wait_for(f"{logs.job} to log a step at world {world}", reached, TRAIN)
+
+
 # -- a test's jobs ------------------------------------------------------------------------
 
 

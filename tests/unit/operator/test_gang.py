@@ -1,7 +1,7 @@
 """Gang placement by kube-scheduler: the rule, the Workload, and what a round does with it.
 
 kube-scheduler's side (binding minCount pods together or none) runs on kind:
-tests/e2e/test_gang_placement.py.
+tests/e2e/test_kube_scheduler.py.
 """
 
 from __future__ import annotations

@@ -1,12 +1,14 @@
-"""Gang placement by the real kube-scheduler: at least minReplicas workers bound together,
-or none of them.
+"""What the real kube-scheduler does to ElasticJobs: gang placement (at least minReplicas
+workers bound together, or none of them) and preemption (the preempted worker hands over,
+no step is trained twice, nothing is charged to backoffLimit).
 
 kind only (``make kind-e2e`` starts the cluster with the feature gates GenericWorkload and
 GangScheduling and the scheduling.k8s.io/v1alpha1 API): the devcluster places pods with
 its own binder, which is not kube-scheduler. Each worker node gets one slot of an extended
 resource and every worker asks for one, so the cluster holds exactly two workers: a gang
-of three cannot be placed, and without the gang two of its three would be bound and hold
-both nodes while the third waits.
+of three cannot be placed (without the gang two of its three would be bound and hold both
+nodes while the third waits), and a pod of a higher priority that asks for a slot
+preempts a worker.
 """
 
 from __future__ import annotations
@@ -17,8 +19,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kube_helpers import Cluster, Obj, Operator, installed_operator, wait_for
-from training_logs import TRAIN, delete_jobs, job_starter, manifest, unique, wait_step
+from elasticjob_examples import sample_audit
+from kube_helpers import RUNTIME_IMAGE, Cluster, Obj, Operator, installed_operator, wait_for
+from training_logs import (
+    TRAIN,
+    delete_jobs,
+    job_starter,
+    manifest,
+    unique,
+    wait_step,
+    wait_world,
+)
 
 from elasticjob_devcluster.controlplane import DevCluster
 
@@ -84,8 +95,8 @@ def installed(cluster: Cluster, slots: list[str]) -> Iterator[Operator]:
         delete_jobs(cluster, op.job_namespace)
 
 
-def gang_job(name: str, min_replicas: int, replicas: int) -> Obj:
-    doc = manifest(name, replicas=replicas, TRAIN_STEPS=100000, TRAIN_SLEEP=0.2)
+def gang_job(name: str, min_replicas: int, replicas: int, **env: object) -> Obj:
+    doc = manifest(name, replicas=replicas, **{"TRAIN_STEPS": 100000, "TRAIN_SLEEP": 0.2, **env})
     doc["spec"]["minReplicas"] = min_replicas
     doc["spec"]["maxReplicas"] = 3
     container = doc["spec"]["replicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
@@ -156,3 +167,109 @@ def test_a_gang_of_min_replicas_is_placed_together_and_trains(installed: Operato
         wait_for("the unbound worker to go", lambda: len(c.workers(ns, name)) == 2)
         reached = logs.last_step()
         wait_step(logs, reached + 10, world=2)
+
+
+def preemptor(name: str, priority_class: str) -> Obj:
+    """A plain pod of a higher priority that needs a slot: kube-scheduler must preempt."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "priorityClassName": priority_class,
+            "terminationGracePeriodSeconds": 0,  # sleep ignores SIGTERM
+            "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [
+                {
+                    "name": "sleep",
+                    "image": RUNTIME_IMAGE,
+                    "imagePullPolicy": "IfNotPresent",
+                    "command": ["sleep", "3600"],
+                    "resources": {
+                        "requests": {"cpu": "10m", "memory": "16Mi", SLOT: "1"},
+                        "limits": {SLOT: "1"},
+                    },
+                    "securityContext": {
+                        "allowPrivilegeEscalation": False,
+                        "capabilities": {"drop": ["ALL"]},
+                    },
+                }
+            ],
+        },
+    }
+
+
+def test_a_worker_kube_scheduler_preempts_hands_over_and_is_not_charged(
+    installed: Operator,
+) -> None:
+    """A higher-priority pod takes a worker's slot: kube-scheduler marks the worker
+    (DisruptionTarget, PreemptionByScheduler) and the kubelet sends SIGTERM. The worker
+    hands over at a step boundary, its replacement waits for a slot, and joins when the
+    preemptor goes. backoffLimit 0, and the job still succeeds with every sample once per
+    epoch and no step trained twice."""
+    c, ns = installed.cluster, installed.job_namespace
+    high = f"{ns}-high"
+    c.kubectl(
+        "apply",
+        "-f",
+        "-",
+        input=json.dumps(
+            {
+                "apiVersion": "scheduling.k8s.io/v1",
+                "kind": "PriorityClass",
+                "metadata": {"name": high},
+                "value": 1000000,
+            }
+        ),
+    )
+    samples, steps = 2048, 600
+    try:
+        with job_starter(c, ns) as start:
+            name = unique("preempted")
+            doc = gang_job(
+                name,
+                min_replicas=1,
+                replicas=2,
+                TRAIN_STEPS=steps,
+                TRAIN_SAMPLES=samples,
+                TRAIN_BATCH_SIZE=32,
+                TRAIN_SLEEP=0.1,
+                TRAIN_LOG_EVERY=1,
+                TRAIN_CHECKPOINT_INTERVAL=5,
+                TRAIN_LOG_SAMPLES=1,
+            )
+            doc["spec"]["backoffLimit"] = 0
+            logs = start(doc)
+            wait_step(logs, 10, world=2)
+            preempted_at = time.time()
+            c.apply(ns, preemptor("preemptor", high))
+            wait_for(
+                "the preemptor to run",
+                lambda: c.core.read_namespaced_pod("preemptor", ns).status.phase == "Running",
+                TRAIN,
+            )
+            one = wait_world(logs, 1, preempted_at)
+            text = "\n".join(logs.text())
+            assert "announced this node's departure" in text, logs.tail()
+            assert "abandon its collectives" not in text, logs.tail()
+            (regroup,) = [r for r in logs.resumes() if preempted_at < r.t <= one.t]
+            assert (regroup.world, one.step) == (1, regroup.step + 1), (regroup, one)
+            # the replacement waits for a slot: Pending, unbound, the job carries on
+            wait_for("the replacement worker", lambda: len(c.workers(ns, name)) == 2, TRAIN)
+            assert len(bound(c, ns, name)) == 1, bound(c, ns, name)
+            c.kubectl("-n", ns, "delete", "pod", "preemptor", "--wait=false")
+            wait_world(logs, 2, one.t)
+            waited = c.kubectl(
+                "-n", ns, "wait", f"elasticjob/{name}", "--for=condition=Succeeded",
+                "--timeout=600s",
+            )  # fmt: skip
+            assert waited.returncode == 0
+            time.sleep(2)  # the followers read the last lines
+            logged = [s.step for s in logs.steps()]
+            assert len(logged) == len(set(logged)), "a step was trained twice"
+            found = sample_audit.audit(logs.samples(), samples, steps)
+            assert not found.problems, found.problems
+            assert c.status(ns, name)["restartCount"] == 0, c.status(ns, name)
+    finally:
+        c.kubectl("-n", ns, "delete", "pod", "preemptor", "--wait=false", check=False)
+        c.kubectl("delete", "priorityclass", high, "--wait=false", check=False)
