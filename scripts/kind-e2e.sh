@@ -30,6 +30,8 @@ bridge=ej-kind0
 fence=(DOCKER-USER -i "$bridge" ! -o "$bridge" -j DROP)
 tag="${IMAGE_TAG:-e2e}"
 state="$cache/kind/$cluster"                  # what this script started, for `down`
+shared="$state/shared"                         # both workers mount it at $shared_node
+shared_node=/var/lib/elasticjob-e2e-shared
 operator_image="elasticjob-operator:$tag"
 runtime_image="elasticjob-runtime:$tag"
 etcd_image="$(awk -F'"' '/^DEFAULT_ETCD_IMAGE/ {print $2}' "$repo/operator/elasticjob_operator/models.py")"
@@ -102,6 +104,10 @@ if ! "$kind" get clusters 2>/dev/null | grep -qx "$cluster"; then
   fi
   iptables -C "${fence[@]}" 2>/dev/null || iptables -I "${fence[@]}"
   touch "$state/fence"
+  # one directory of this machine in both workers: the tests' ReadWriteMany volumes
+  # (a host-path volume is otherwise one node's alone); sticky and open to the pods' uids
+  mkdir -p "$shared"
+  chmod 1777 "$shared"
   config="$state/cluster.yaml"
   tags="$(docker run --rm --entrypoint cat "$node_image" /kind/image-tags)"
   cat >"$config" <<EOF
@@ -111,7 +117,9 @@ apiVersion: kind.x-k8s.io/v1alpha4
 nodes:
   - role: control-plane
   - role: worker
+    extraMounts: [{hostPath: "$shared", containerPath: "$shared_node"}]
   - role: worker
+    extraMounts: [{hostPath: "$shared", containerPath: "$shared_node"}]
 # kube-scheduler's gang placement (alpha in 1.35): the Workload API and the plugin that
 # binds a gang's minCount pods together or none (tests/e2e/test_gang_placement.py)
 featureGates:
@@ -173,6 +181,7 @@ fi
 export ELASTICJOB_E2E_KUBECONFIG="$state/kubeconfig"
 export ELASTICJOB_E2E_KIND_CLUSTER="$cluster"
 export ELASTICJOB_E2E_RUNTIME_IMAGE="$runtime_image"
+export ELASTICJOB_E2E_SHARED_DIR="$shared" ELASTICJOB_E2E_SHARED_NODE_DIR="$shared_node"
 export ELASTICJOB_E2E_NETWORK_POLICY_ENFORCED=1   # kube-router
 export ELASTICJOB_E2E_HELM_ARGS="--set image.repository=elasticjob-operator --set image.tag=$tag --set image.pullPolicy=Never"
 cd "$repo"

@@ -47,6 +47,11 @@ RESTRICTED_POD = {
     "seccompProfile": {"type": "RuntimeDefault"},
 }
 RESTRICTED_CONTAINER = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+# kind (scripts/kind-e2e.sh): one directory of this machine that both workers mount, this
+# machine's side and the nodes' side; unset on the devcluster, which shares any claim
+SHARED_DIR = os.environ.get("ELASTICJOB_E2E_SHARED_DIR")
+SHARED_NODE_DIR = os.environ.get("ELASTICJOB_E2E_SHARED_NODE_DIR")
+SHARED_PV_LABEL = "elasticjob.dev/e2e-shared-claim"
 
 
 def wait_for(
@@ -64,6 +69,49 @@ def wait_for(
             last = e
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last error: {last})")
+
+
+def shared_claim(c: Cluster, ns: str, name: str) -> None:
+    """A ReadWriteMany claim that the pods of every node share and that outlives them. The
+    devcluster provisions one for any claim; kind's default class makes host-path volumes,
+    each on one node and root's, so there the claim is bound to a volume made here, on the
+    directory both workers mount, open to the pods' uid. Those volumes carry
+    SHARED_PV_LABEL (= ``ns``) for their module to delete."""
+    spec: Obj = {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}
+    if SHARED_DIR and SHARED_NODE_DIR:
+        volume = f"{ns}-{name}"
+        host = Path(SHARED_DIR) / volume
+        host.mkdir(exist_ok=True)
+        host.chmod(0o777)
+        pv = {
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {"name": volume, "labels": {SHARED_PV_LABEL: ns}},
+            "spec": {
+                "capacity": {"storage": "1Gi"},
+                "accessModes": ["ReadWriteMany"],
+                "persistentVolumeReclaimPolicy": "Retain",
+                "storageClassName": "",
+                "hostPath": {"path": f"{SHARED_NODE_DIR}/{volume}", "type": "Directory"},
+                "claimRef": {"namespace": ns, "name": name},
+            },
+        }
+        c.kubectl("apply", "-f", "-", input=json.dumps(pv))
+        spec.update(storageClassName="", volumeName=volume)
+    c.apply(
+        ns,
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": name},
+            "spec": spec,
+        },
+    )
+
+
+def delete_shared_volumes(c: Cluster, ns: str) -> None:
+    """The volumes :func:`shared_claim` made for ``ns`` (their directories go with kind's)."""
+    c.kubectl("delete", "pv", "-l", f"{SHARED_PV_LABEL}={ns}", "--wait=false", check=False)
 
 
 class Cluster:

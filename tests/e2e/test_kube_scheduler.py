@@ -20,7 +20,16 @@ from pathlib import Path
 
 import pytest
 from elasticjob_examples import sample_audit
-from kube_helpers import RUNTIME_IMAGE, Cluster, Obj, Operator, installed_operator, wait_for
+from kube_helpers import (
+    RESTRICTED_CONTAINER,
+    RESTRICTED_POD,
+    RUNTIME_IMAGE,
+    Cluster,
+    Obj,
+    Operator,
+    installed_operator,
+    wait_for,
+)
 from training_logs import (
     TRAIN,
     delete_jobs,
@@ -178,7 +187,7 @@ def preemptor(name: str, priority_class: str) -> Obj:
         "spec": {
             "priorityClassName": priority_class,
             "terminationGracePeriodSeconds": 0,  # sleep ignores SIGTERM
-            "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+            "securityContext": RESTRICTED_POD,
             "containers": [
                 {
                     "name": "sleep",
@@ -189,10 +198,7 @@ def preemptor(name: str, priority_class: str) -> Obj:
                         "requests": {"cpu": "10m", "memory": "16Mi", SLOT: "1"},
                         "limits": {SLOT: "1"},
                     },
-                    "securityContext": {
-                        "allowPrivilegeEscalation": False,
-                        "capabilities": {"drop": ["ALL"]},
-                    },
+                    "securityContext": RESTRICTED_CONTAINER,
                 }
             ],
         },

@@ -18,7 +18,15 @@ from pathlib import Path
 
 import pytest
 from elasticjob_examples import sample_audit
-from kube_helpers import Cluster, Obj, Operator, installed_operator, wait_for
+from kube_helpers import (
+    Cluster,
+    Obj,
+    Operator,
+    delete_shared_volumes,
+    installed_operator,
+    shared_claim,
+    wait_for,
+)
 from training_logs import TRAIN, delete_jobs, job_starter, manifest, unique, wait_step
 
 from elasticjob_devcluster.controlplane import DevCluster
@@ -124,6 +132,7 @@ def queue(installed: Operator) -> Iterator[str]:
         yield lq
     finally:
         delete_jobs(c, ns)
+        delete_shared_volumes(c, ns)
         c.kubectl("-n", ns, "delete", "localqueue", lq, "--wait=false", check=False)
         for kind, name in (
             ("clusterqueue", cq),
@@ -234,21 +243,6 @@ def test_a_job_without_quota_creates_no_worker_until_kueue_admits_it_then_runs_w
             set_cpu_quota(c, queue_cq(installed), "300m")
 
 
-def checkpoint_claim(c: Cluster, ns: str, name: str) -> None:
-    c.apply(
-        ns,
-        {
-            "apiVersion": "v1",
-            "kind": "PersistentVolumeClaim",
-            "metadata": {"name": name},
-            "spec": {
-                "accessModes": ["ReadWriteMany"],
-                "resources": {"requests": {"storage": "1Gi"}},
-            },
-        },
-    )
-
-
 def on_claim(doc: Obj, claim: str) -> Obj:
     """The job's checkpoints on a claim that outlives its pods (a suspension deletes them)."""
     spec = doc["spec"]["replicaSpecs"]["Worker"]["template"]["spec"]
@@ -277,7 +271,7 @@ def test_a_preempted_job_saves_waits_and_resumes_with_every_sample_once(
     samples, batch, steps = 1536, 32, 240
     with job_starter(c, ns) as start:
         low = unique("low")
-        checkpoint_claim(c, ns, f"{low}-ckpt")
+        shared_claim(c, ns, f"{low}-ckpt")
         logs = start(
             on_claim(
                 queued(
