@@ -397,7 +397,7 @@ def test_a_frozen_agent_fails_its_liveness_probe_and_its_pod_is_replaced(
     assert f"worker {pod} failed with exit code 137" in events.stdout, events.stdout
 
 
-def test_kubectl_scale_2_4_2_world_follows_and_no_sample_repeats_within_an_epoch(
+def test_kubectl_scale_2_4_2_world_follows_no_step_is_redone_and_no_sample_repeats(
     cluster: Cluster, ns: str, start: Any
 ) -> None:
     c = cluster
@@ -442,6 +442,9 @@ def test_kubectl_scale_2_4_2_world_follows_and_no_sample_repeats_within_an_epoch
     assert 4 in changes, changes
     up, down = changes[: changes.index(4)], changes[changes.index(4) + 1 :]
     assert all(1 <= w <= 3 for w in up) and down == [2], changes
+    # the two leaving pods hand over at a step boundary (SIGTERM): nothing is trained again
+    logged = [s.step for s in logs.steps()]
+    assert len(logged) == len(set(logged)), "a step was trained twice"
 
     found = sample_audit.audit(logs.samples(), samples, steps)
     assert not found.problems, found.problems

@@ -14,6 +14,7 @@ import pytest
 from elasticjob_operator import builders, gang, models
 from elasticjob_operator.builders import JobRef
 from elasticjob_operator.decision import ChildRef, Decision
+from elasticjob_operator.kube import RESOURCES, resource_key
 from elasticjob_operator.observe import Observed, ObservedPod
 from elasticjob_operator.reconcile import Config, reconcile
 from elasticjob_operator.settings import from_env
@@ -185,3 +186,10 @@ def test_required_but_not_served_says_which_gates_to_enable() -> None:
     assert not gang.enabled(gang.Mode.OFF, served=True)
     with pytest.raises(ValueError, match="GenericWorkload=true,GangScheduling=true"):
         gang.enabled(gang.Mode.ON, served=False)
+
+
+def test_the_two_workload_kinds_go_to_their_own_apis() -> None:
+    gang_workload = gang.workload(REF, 2)
+    assert RESOURCES[resource_key(gang_workload)] == ("scheduling.k8s.io/v1alpha1", "workloads")
+    kueue_workload = {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload"}
+    assert RESOURCES[resource_key(kueue_workload)] == ("kueue.x-k8s.io/v1beta2", "workloads")
