@@ -104,6 +104,13 @@ def installed(cluster: Cluster, slots: list[str]) -> Iterator[Operator]:
         delete_jobs(cluster, op.job_namespace)
 
 
+@pytest.fixture(autouse=True)
+def one_job_at_a_time(installed: Operator) -> Iterator[None]:
+    """Each test starts with both slots free: the jobs it started are gone after it."""
+    yield
+    delete_jobs(installed.cluster, installed.job_namespace)
+
+
 def gang_job(name: str, min_replicas: int, replicas: int, **env: object) -> Obj:
     doc = manifest(name, replicas=replicas, **{"TRAIN_STEPS": 100000, "TRAIN_SLEEP": 0.2, **env})
     doc["spec"]["minReplicas"] = min_replicas
