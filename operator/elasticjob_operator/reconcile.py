@@ -415,19 +415,21 @@ def _observe(d: Decision, r: Round, generation: int | None) -> Event | None:
 
 
 def _suspend(
-    d: Decision, r: Round, reason: str = "Suspended", why: str = "spec.suspend is true"
+    d: Decision,
+    r: Round,
+    reason: str = "Suspended",
+    why: str = "spec.suspend is true",
+    evicted: bool = False,
 ) -> Decision:
     """Rule "Suspend": every worker pod goes, the job stays (also when Kueue evicts it,
-    rule "Queue"). A suspended job in a queue gives its quota back with its Workload."""
+    rule "Queue": ``evicted``). A suspended job in a queue gives its quota back with its
+    Workload; an evicted one releases its first Workload once the pods are gone."""
     st = d.status
     names = _delete_pods(d, r.pods)
     if not st.is_true(C.SUSPENDED):
         set_condition(st, C.SUSPENDED, True, reason, why, r.now)
         d.normal(reason, f"{why}: deleted worker pods {', '.join(names) or '(none)'}")
-    if reason == "Suspended":
-        _delete_workloads(d, r, first=True)
-    else:  # evicted: the first Workload is released once the pods are gone; not the second
-        _delete_workloads(d, r, first=False)
+    _delete_workloads(d, r, first=not evicted)
     for type_ in (C.RUNNING, C.RESTARTING, C.SCALING):
         set_condition(st, type_, False, "Suspended", "the job is suspended", r.now)
     st.worker_indexes = models.WorkerIndexes()
@@ -460,7 +462,7 @@ def _queued(d: Decision, r: Round, gate: Gate) -> Decision:
             kueue_workload.workload(r.ref, r.spec, r.queue, st.incarnation, r.observed.priority)
         )
     if gate.act in (QueueAct.STOP, QueueAct.RELEASE):
-        _suspend(d, r, gate.reason, gate.message)
+        _suspend(d, r, gate.reason, gate.message, evicted=True)
         if gate.act is QueueAct.RELEASE and admission is not None:
             d.workload_status[admission.workload] = release_patch(admission, r.now)
     elif not st.is_true(C.QUEUED):
