@@ -121,7 +121,7 @@ nodes:
   - role: worker
     extraMounts: [{hostPath: "$shared", containerPath: "$shared_node"}]
 # kube-scheduler's gang placement (alpha in 1.35): the Workload API and the plugin that
-# binds a gang's minCount pods together or none (tests/e2e/test_gang_placement.py)
+# binds a gang's minCount pods together or none (tests/e2e/test_kube_scheduler.py)
 featureGates:
   GenericWorkload: true
   GangScheduling: true

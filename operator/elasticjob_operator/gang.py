@@ -82,9 +82,10 @@ def placement_of(recorded: str | None, queued: bool, gang: bool, has_pods: bool)
     return "+".join(words) or ONE_BY_ONE
 
 
-def in_use(placement: str | None, served: bool) -> bool:
-    """Whether the job's workers are placed as a gang (and the API is there to do it)."""
-    return served and GANG in (placement or "").split("+")
+def in_use(placement: str | None, gang_on: bool) -> bool:
+    """Whether the job's workers are placed as a gang: its record says so, and the operator
+    gangs (Config.gang: the API is served and the chart allows it)."""
+    return gang_on and GANG in (placement or "").split("+")
 
 
 def workload_name(job: str) -> str:

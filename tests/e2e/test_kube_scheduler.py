@@ -31,6 +31,8 @@ from kube_helpers import (
     wait_for,
 )
 from training_logs import (
+    JOB_LABEL,
+    ROLE_LABEL,
     TRAIN,
     delete_jobs,
     job_starter,
@@ -101,7 +103,6 @@ def slots(cluster: Cluster) -> Iterator[list[str]]:
 def installed(cluster: Cluster, slots: list[str]) -> Iterator[Operator]:
     with installed_operator(cluster, "gang") as op:  # gangScheduling.enabled: auto
         yield op
-        delete_jobs(cluster, op.job_namespace)
 
 
 @pytest.fixture(autouse=True)
@@ -141,16 +142,10 @@ def test_a_gang_the_cluster_cannot_hold_binds_no_worker_at_all(installed: Operat
     assert c.status(ns, name).get("placement") == "Gang"
     groups = gang_workload(c, ns, name)["spec"]["podGroups"]
     assert groups == [{"name": "workers", "policy": {"gang": {"minCount": 3}}}]
-    pods = json.loads(
-        c.kubectl(
-            "-n", ns, "get", "pods", "-l", f"elastic.pytorch.org/job-name={name}", "-o", "json"
-        ).stdout
-    )["items"]
-    refs = [
-        p["spec"].get("workloadRef")
-        for p in pods
-        if p["metadata"]["name"].startswith(name + "-worker")
-    ]
+    # as JSON: the kubernetes client's V1PodSpec has no workloadRef yet
+    workers = f"{JOB_LABEL}={name},{ROLE_LABEL}=worker"
+    pods = json.loads(c.kubectl("-n", ns, "get", "pods", "-l", workers, "-o", "json").stdout)
+    refs = [p["spec"].get("workloadRef") for p in pods["items"]]
     assert refs == [{"name": f"{name}-gang", "podGroup": "workers"}] * 3, refs
     wide = c.kubectl("-n", ns, "get", "elasticjob", name, "-o", "wide").stdout
     assert "Gang" in wide, wide
@@ -161,8 +156,6 @@ def test_a_gang_the_cluster_cannot_hold_binds_no_worker_at_all(installed: Operat
             f"a worker of a gang of 3 was bound on 2 slots: {bound(c, ns, name)}"
         )
         time.sleep(1.0)
-    c.kubectl("-n", ns, "delete", "elasticjob", name, "--wait=false")
-    wait_for("the gang's pods to be gone", lambda: not c.workers(ns, name))
 
 
 def test_a_gang_of_min_replicas_is_placed_together_and_trains(installed: Operator) -> None:
