@@ -14,6 +14,7 @@ from elasticjob_runtime.rendezvous.leases import (
     job_lease_due,
     keep_alive_timing,
     keeper_cut_off,
+    keeper_recheck_after,
     late_refresh_warning,
     notice_within,
 )
@@ -42,6 +43,23 @@ def test_a_keeper_is_cut_off_only_once_silent_for_longer_than_a_working_one_ever
     # a working keeper answers within an interval plus one request's timeout at most
     assert not keeper_cut_off(t.interval + t.timeout - 1e-9, ttl)
     assert keeper_cut_off(t.late_after + 1e-3, ttl)
+
+
+@given(st.integers(min_value=0, max_value=3600), st.floats(min_value=0, max_value=10))
+def test_a_keeper_stuck_since_just_before_a_renewal_is_found_out_before_the_new_lease_lapses(
+    ttl: int, silent_at_renewal: float
+) -> None:
+    """etcd lost our leases and came back before the keeper, stuck since, had been silent
+    for half a TTL: it looked fine when the member lease was taken anew. Judged again
+    ``keeper_recheck_after`` later it is cut off however short its silence was then,
+    and a new keeper has time left to refresh the new lease."""
+    later = keeper_recheck_after(ttl)
+    assert keeper_cut_off(silent_at_renewal + later, ttl)
+    t = keep_alive_timing(max(ttl, 1))
+    # a working keeper has answered by then (an interval, plus one request's timeout)
+    assert later > t.interval + t.timeout
+    # and a new one can still connect and refresh before the new lease runs out
+    assert max(ttl, 1) - later >= t.interval + t.timeout - 1e-9
 
 
 def test_a_refresh_on_time_says_nothing() -> None:

@@ -197,10 +197,14 @@ class EtcdClient:
         # With one endpoint that would turn a brief etcd restart into a five-minute
         # outage, so retry it at once; with several, fail over for a few seconds.
         retry = 0.0 if len(endpoints) == 1 else 5.0
-        options = None
+        # A connection of its own: gRPC otherwise shares one TCP connection among the
+        # channels a process opens to the same address with the same options (its global
+        # subchannel pool), so a lease keeper started anew because its connection was cut
+        # off (lease_holder.py) would have gone on over that same dead connection.
+        options = [("grpc.use_local_subchannel_pool", 1)]
         if reconnect_within is not None:
             backoff_ms = max(int(reconnect_within * 1000), 1)
-            options = [
+            options += [
                 ("grpc.initial_reconnect_backoff_ms", min(backoff_ms, 100)),
                 ("grpc.max_reconnect_backoff_ms", backoff_ms),
             ]
@@ -230,7 +234,8 @@ class EtcdClient:
         self._client.timeout = value
 
     def another(self, timeout: float, reconnect_within: float | None = None) -> EtcdClient:
-        """A second connection to the same etcd with the same TLS settings."""
+        """A second connection (its own TCP connection) to the same etcd with the same TLS
+        settings."""
         return EtcdClient(self.endpoints, timeout, reconnect_within, self.tls)
 
     def connect(self, within: float) -> None:

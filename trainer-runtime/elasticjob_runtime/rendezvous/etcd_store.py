@@ -4,7 +4,9 @@ torch's own ``EtcdStore`` needs the v2 API, which etcd 3.4 turns off and 3.6
 removed. The agent uses this store for the per-round bookkeeping (rank
 assignment, the master address, exit barrier); training traffic never goes
 through it. Keys live under one prefix per round and carry the job's lease, so
-they go away with the job.
+they go away with the job. A write etcd refuses because it no longer knows that lease
+(it lost its data: a new etcd pod on an empty volume) is written again at once under a
+new one (``renew_lease``), never retried under the same one.
 
 It keeps the contract torch holds its own stores to (TCPStore, FileStore, HashStore;
 ``tests/integration/rendezvous/test_torch_contracts.py`` checks it): a blocking read
@@ -15,6 +17,8 @@ work, each queued item being a key of its own.
 
 from __future__ import annotations
 
+import enum
+import logging
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -28,7 +32,15 @@ from torch.distributed import (  # type: ignore[attr-defined]  # Store: not re-e
     Store,
 )
 
-from elasticjob_runtime.etcd.client import EtcdClient, EtcdError, EtcdTLSError, KeyValue
+from elasticjob_runtime.etcd.client import (
+    EtcdClient,
+    EtcdError,
+    EtcdLeaseNotFound,
+    EtcdTLSError,
+    KeyValue,
+)
+
+log = logging.getLogger(__name__)
 
 
 def _bytes(value: str | bytes | Sequence[int]) -> bytes:
@@ -47,6 +59,26 @@ T = TypeVar("T")
 
 class RoundAbandoned(DistStoreError):
     """A blocking read gave up because the round it waited in can no longer happen."""
+
+
+class AfterFailedWrite(enum.Enum):
+    """What a store write that etcd failed does next."""
+
+    RAISE = "raise"  # waiting will not help, and nothing else will
+    NEW_LEASE = "new lease"  # write again at once, under the lease renew_lease gives
+    WAIT = "wait"  # etcd is restarting or too busy: the same write will work later
+
+
+def after_failed_write(exc: EtcdError, renewable: bool) -> AfterFailedWrite:
+    """The rule for a failed write. A lease etcd no longer knows (it lost its data) fails
+    every retry the same way: the store's writes once waited out the store's 300 s
+    timeout on it, silently, while the node's peers waited for its rank-assignment role
+    (the etcd-loss tests). A TLS mistake is not waited out either."""
+    if isinstance(exc, EtcdTLSError):
+        return AfterFailedWrite.RAISE
+    if isinstance(exc, EtcdLeaseNotFound):
+        return AfterFailedWrite.NEW_LEASE if renewable else AfterFailedWrite.RAISE
+    return AfterFailedWrite.WAIT
 
 
 def queue_prefix(full_key: str) -> str:
@@ -97,11 +129,15 @@ class EtcdV3Store(Store):
         prefix: str,
         lease: int | None = None,
         timeout: timedelta = timedelta(seconds=300),
+        renew_lease: Callable[[int], int] | None = None,
     ) -> None:
+        """``renew_lease``: given the lease etcd refused, the lease to write under now (the
+        rendezvous gives the run's, taken anew if it is still the refused one)."""
         super().__init__()
         self._client = client
         self._prefix = prefix
         self._lease = lease
+        self._renew_lease = renew_lease
         self._timeout = timeout
         super().set_timeout(timeout)
         # While set, blocking reads check it every GIVE_UP_POLL seconds and raise
@@ -127,7 +163,9 @@ class EtcdV3Store(Store):
         This store keeps its clones alive: torch's C++ side (``PrefixStore``) may hold one
         with no Python reference, and pybind11 forgets a Python store's methods once its
         last one goes (every call then fails with "Not implemented")."""
-        clone = EtcdV3Store(self._client, self._prefix, self._lease, self._timeout)
+        clone = EtcdV3Store(
+            self._client, self._prefix, self._lease, self._timeout, self._renew_lease
+        )
         self._clones.append(clone)
         return clone
 
@@ -138,19 +176,55 @@ class EtcdV3Store(Store):
         """A put, tried again until the store's timeout while etcd fails it: an etcd that
         is restarting, or too busy to apply writes in time ("request timed out", seen at
         1024 agents on 2 cores), must not fail the round when rank 0 writes its address,
-        which every other rank waits for. A put is idempotent; a TLS mistake is not
-        waited out."""
+        which every other rank waits for. A put is idempotent; a lost lease and a TLS
+        mistake are not waited out (:func:`after_failed_write`)."""
         deadline = time.monotonic() + self._timeout.total_seconds()
+        renew = False
         while True:
             try:
+                if renew:
+                    self._take_new_lease()
+                    renew = False
                 self._client.put(full_key, value, lease=self._lease)
                 return
-            except EtcdTLSError:
-                raise
-            except EtcdError:
-                if time.monotonic() >= deadline:
+            except EtcdError as exc:
+                action = after_failed_write(exc, self._renewable)
+                if action is AfterFailedWrite.RAISE or time.monotonic() >= deadline:
                     raise
-                time.sleep(0.5)
+                if action is AfterFailedWrite.NEW_LEASE:
+                    renew = True
+                else:
+                    time.sleep(0.5)
+
+    def _compare_and_set(
+        self, full_key: str, value: bytes, current: KeyValue | None
+    ) -> tuple[bool, KeyValue | None]:
+        """:meth:`EtcdClient.compare_and_set` against ``current`` under the store's lease,
+        again under a new one if etcd no longer knows it."""
+        revision = None if current is None else current.mod_revision
+        try:
+            return self._client.compare_and_set(full_key, value, revision, self._lease)
+        except EtcdError as exc:
+            if after_failed_write(exc, self._renewable) is not AfterFailedWrite.NEW_LEASE:
+                raise
+            self._take_new_lease()
+            return self._client.compare_and_set(full_key, value, revision, self._lease)
+
+    @property
+    def _renewable(self) -> bool:
+        return self._renew_lease is not None and self._lease is not None
+
+    def _take_new_lease(self) -> None:
+        """etcd refused the store's lease: write under the one ``renew_lease`` gives."""
+        assert self._renew_lease is not None and self._lease is not None
+        refused, self._lease = self._lease, self._renew_lease(self._lease)
+        log.warning(
+            "etcd-v3: etcd no longer knows lease %x of the store under %s (it lost its "
+            "data?); writing under lease %x",
+            refused,
+            self._prefix,
+            self._lease,
+        )
 
     def get(self, key: str) -> bytes:
         return self._block([key], self._timeout, self._prefix, lambda: self._values([key]))[0]
@@ -167,12 +241,7 @@ class EtcdV3Store(Store):
         current = self._client.get(full)
         while True:
             base = int(current.value) if current is not None else 0
-            ok, now = self._client.compare_and_set(
-                full,
-                str(base + amount).encode(),
-                None if current is None else current.mod_revision,
-                self._lease,
-            )
+            ok, now = self._compare_and_set(full, str(base + amount).encode(), current)
             if ok:
                 return base + amount
             current = now
@@ -191,9 +260,7 @@ class EtcdV3Store(Store):
                     return expected
             elif current.value != expected:
                 return current.value
-            ok, now = self._client.compare_and_set(
-                full, desired, None if current is None else current.mod_revision, self._lease
-            )
+            ok, now = self._compare_and_set(full, desired, current)
             if ok:
                 return desired
             current = now

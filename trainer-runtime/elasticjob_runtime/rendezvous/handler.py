@@ -177,7 +177,15 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
         lost before it published its address."""
         self._watch.begin(joined, sealed_at)
         keys = self._state.keys
-        store = EtcdV3Store(self._client, keys.store(joined.number), self._leases.job_lease)
+        # Under the run's lease, and a new one if etcd lost it (a new etcd on an empty
+        # volume): a write retried under the lost lease waited out the store's 300 s while
+        # the round's other nodes waited for it (the etcd-loss tests).
+        store = EtcdV3Store(
+            self._client,
+            keys.store(joined.number),
+            self._leases.job_lease,
+            renew_lease=self._leases.replace_job_lease,
+        )
         if joined.rank == 0 and joined.number > 2:
             self._state.drop_rounds_before(joined.number - 1)
         store.give_up = functools.partial(self._rank_zero_lost, joined)

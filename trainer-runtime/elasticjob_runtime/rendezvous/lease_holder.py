@@ -27,6 +27,7 @@ from elasticjob_runtime.rendezvous.leases import (
     job_lease_due,
     keep_alive_timing,
     keeper_cut_off,
+    keeper_recheck_after,
     late_refresh_warning,
 )
 
@@ -62,12 +63,14 @@ class LeaseHolder:
         self.job_lease = 0
         self.granted_ttl = 0  # what etcd granted for the member lease; 0 until it has
         self._lock = threading.Lock()  # the keeper and a join may both re-announce
+        self._job_lock = threading.Lock()  # the keeper and a round's store may both renew
         self._refreshed_at: float | None = None  # the last refresh, None after a failed one
         self._job_refreshed_at = 0.0
         self._warned_late_at = -math.inf
         # The keeper: its thread, its connection and its generation. A keeper whose
         # generation is not the holder's has been replaced and exits at its next turn.
         self._keeper_lock = threading.Lock()
+        self._revive_lock = threading.Lock()  # the join and renew_member's recheck
         self._keeper_generation = 0
         self._keeper_client: EtcdClient | None = None
         self._keeper_thread: threading.Thread | None = None
@@ -119,16 +122,17 @@ class LeaseHolder:
         if old is not None:
             old.close()
 
-    def revive_keeper_if_stalled(self, why: str) -> None:
+    def revive_keeper_if_stalled(self, why: str) -> bool:
         """Replace the keeper by one on a new connection if it has had no answer from etcd
         for half a TTL while etcd answers this node (``why``: how we know). Seen in the e2e
         etcd-loss test: after the job's etcd pod was replaced, an agent's keeper never
         refreshed again and logged nothing, so each lease its joins took lapsed a TTL later
         and its peers dropped it over and over. Its stack is logged: where it is stuck."""
-        timing = keep_alive_timing(max(self.granted_ttl, 1))
-        silent_for = time.monotonic() - self._answered_at
-        if not keeper_cut_off(silent_for, self.granted_ttl):
-            return  # it answers (five times per TTL when etcd does)
+        with self._revive_lock:
+            silent_for = time.monotonic() - self._answered_at
+            if self.stop.is_set() or not keeper_cut_off(silent_for, self.granted_ttl):
+                return False  # it left, or it answers (five times per TTL when etcd does)
+            self._answered_at = time.monotonic()  # one revival per half TTL at most
         thread = self._keeper_thread
         frame = sys._current_frames().get(thread.ident) if thread and thread.ident else None
         stack = "".join(traceback.format_stack(frame)) if frame is not None else "(not running)\n"
@@ -141,9 +145,10 @@ class LeaseHolder:
             why,
             stack,
         )
-        self._answered_at = time.monotonic()  # one revival per half TTL at most
+        timing = keep_alive_timing(max(self.granted_ttl, 1))
         client = self._client.another(timing.timeout, timing.interval)
         self._start_keeper(client, connect_within=self._client.timeout)
+        return True
 
     def announce(self) -> None:
         """Take a fresh member lease and announce this node under it."""
@@ -182,11 +187,11 @@ class LeaseHolder:
         self._refreshed_at = done
         if not job_lease_due(asked - self._job_refreshed_at, lost):
             return
-        if not via.refresh(self.job_lease):
+        job_lease = self.job_lease
+        if not via.refresh(job_lease):
             # etcd lost the run's lease (a new etcd pod on an empty volume): every write
             # under it would fail with "requested lease not found" for ever
-            log.warning("etcd-v3: the run's lease is gone (etcd lost its data?); taking a new one")
-            self.take_job_lease()
+            self.replace_job_lease(job_lease)
         self._job_refreshed_at = asked
 
     def _tell_if_late(self, gap: float, now: float) -> None:
@@ -202,17 +207,43 @@ class LeaseHolder:
         self.job_lease = self._client.grant(self._job_ttl)
         self._on_job_lease(self.job_lease)
 
+    def replace_job_lease(self, lost: int) -> int:
+        """etcd no longer knows the run's lease ``lost`` (it lost its data): the run's
+        lease to write under now, a new one unless another thread took one already (the
+        keeper, a join and a round's store may each find it gone)."""
+        with self._job_lock:
+            if lost == self.job_lease:
+                log.warning(
+                    "etcd-v3: the run's lease is gone (etcd lost its data?); taking a new one"
+                )
+                self.take_job_lease()
+            return self.job_lease
+
     def renew_member(self, why: str) -> None:
-        """etcd answers this node but its member lease is gone: a new one now, and a new
-        keeper if the old one has stopped answering (it should have done this itself)."""
+        """etcd answers this node but its member lease is gone: a new one now, the run's
+        lease checked (etcd may have lost it too, as the keeper's rule says: a round's
+        store is written under it, and its writes would be refused), and a new keeper if
+        the old one has stopped answering (it should have done all this itself).
+
+        A keeper stuck since etcd lost our leases may still look fine here: etcd came back
+        before it had been silent for half a TTL. Look again when a working one would
+        have answered, before the new member lease runs out."""
         self.announce()
-        self.revive_keeper_if_stalled(why)
+        job_lease = self.job_lease
+        if not self._client.refresh(job_lease):
+            self.replace_job_lease(job_lease)
+        if not self.revive_keeper_if_stalled(why):
+            recheck = threading.Timer(
+                keeper_recheck_after(self.granted_ttl), self.revive_keeper_if_stalled, (why,)
+            )
+            recheck.daemon = True
+            recheck.start()
 
     def renew(self, why: str) -> None:
-        """A write failed because etcd does not know a lease of ours: take both anew."""
+        """A write failed because etcd does not know a lease of ours: a new member lease,
+        and a new run lease if etcd lost that one too (:meth:`renew_member`)."""
         log.warning("etcd-v3: %s: %s; taking new leases", self._node, why)
         self.renew_member(why)
-        self.take_job_lease()
 
     def leave(self) -> None:
         """Stop the keeper and revoke the member lease, so peers learn at once, not after

@@ -69,6 +69,17 @@ def keeper_cut_off(silent_for: float, ttl: int) -> bool:
     return silent_for > keep_alive_timing(max(ttl, 1)).late_after
 
 
+def keeper_recheck_after(ttl: int) -> float:
+    """When to judge the keeper (:func:`keeper_cut_off`) again after the member lease was
+    found gone and taken anew while the keeper still looked fine: it may have answered
+    just before etcd lost our leases (a new etcd that came up within half a TTL) and be
+    stuck since. By then a working keeper has answered (an interval plus one request's
+    timeout), and a new one still has as long to refresh the new lease before it runs
+    out (and etcd's expiry check, :data:`ETCD_EXPIRY_CHECK_S`, besides)."""
+    t = keep_alive_timing(max(ttl, 1))
+    return t.late_after + t.interval / 4
+
+
 def late_refresh_warning(gap: float, ttl: int, since_warned: float) -> str | None:
     """What to say when two refreshes of the member lease were ``gap`` seconds apart
     (None: nothing, it was on time or we said it less than a minute ago)."""
