@@ -9,7 +9,14 @@ process that pays it: two processes (``multiprocessing``, spawn) form a gloo gro
 loopback, build a script's model and optimizer as the script does under an
 ``Run`` (``in_place=False``: no agent), train ``steps`` steps after a warm-up
 (``check_every=0``, so no check lands in them), then call ``_check_agreement`` ``calls``
-times, and ``seed_all`` 1000 times.
+times, and ``seed_all`` 1000 times. The switch vote (training/switch_vote.py: a ballot
+every step under ``elasticjob-run`` casts as it begins, carried as one more element of
+the step's gradient all-reduce and counted before the optimizer's update) is timed in
+the steps themselves: the timed steps alternate, ten at a time, between steps that vote
+(a ballot cast as the step begins; the Run's own hooks carry and count it) and steps
+that do not, and the figure is the difference of the two medians. The vote sent in an
+all-reduce of its own (a step in which DDP reduced nothing), cast and counted back to
+back, is in the note.
 
 Cases: ``train_regression`` (examples/train_regression.py's ``make_model``, Adam, batch
 32 per rank, as the bench runs it) and ``train_gpt`` (examples/train_gpt.py's model,
@@ -49,6 +56,10 @@ SEED_CALLS = 1000
 SIZES = {"train_regression": (20, 300, 300), "train_gpt": (5, 30, 30)}
 
 
+# Sample's times, each a median (seed: a mean) in seconds
+TIMES = ("step", "voted_step", "check", "fingerprint", "gather", "seed", "vote")
+
+
 @dataclass
 class Sample:
     """One repetition of one case, rank 0's view (rank 1's numbers are in ``peer``)."""
@@ -60,6 +71,8 @@ class Sample:
     fingerprint: float  # of that, median seconds fingerprinting (no collective)
     gather: float  # median seconds of the all-gather alone
     seed: float  # mean seconds of one seed_all(step_seed(...))
+    voted_step: float  # median seconds of a training step that also voted
+    vote: float  # median seconds of one switch vote in an all-reduce of its own
     objects: int  # fingerprints per check
     peer: dict[str, float] | None = None
 
@@ -173,6 +186,7 @@ def _worker(rank: int, port: int, case: str, directory: str, results: Any) -> No
     from elasticjob_runtime.training.agreement import gather_rows
     from elasticjob_runtime.training.fingerprint import fingerprint
     from elasticjob_runtime.training.seeds import seed_all, step_seed
+    from elasticjob_runtime.training.switch_vote import SwitchVote
 
     torch.set_num_threads(1)
     warmup, steps, calls = SIZES[case]
@@ -184,16 +198,22 @@ def _worker(rank: int, port: int, case: str, directory: str, results: Any) -> No
         check_every=0,  # no check among the timed steps
     )
     batches, body = _build(case, run)
+    device = torch.device("cpu")
+    vote = run._loop.vote  # under elasticjob-run the step casts it; here in_place=False
     times: list[float] = []
+    voted: list[float] = []
     done = False
     for _ in run.epochs(10**6, max_steps=warmup + steps):
         last = time.perf_counter()
         for batch in batches():
+            voting = (run.global_step // 10) % 2 == 1
             with run.step():
+                if voting:
+                    vote.cast(0, -1)
                 body(batch)
             now = time.perf_counter()
             if run.global_step > warmup:
-                times.append(now - last)
+                (voted if voting else times).append(now - last)
             last = now
             if run.global_step >= warmup + steps:
                 done = True
@@ -211,23 +231,32 @@ def _worker(rank: int, port: int, case: str, directory: str, results: Any) -> No
         return out
 
     checked = run._state.checked()
-    device = torch.device("cpu")
     check = timed(lambda: run._loop.check("check-cost"), calls)
     prints = timed(lambda: [fingerprint(obj) for obj in checked.values()], calls)
     gather = timed(lambda: gather_rows([0] * len(checked), device), calls)
+
+    alone = SwitchVote()
+
+    def one_vote() -> None:
+        alone.cast(0, -1)
+        alone.count(device)
+
+    votes = timed(one_vote, calls)
     began = time.perf_counter()
     for i in range(SEED_CALLS):
         seed_all(step_seed(0, i + 1, rank))
     seeding = (time.perf_counter() - began) / SEED_CALLS
     found = Sample(
-        case,
-        default_check_every(),
-        statistics.median(times),
-        statistics.median(check),
-        statistics.median(prints),
-        statistics.median(gather),
-        seeding,
-        len(checked),
+        case=case,
+        check_every=default_check_every(),
+        step=statistics.median(times),
+        voted_step=statistics.median(voted),
+        check=statistics.median(check),
+        fingerprint=statistics.median(prints),
+        gather=statistics.median(gather),
+        seed=seeding,
+        vote=statistics.median(votes),
+        objects=len(checked),
     )
     dist.barrier()
     run.finish()
@@ -266,7 +295,7 @@ def measure_once(case: str, timeout: float, parent: Path | None = None) -> Sampl
             found[rank] = sample
         ours = Sample(**found[0])
         peer = found[1]
-        ours.peer = {k: peer[k] for k in ("step", "check", "fingerprint", "gather", "seed")}
+        ours.peer = {k: peer[k] for k in TIMES}
         return ours
     finally:
         for proc in procs:
@@ -284,10 +313,11 @@ def figures(samples: Sequence[Sample], failures: Sequence[str], case: str) -> li
     every = samples[0].check_every if samples else default_check_every()
     mid = {
         name: statistics.median(getattr(s, name) for s in samples) if samples else None
-        for name in ("step", "check", "fingerprint", "gather", "seed")
+        for name in TIMES
     }
     check = [per_step(s.check, s.check_every, s.step) for s in samples]
     seed = [per_step(s.seed, 1, s.step) for s in samples]
+    vote = [per_step(s.voted_step - s.step, 1, s.step) for s in samples]
 
     def ms(x: float | None) -> str:
         return "-" if x is None else f"{x * 1000:.3g} ms"
@@ -295,7 +325,8 @@ def figures(samples: Sequence[Sample], failures: Sequence[str], case: str) -> li
     note = (
         f"step {ms(mid['step'])}, check {ms(mid['check'])} (fingerprints "
         f"{ms(mid['fingerprint'])} of {samples[0].objects if samples else '-'} objects, "
-        f"all-gather {ms(mid['gather'])}), seed_all {ms(mid['seed'])}; rank 0, medians"
+        f"all-gather {ms(mid['gather'])}), seed_all {ms(mid['seed'])}, a step that votes "
+        f"{ms(mid['voted_step'])}, the vote alone {ms(mid['vote'])}; rank 0, medians"
     )
 
     def row(metric: str, values: list[float]) -> Figure:
@@ -315,6 +346,7 @@ def figures(samples: Sequence[Sample], failures: Sequence[str], case: str) -> li
     return [
         row(f"agreement check every {every} steps, per step", check),
         row("seed_all at every step, per step", seed),
+        row("switch vote at every step, per step", vote),
     ]
 
 
@@ -334,7 +366,9 @@ def run(reps: int, parent: Path | None = None, timeout: float = 300.0) -> list[F
             samples.append(s)
             shown = (
                 f"check {per_step(s.check, s.check_every, s.step):.3f} % of a step, "
-                f"seed_all {per_step(s.seed, 1, s.step):.3f} % (step {s.step * 1000:.1f} ms)"
+                f"seed_all {per_step(s.seed, 1, s.step):.3f} %, "
+                f"switch vote {per_step(s.voted_step - s.step, 1, s.step):.3f} % "
+                f"(step {s.step * 1000:.1f} ms)"
             )
             print(f"{SCENARIO:<12} {case:<17} {shown}", flush=True)
         out += figures(samples, failures, case)

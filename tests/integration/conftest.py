@@ -292,8 +292,10 @@ def start(
     env: dict[str, str] | None = None,
     nnodes: str = "1",
     run_id: str | None = None,
+    launcher: list[str] | None = None,
 ) -> subprocess.Popen[bytes]:
-    """An ``elasticjob-run`` agent in its own session (killed by its group at the end)."""
+    """An ``elasticjob-run`` agent (or ``launcher``, a script that runs it) in its own
+    session (killed by its group at the end)."""
     argv = launcher_argv(
         etcd.endpoint,
         run_id or f"run-{uuid.uuid4().hex[:8]}",
@@ -301,8 +303,10 @@ def start(
         nnodes=nnodes,
         nproc=nproc,
         max_restarts=max_restarts,
+        launcher=launcher,
     )
-    argv[3:3] = launcher_flags  # after `python -m elasticjob_runtime.launch.launcher`
+    at = len(launcher) if launcher else 3  # after `python -m elasticjob_runtime.launch.launcher`
+    argv[at:at] = launcher_flags
     proc = subprocess.Popen(
         argv,
         stdout=log.open("wb"),

@@ -183,9 +183,9 @@ def test_a_realistic_script_through_a_kill_and_a_join_trains_what_an_unfaulted_r
         {**join, "CRASH_IN_STEP": "13", "CRASH_RANK": "1"},
         2,
         "1:3",
-        "held at step 24",
+        "held before step 24",
     )
-    reference = run_job(agents, etcd, tmp_path / "reference", join, 2, "1:3", "held at step 24")
+    reference = run_job(agents, etcd, tmp_path / "reference", join, 2, "1:3", "held before step 24")
 
     # In place: one worker restarted, its peer kept its process and memory.
     assert re.search(r"^regrouped at step 12 \(own memory at step 12\)", faulted, re.M), faulted[

@@ -7,15 +7,17 @@ optional):
 * ``CRASH_AT_STEP`` / ``CRASH_RANK``: that rank's worker SIGKILLs itself (first attempt);
   ``CRASH_IN_STEP``: the same in the middle of that step, at its last micro-batch (its
   peers then hold the first micro-batches' gradients when the step fails);
-* ``HOLD_AT_STEP``: every worker waits until its agent has a new round for it (a node
-  that the test starts once it sees ``held at step N`` joins), so the world changes
-  after exactly that step in every run;
+* ``HOLD_AT_STEP``: after step N - 1 every worker waits until its agent has a new round
+  for it (a node that the test starts once it sees ``held before step N`` joins); each
+  then votes in step N to switch (training/switch_vote.py), so the world changes after
+  exactly step N in every run;
 * ``LOSE_NODE_AT_STEP`` / ``LOSE_NODE_RANK``: that rank SIGKILLs its agent and itself
   (a node lost at once, as when a VM dies);
-* ``LEAVE_AT_STEP`` / ``LEAVE_RANK``: that rank SIGTERMs its agent (a pod deleted, a
-  drain): the node announces its departure; every worker then holds still until its
-  agent has a new round for it, or, on the leaving node, has handed over, so the world
-  changes after exactly that step;
+* ``LEAVE_AT_STEP`` / ``LEAVE_RANK``: after step N - 1 that rank SIGTERMs its agent (a
+  pod deleted, a drain): the node announces its departure; every worker then holds
+  still until its agent has a new round for it, or, on the leaving node, has handed
+  over; all train step N and vote in it to switch, so the world changes after exactly
+  step N;
 * ``COLLECTIVE_AFTER_UPDATE``: every rank all-reduces a tensor right after each
   optimizer update, inside the step (a script logging an all-reduced value);
   ``CRASH_AFTER_UPDATE_IN_STEP`` / ``CRASH_RANK``: that rank dies right after its update
@@ -65,18 +67,18 @@ def main() -> None:
             run.ckpt.wait()
             print(f"stopped at step {step} rank={run.rank}", flush=True)
             os._exit(0)
-        if step == _at("LEAVE_AT_STEP"):
+        if step == _at("LEAVE_AT_STEP") - 1:
             leaving = rank == os.environ["LEAVE_RANK"]
             if leaving:
                 os.kill(os.getppid(), signal.SIGTERM)
-            print(f"held at step {step} rank={run.rank}", flush=True)
+            print(f"held before step {step + 1} rank={run.rank}", flush=True)
             rounds, deadline = run._rounds, time.monotonic() + 60
             while time.monotonic() < deadline and not (
                 rounds.handed_over() if leaving else rounds.switch_pending()
             ):
                 time.sleep(0.02)
-        if step == _at("HOLD_AT_STEP") and run.world_size == int(os.environ["HOLD_WORLD"]):
-            print(f"held at step {step} rank={run.rank}", flush=True)
+        if step == _at("HOLD_AT_STEP") - 1 and run.world_size == int(os.environ["HOLD_WORLD"]):
+            print(f"held before step {step + 1} rank={run.rank}", flush=True)
             deadline = time.monotonic() + 240
             while not run._rounds.switch_pending() and time.monotonic() < deadline:
                 time.sleep(0.05)

@@ -189,17 +189,21 @@ def test_check_cost_figures_hold_the_target_and_the_times_behind_them() -> None:
         "train_regression",
         check_every=100,
         step=0.002,
+        voted_step=0.00201,
         check=0.001,
         fingerprint=0.0004,
         gather=0.0003,
         seed=0.00001,
+        vote=0.0001,
         objects=5,
     )
-    check, seed = check_cost.figures([sample], [], "train_regression")
+    check, seed, vote = check_cost.figures([sample], [], "train_regression")
     assert check.ours == [0.5] and check.met is True and check.target == "< 1 %"
     assert seed.ours == [0.5] and "every 100 steps" in check.metric
+    assert vote.ours == [0.5] and "switch vote" in vote.metric
     assert "step 2 ms" in check.note and "check 1 ms" in check.note
-    (failed, _) = check_cost.figures([], ["timed out"], "train_gpt")
+    assert "a step that votes 2.01 ms, the vote alone 0.1 ms" in vote.note
+    (failed, _, _) = check_cost.figures([], ["timed out"], "train_gpt")
     assert failed.ours == [] and failed.met is None and failed.failures == ["timed out"]
 
 

@@ -13,17 +13,18 @@ from typing import Any
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from elasticjob_runtime.training.grad_weights import Shares, weighted_allreduce
+from elasticjob_runtime.training.grad_allreduce import Shares, StepAllreduce, step_allreduce
+from elasticjob_runtime.training.switch_vote import SwitchVote
 
 
 class CurrentDDP:
-    """One module, wrapped once per round."""
+    """One module, wrapped once per round, its gradients summed by the Run's hook."""
 
-    def __init__(self, module: nn.Module, ddp_kwargs: dict[str, Any]) -> None:
+    def __init__(self, module: nn.Module, ddp_kwargs: dict[str, Any], vote: SwitchVote) -> None:
         self._module = module
         self._kwargs = {"init_sync": False, **ddp_kwargs}
         self._ddp: DistributedDataParallel | None = None
-        self._shares: Shares | None = None  # weigh each rank by its samples (loader)
+        self._hook = StepAllreduce(vote)
 
     @property
     def ddp(self) -> DistributedDataParallel:
@@ -34,15 +35,11 @@ class CurrentDDP:
     def rewrap(self) -> None:
         """Wrap the module for the round just formed (its group is the default one)."""
         self._ddp = DistributedDataParallel(self._module, **self._kwargs)
-        if self._shares is not None:
-            self._ddp.register_comm_hook(self._shares, weighted_allreduce)
+        self._ddp.register_comm_hook(self._hook, step_allreduce)
 
     def weigh_by_samples(self, shares: Shares) -> None:
         """From now on, each rank's gradient counts by its share of the global batch."""
-        if self._shares is None:
-            self._shares = shares
-            if self._ddp is not None:
-                self._ddp.register_comm_hook(shares, weighted_allreduce)
+        self._hook.shares = shares
 
     def retire(self) -> DistributedDataParallel | None:
         """Take the round's DDP out of use; the caller frees it once the next round stands

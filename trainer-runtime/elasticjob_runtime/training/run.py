@@ -30,7 +30,9 @@ What the lines buy:
   process group (:mod:`elasticjob_runtime.training.round_group`), and carries on from its own
   memory. A joiner, or a survivor one step behind, gets the state over the new group
   from the lowest rank holding the newest step; no checkpoint is read. When a new
-  member joins a healthy group, every worker switches at its next step boundary.
+  member joins a healthy group, or a node leaves it announced, the ranks agree within a
+  step that the round ends (:mod:`elasticjob_runtime.training.switch_vote`) and every
+  worker switches at that same step boundary.
 * Without ``elasticjob-run`` (plain torchrun, or no launcher) the same script runs and
   recovers by restarting, from its checkpoints.
 
@@ -233,8 +235,9 @@ class Run:
         for optim in (optimizer, *st.registered.values()):
             if isinstance(optim, torch.optim.Optimizer):
                 self.ckpt.guard_updates(optim)  # a SIGTERM save never catches it mid-update
+                optim.register_step_pre_hook(self._loop.count_vote)
                 optim.register_step_post_hook(self._loop.note_update)
-        self._model = CurrentDDP(model, ddp_kwargs)
+        self._model = CurrentDDP(model, ddp_kwargs, self._loop.vote)
         sampler.reshard(self.rank, self.world_size)
         self._restore_and_wrap()
         self._rounds.watch()

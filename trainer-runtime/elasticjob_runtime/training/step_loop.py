@@ -4,8 +4,8 @@
 committed position), hands out one batch per step, and ends each step: committed when
 the block ends, dropped when a collective in it fails because the group broke (then no
 gradient is left behind and the worker regroups), and refused (:class:`StepBrokeAfterUpdate`)
-when the group broke after the optimizer's update. A regroup, or a new member waiting to
-join, starts a new round's plan from where the group is.
+when the group broke after the optimizer's update. A regroup, or a newer round the ranks
+agreed on in a step (switch_vote.py), starts a new round's plan from where the group is.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from elasticjob_runtime.training.agreement import Agreement
 from elasticjob_runtime.training.sampler import ElasticSampler
 from elasticjob_runtime.training.seeds import fetch_seed, seed_all, step_seed
 from elasticjob_runtime.training.state import TrainingState
+from elasticjob_runtime.training.switch_vote import SwitchVote, ballot, switch_due
 from elasticjob_runtime.training.worker_rounds import WorkerRounds
 
 log = logging.getLogger(__name__)
@@ -83,6 +84,7 @@ class StepLoop:
         self.max_steps: int | None = None
         self.rank_samples: int | None = None  # this rank's real samples in this step
         self._updated = False  # an optimizer stepped in the step under way
+        self.vote = SwitchVote()  # whether the round ends after the step under way
         self._phase = "idle"  # idle -> fetched (a batch is out) -> running (in step())
 
     @property
@@ -95,7 +97,7 @@ class StepLoop:
             raise RuntimeError("call run.wrap(model, optimizer, sampler) first")
         return self._state.sampler
 
-    # what the gradient-weighing hook reads (grad_weights.Shares)
+    # what the gradient all-reduce reads to weigh the gradients (grad_allreduce.Shares)
 
     @property
     def world_size(self) -> int:
@@ -135,6 +137,23 @@ class StepLoop:
         """An optimizer's step-post hook: this step's update has run."""
         self._updated = True
 
+    def count_vote(self, *_: Any) -> None:
+        """An optimizer's step-pre hook: the switch vote is counted before the update, so
+        a group that broke while voting drops the step instead of breaking it."""
+        self.vote.count(self._rounds.device)
+
+    def _cast_vote(self) -> None:
+        """As a step begins: does this rank know that the round must end after it?"""
+        r = self._rounds
+        if r.channel is None or r.world_size == 1:
+            return  # no round to switch to, or nobody to agree with
+        self.vote.cast(ballot(r.switch_pending(), r.handed_over()), r.generation)
+
+    def _switch_due(self) -> bool:
+        """Do the ranks leave this round at this boundary (switch_vote.py)?"""
+        r = self._rounds
+        return switch_due(self.vote.agreed(r.generation), r.world_size, r.switch_pending())
+
     def rounds_of_steps(
         self, step_size: int, start_round: Callable[[list[int], int], Iterator[Batch]]
     ) -> Iterator[Batch]:
@@ -149,7 +168,7 @@ class StepLoop:
             return sampler.epoch == epoch and sampler.remaining > 0 and not self.reached_max_steps
 
         while more():
-            if rounds.switch_pending():
+            if self._switch_due():
                 self._regroup(False)
             generation, plan = rounds.generation, self.plan
             steps = steps_left(sampler.remaining, rounds.world_size, step_size)
@@ -157,8 +176,8 @@ class StepLoop:
             produced = start_round(list(sampler), steps)  # this round's shard
             first = True
             while generation == rounds.generation and plan == self.plan and more():
-                if rounds.switch_pending():
-                    break  # a new member: switch here, between steps
+                if self._switch_due():
+                    break  # every rank agreed in the last step: switch here, between steps
                 self.global_batch = min(rounds.world_size * step_size, sampler.remaining)
                 batch = next(produced)
                 if first:  # a round's plan, and the loader's refill after a reset
@@ -184,10 +203,13 @@ class StepLoop:
         if self.seed is not None:
             seed_all(step_seed(self.seed, next_step, self._rounds.rank))
         outcome = StepOutcome()
+        self._cast_vote()
         try:
             yield outcome
+            self.vote.count(self._rounds.device)  # when no optimizer's pre-hook counted it
         except Exception as exc:
             self._phase = "idle"
+            self.vote.discard()
             if not self._rounds.group_broke(exc):
                 raise
             if self._rounds.handed_over():

@@ -1,0 +1,128 @@
+"""The agreed switch step (training/switch_vote.py): the rule, the vote carried by a real
+DDP's gradient all-reduce over gloo, and sent alone when no gradient was reduced."""
+
+from __future__ import annotations
+
+import multiprocessing
+import socket
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from elasticjob_runtime.training.current_ddp import CurrentDDP
+from elasticjob_runtime.training.switch_vote import SwitchVote, ballot, switch_due
+
+CPU = torch.device("cpu")
+
+
+def test_a_rank_votes_to_switch_when_it_knows_a_newer_round_or_is_leaving() -> None:
+    assert ballot(knows_newer_round=False, handed_over=False) == 0
+    assert ballot(knows_newer_round=True, handed_over=False) == 1
+    assert ballot(knows_newer_round=False, handed_over=True) == 1
+
+
+def test_a_rank_follows_the_vote_even_before_its_own_agent_has_the_round() -> None:
+    assert switch_due(agreed=True, world_size=3, knows_newer_round=False)
+    # knowing alone is not enough where others may be mid-step: that was the straddle
+    assert not switch_due(agreed=False, world_size=3, knows_newer_round=True)
+    assert switch_due(agreed=False, world_size=1, knows_newer_round=True)
+    assert not switch_due(agreed=False, world_size=1, knows_newer_round=False)
+
+
+def test_a_ballot_rides_on_the_gradients_only_while_one_is_cast() -> None:
+    vote, grads = SwitchVote(), torch.arange(3.0)
+    assert vote.carry(grads) is grads
+    vote.cast(1, 0)
+    assert vote.carry(grads).tolist() == [0.0, 1.0, 2.0, 1.0]
+    vote.discard()
+    assert vote.carry(grads) is grads
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def world_of_one() -> Iterator[None]:
+    store = dist.TCPStore("127.0.0.1", _free_port(), 1, is_master=True)  # type: ignore[attr-defined]
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_a_counted_vote_holds_for_its_own_round_only(world_of_one: None) -> None:
+    vote = SwitchVote()
+    vote.count(CPU)  # nothing cast: nothing to count
+    assert not vote.agreed(4)
+    vote.cast(0, 4)
+    vote.count(CPU)  # no gradient carried it: an all-reduce of its own
+    assert not vote.agreed(4)
+    vote.cast(1, 4)
+    assert not vote.agreed(4)  # cast, not yet counted
+    vote.count(CPU)
+    vote.count(CPU)  # the optimizer's pre-hook, then the step's end
+    assert vote.agreed(4)
+    assert not vote.agreed(5)  # after the regroup it says nothing of the new round
+
+
+def test_a_discarded_vote_is_never_counted(world_of_one: None) -> None:
+    vote = SwitchVote()
+    vote.cast(1, 2)
+    vote.discard()
+    vote.count(CPU)
+    assert not vote.agreed(2)
+
+
+def _rank(rank: int, port: int, ballots: list[int], out: Any) -> None:
+    store = dist.TCPStore(  # type: ignore[attr-defined]
+        "127.0.0.1", port, 2, is_master=rank == 0, timeout=timedelta(seconds=60)
+    )
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
+    torch.manual_seed(0)
+    model = nn.Linear(3, 2)
+    vote = SwitchVote()
+    ddp = CurrentDDP(model, {}, vote)
+    ddp.rewrap()
+    seen = []
+    for step, mine in enumerate(ballots):
+        vote.cast(mine, 7)
+        model.zero_grad()
+        if step % 2 == 0:  # the ballot rides on the gradient all-reduce
+            ddp(torch.full((1, 3), float(rank + 1))).sum().backward()
+            grad = model.weight.grad
+            assert grad is not None
+            got = grad.tolist()
+        else:  # a step in which DDP reduced nothing: the vote goes alone
+            got = []
+        vote.count(CPU)
+        seen.append((vote.agreed(7), got))
+    dist.destroy_process_group()
+    out.put((rank, seen))
+
+
+def test_two_ranks_that_heard_at_different_steps_agree_on_the_same_step() -> None:
+    """Rank 1 hears of the round before step 2, rank 0 only before step 4: both read
+    "switch" first at step 2; the gradients are DDP's average all along."""
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    port = _free_port()
+    ballots = {0: [0, 0, 0, 0, 1, 1], 1: [0, 0, 1, 1, 1, 0]}
+    procs = [ctx.Process(target=_rank, args=(r, port, ballots[r], out)) for r in (0, 1)]
+    for p in procs:
+        p.start()
+    got = dict(out.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(timeout=30)
+        assert p.exitcode == 0
+    average = [[1.5, 1.5, 1.5], [1.5, 1.5, 1.5]]  # inputs 1 and 2, d(sum)/dW = input
+    for rank in (0, 1):
+        agreed = [a for a, _ in got[rank]]
+        assert agreed == [False, False, True, True, True, True], rank
+        assert all(g == average for _, g in got[rank][::2]), got[rank]
