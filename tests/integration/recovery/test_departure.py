@@ -3,7 +3,7 @@ launcher, real etcd and real torch workers over gloo.
 
 While a round trains, the node announces its departure: its peer regroups without it at
 a step boundary, keeping its process and memory, and drops no step; the leaving worker
-leaves once their old group breaks, and its agent exits 143. At any other moment, or
+leaves at that same boundary, and its agent exits 143. At any other moment, or
 when every node is stopped at once, a SIGTERM stops the agent as torchrun's would: the
 workers save their last step, and it still exits 143, never 0 or 1.
 """

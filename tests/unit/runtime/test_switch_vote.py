@@ -80,6 +80,20 @@ def test_a_discarded_vote_is_never_counted(world_of_one: None) -> None:
     assert not vote.agreed(2)
 
 
+class SparseAndWide(nn.Module):
+    """A sparse embedding (a sparse bucket) and a layer over CARRY_BYTES (a bucket of
+    its own under ``bucket_cap_mb=1``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.narrow = nn.Linear(4, 600)
+        self.wide = nn.Linear(600, 600)
+        self.emb = nn.Embedding(20, 4, sparse=True)  # last: DDP's first bucket at first
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.wide(self.narrow(self.emb(idx))).sum()
+
+
 def _rank(rank: int, port: int, ballots: list[int], out: Any) -> None:
     store = dist.TCPStore(  # type: ignore[attr-defined]
         "127.0.0.1", port, 2, is_master=rank == 0, timeout=timedelta(seconds=60)
@@ -103,6 +117,19 @@ def _rank(rank: int, port: int, ballots: list[int], out: Any) -> None:
             got = []
         vote.count(CPU)
         seen.append((vote.agreed(7), got))
+    # A sparse bucket and one too large to copy carry no ballot: it rides on a small
+    # dense bucket, the same one on every rank, and the gradients are DDP's average.
+    torch.manual_seed(0)
+    mixed = SparseAndWide()
+    mixed_ddp = CurrentDDP(mixed, {"bucket_cap_mb": 1}, vote)
+    mixed_ddp.rewrap()
+    for mine in ballots:
+        vote.cast(mine, 8)
+        mixed.zero_grad()
+        mixed_ddp(torch.tensor([rank, 5])).backward()
+        vote.count(CPU)
+        assert mixed.wide.weight.grad is not None
+        seen.append((vote.agreed(8), [[round(float(mixed.wide.weight.grad.sum()), 3)]]))
     dist.destroy_process_group()
     out.put((rank, seen))
 
@@ -122,7 +149,9 @@ def test_two_ranks_that_heard_at_different_steps_agree_on_the_same_step() -> Non
         p.join(timeout=30)
         assert p.exitcode == 0
     average = [[1.5, 1.5, 1.5], [1.5, 1.5, 1.5]]  # inputs 1 and 2, d(sum)/dW = input
+    switch = [False, False, True, True, True, True]
     for rank in (0, 1):
         agreed = [a for a, _ in got[rank]]
-        assert agreed == [False, False, True, True, True, True], rank
-        assert all(g == average for _, g in got[rank][::2]), got[rank]
+        assert agreed == switch + switch, rank
+        assert all(g == average for _, g in got[rank][:6:2]), got[rank]
+    assert [g for _, g in got[0][6:]] == [g for _, g in got[1][6:]]  # averaged alike

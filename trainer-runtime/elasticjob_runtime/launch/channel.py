@@ -28,8 +28,9 @@ Workers write these back:
 
 When its node is leaving (a SIGTERM, rendezvous/departure.py) and the other nodes have
 sealed a round without it, the agent writes ``handed-over``: the workers go on training in
-their old round until its group breaks (the others leave it at a step boundary), then
-exit without saving, since the others hold the same state.
+their old round, vote in their next step to end it (training/switch_vote.py), and at that
+step's end, where every rank of the round leaves it, exit without saving, since the
+others hold the same state.
 
 And the agent writes ``group-broken`` before it stops workers whose round lost a peer:
 their step in flight sits in a collective that can never finish, so the checkpoint's
@@ -190,7 +191,8 @@ class AgentChannel:
         (self.directory / GROUP_BROKEN).touch()
 
     def hand_over(self) -> None:
-        """The workers' peers went on without this node: they leave when their group breaks."""
+        """The workers' peers went on without this node: they vote to end the old round
+        and leave at the step boundary it ends (training/switch_vote.py)."""
         (self.directory / HANDED_OVER).touch()
 
     def clear_group_broken(self) -> None:

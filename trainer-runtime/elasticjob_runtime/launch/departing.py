@@ -103,7 +103,7 @@ class Departing:
                 self._handed_over_at = now
                 log.info(
                     "departure: round %d was sealed without this node after %.2f s; its "
-                    "workers leave when their old group breaks",
+                    "workers leave at the step boundary the old round votes for",
                     number,
                     view.waited,
                 )

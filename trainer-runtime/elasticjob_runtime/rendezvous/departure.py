@@ -51,8 +51,8 @@ class AwaitSeal:
 
 @dataclass(frozen=True)
 class HandOver:
-    """Round ``number`` was sealed without this node: tell its workers to leave when
-    their old group breaks."""
+    """Round ``number`` was sealed without this node: tell its workers to leave at the
+    step boundary their old round votes for."""
 
     number: int
 

@@ -3,8 +3,8 @@
 It does two things DDP's own all-reduce does not.
 
 **It carries the switch vote** (:mod:`elasticjob_runtime.training.switch_vote`). The ballot
-a rank cast as the step began rides as one more element on the first bucket the step
-reduces, so the ranks agree whether the round ends after this step at the price of one
+a rank cast as the step began rides as one more element on the first small dense bucket
+the step reduces, so the ranks agree whether the round ends after this step at the price of one
 number in a collective that runs anyway, not of a collective of its own.
 
 **It weighs each rank's gradient by its share of the global batch** once
@@ -77,7 +77,7 @@ def step_allreduce(
     """DDP's communication hook (``ddp.register_comm_hook(state, step_allreduce)``)."""
     buffer: torch.Tensor = bucket.buffer()
     weigh(buffer, state)
-    payload = state.vote.carry(buffer) if bucket.index() == 0 else buffer
+    payload = state.vote.carry(buffer)
     work = dist.all_reduce(payload, async_op=True)
     assert work is not None
     if payload is buffer:

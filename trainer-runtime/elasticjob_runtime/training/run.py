@@ -234,8 +234,9 @@ class Run:
         st.module, st.optimizer, st.sampler = model, optimizer, sampler
         for optim in (optimizer, *st.registered.values()):
             if isinstance(optim, torch.optim.Optimizer):
-                self.ckpt.guard_updates(optim)  # a SIGTERM save never catches it mid-update
+                # the vote first: while it is read, no update has begun (a SIGTERM saves)
                 optim.register_step_pre_hook(self._loop.count_vote)
+                self.ckpt.guard_updates(optim)  # a SIGTERM save never catches it mid-update
                 optim.register_step_post_hook(self._loop.note_update)
         self._model = CurrentDDP(model, ddp_kwargs, self._loop.vote)
         sampler.reshard(self.rank, self.world_size)

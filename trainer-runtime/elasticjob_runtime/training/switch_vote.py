@@ -10,9 +10,11 @@ trained twice, but a step's work is lost and the pause grows by a step.
 So the ranks vote, inside the step. As a step begins, every rank casts a ballot, 1 when it
 knows a newer round exists (its agent delivered one, or its node handed its place over
 and is leaving) and 0 otherwise. The ballots are summed in the step's own gradient
-all-reduce, one more element on its first bucket
-(:mod:`elasticjob_runtime.training.grad_allreduce`), so the vote costs no collective of
-its own; a step in which DDP reduced nothing sums them in an all-reduce of their own.
+all-reduce (:mod:`elasticjob_runtime.training.grad_allreduce`), one more element on the
+first bucket DDP reduces that is dense and at most :data:`CARRY_BYTES` (DDP reduces its
+buckets in the same order on every rank, so every rank picks the same one), so the vote
+costs no collective of its own; a step in which no bucket carried it sums the ballots in
+an all-reduce of their own.
 The sum is read before the optimizer's update (an optimizer step pre-hook), or at the
 step's end when no optimizer ran. Every rank
 reads the same sum for the same step and, when it is above 0, all leave the round at
@@ -29,6 +31,11 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+# The largest bucket a ballot rides on: appending copies the bucket twice (there and
+# back), cheap for DDP's own first bucket (1 MiB), not for a bucket that DDP's rebuild
+# gave to a large layer alone (an LM head: tens of MB). Sparse buckets cannot carry one.
+CARRY_BYTES = 1 << 20
+
 
 def ballot(knows_newer_round: bool, handed_over: bool) -> int:
     """What a rank votes as a step begins: 1 when the round must end after this step."""
@@ -39,6 +46,11 @@ def switch_due(agreed: bool, world_size: int, knows_newer_round: bool) -> bool:
     """Does this rank leave its round at this step boundary? By the vote, except a rank
     alone in its round: nobody can be caught mid-step, so it goes as soon as it knows."""
     return agreed or (world_size == 1 and knows_newer_round)
+
+
+def can_carry(buffer: torch.Tensor) -> bool:
+    """Can a ballot ride on this gradient bucket (the same answer on every rank)?"""
+    return not buffer.is_sparse and buffer.numel() * buffer.element_size() <= CARRY_BYTES
 
 
 class SwitchVote:
@@ -57,8 +69,9 @@ class SwitchVote:
 
     def carry(self, buffer: torch.Tensor) -> torch.Tensor:
         """What the step's all-reduce sums instead of the flat gradient ``buffer``: the
-        buffer with the ballot appended, while a ballot is cast (else the buffer)."""
-        if self._ballot is None:
+        buffer with the ballot appended, for the first bucket of the step that can carry
+        it while a ballot is cast (else the buffer itself)."""
+        if self._ballot is None or self._carried is not None or not can_carry(buffer):
             return buffer
         payload = torch.cat([buffer, buffer.new_full((1,), float(self._ballot))])
         self._carried = payload
