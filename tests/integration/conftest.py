@@ -20,6 +20,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
@@ -401,3 +402,30 @@ def read_memory_fallbacks(client: EtcdClient, run_id: str) -> list[MemoryFallbac
     """Every pod's node-memory report in the run, by pod name."""
     items = client.snapshot(contract.memory_fallback_prefix(run_id)).items
     return [decode_memory_fallback(items[key].value) for key in sorted(items)]
+
+
+def cut_off_keepers(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, threading.Event]:
+    """Keeper connections opened before ``cut`` is set stop answering once it is (until
+    ``release``): the keeper cut off with the old etcd pod, as in the e2e etcd-loss test.
+    Connections opened after it reach etcd as usual."""
+    cut, release = threading.Event(), threading.Event()
+    another = EtcdClient.another
+
+    def keeper_connection(
+        self: EtcdClient, timeout: float, reconnect_within: float | None = None
+    ) -> EtcdClient:
+        client = another(self, timeout, reconnect_within)
+        if cut.is_set():
+            return client
+        refresh = client.refresh
+
+        def stuck(lease: int) -> bool:
+            if cut.is_set():
+                release.wait()  # no answer, no error: the keeper logs nothing
+            return refresh(lease)
+
+        client.refresh = stuck  # type: ignore[method-assign]
+        return client
+
+    monkeypatch.setattr(EtcdClient, "another", keeper_connection)
+    return cut, release

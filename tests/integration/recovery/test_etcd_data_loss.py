@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import pytest
-from conftest import WORKERS, EtcdServer, launcher_argv, start_etcd
+from conftest import WORKERS, EtcdServer, cut_off_keepers, launcher_argv, start_etcd
 from torch.distributed.elastic.rendezvous import RendezvousInfo
 
 from elasticjob_runtime.etcd.client import EtcdClient
@@ -306,26 +306,7 @@ def test_a_node_that_only_entered_a_round_since_the_loss_writes_to_its_store_at_
     lost lease, refused, and retried for the store's 300 s while a waited for it. The same
     for a run's lease lost once the round has started."""
     monkeypatch.setattr(leases, "JOB_LEASE_REFRESH_S", 1e9)  # as cut_keeper_launcher.py
-    cut, never = threading.Event(), threading.Event()
-    another = EtcdClient.another
-
-    def keeper_connection(
-        self: EtcdClient, timeout: float, reconnect_within: float | None = None
-    ) -> EtcdClient:
-        client = another(self, timeout, reconnect_within)
-        if cut.is_set():
-            return client  # opened after the loss: it reaches the new etcd
-        refresh = client.refresh
-
-        def stuck(lease: int) -> bool:
-            if cut.is_set():
-                never.wait()
-            return refresh(lease)
-
-        client.refresh = stuck  # type: ignore[method-assign]
-        return client
-
-    monkeypatch.setattr(EtcdClient, "another", keeper_connection)
+    cut, never = cut_off_keepers(monkeypatch)
     server = start_etcd("3.5", tmp_path / "etcd")
     run_id = f"etcd-loss-{uuid.uuid4().hex[:8]}"
     clients = [EtcdClient(parse_endpoints(server.endpoint), timeout=5) for _ in range(3)]

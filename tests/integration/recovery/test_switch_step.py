@@ -72,6 +72,20 @@ def start_node(
     )
 
 
+def wait_for_steps_at(
+    world: int, old_world: int, log: Path, fail_log: Path, timeout: float
+) -> None:
+    """Until ``log``'s worker trained 5 steps at ``world`` past its last at ``old_world``."""
+    wait_for(
+        f"5 steps at world size {world}",
+        lambda: (
+            True if (at_world(world, log) or 0) >= (at_world(old_world, log) or 0) + 5 else None
+        ),
+        timeout,
+        fail_log,
+    )
+
+
 def assert_switched_together(logs: list[Path], old_world: int) -> None:
     """Both first nodes' workers regrouped once, at the last step the old round trained
     (on every node), kept their process, and dropped and abandoned nothing."""
@@ -92,12 +106,7 @@ def test_a_join_heard_late_by_one_rank_switches_every_rank_at_one_step(
     run_id, _, logs = start_nodes(agents, etcd, tmp_path, 2)
     logs.append(tmp_path / "joiner.log")
     start_node(agents, etcd, tmp_path, run_id, logs[2], slow=False)
-    wait_for(
-        "5 steps at world size 3",
-        lambda: True if (at_world(3, logs[0]) or 0) >= (at_world(2, logs[0]) or 0) + 5 else None,
-        240,
-        logs[2],
-    )
+    wait_for_steps_at(3, 2, logs[0], logs[2], 240)
     assert_switched_together(logs, old_world=2)
     (at,) = re.findall(r"^regrouped at step (\d+) ", logs[0].read_text(), re.M)
     joiner = logs[2].read_text()
@@ -112,10 +121,5 @@ def test_a_departure_heard_late_by_one_survivor_switches_both_at_one_step(
     wait_for("the leaving agent to exit", lambda: procs[2].poll(), 90, logs[2])
     assert procs[2].returncode == 143, logs[2].read_text()[-3000:]
     assert "this node left the job and its peers went on without it" in logs[2].read_text()
-    wait_for(
-        "5 steps at world size 2",
-        lambda: True if (at_world(2, logs[0]) or 0) >= (at_world(3, logs[0]) or 0) + 5 else None,
-        90,
-        logs[0],
-    )
+    wait_for_steps_at(2, 3, logs[0], logs[0], 90)
     assert_switched_together(logs, old_world=3)

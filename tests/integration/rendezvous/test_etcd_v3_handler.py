@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import pytest
-from conftest import EtcdServer, start_etcd
+from conftest import EtcdServer, cut_off_keepers, start_etcd
 from torch.distributed.elastic.rendezvous import (
     RendezvousClosedError,
     RendezvousInfo,
@@ -465,33 +465,6 @@ def test_a_join_takes_a_new_lease_when_etcd_no_longer_knows_its_own(
     (info,) = join_all(a)
     assert info.world_size == 1
     assert time.monotonic() - started < 20
-
-
-def cut_off_keepers(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, threading.Event]:
-    """Keeper connections opened before ``cut`` is set stop answering once it is (until
-    ``release``): the keeper cut off with the old etcd pod, as in the e2e etcd-loss test.
-    Connections opened after it reach etcd as usual."""
-    cut, release = threading.Event(), threading.Event()
-    another = EtcdClient.another
-
-    def keeper_connection(
-        self: EtcdClient, timeout: float, reconnect_within: float | None = None
-    ) -> EtcdClient:
-        client = another(self, timeout, reconnect_within)
-        if cut.is_set():
-            return client
-        refresh = client.refresh
-
-        def stuck(lease: int) -> bool:
-            if cut.is_set():
-                release.wait()  # no answer, no error: the keeper logs nothing
-            return refresh(lease)
-
-        client.refresh = stuck  # type: ignore[method-assign]
-        return client
-
-    monkeypatch.setattr(EtcdClient, "another", keeper_connection)
-    return cut, release
 
 
 def test_nodes_whose_keepers_were_cut_off_with_a_lost_etcd_stay_members(

@@ -2,10 +2,10 @@
 
 It does two things DDP's own all-reduce does not.
 
-**It carries the switch vote** (:mod:`elasticjob_runtime.training.switch_vote`). The ballot
-a rank cast as the step began rides as one more element on the first small dense bucket
-the step reduces, so the ranks agree whether the round ends after this step at the price of one
-number in a collective that runs anyway, not of a collective of its own.
+**It carries the switch vote** (:mod:`elasticjob_runtime.training.switch_vote`). The
+ballot a rank cast as the step began rides as one more element on the first small dense
+bucket the step reduces, so the ranks agree whether the round ends after this step at the
+price of one number in a collective that runs anyway, not of a collective of its own.
 
 **It weighs each rank's gradient by its share of the global batch** once
 :meth:`elasticjob_runtime.training.run.Run.loader` is in use. DDP averages the ranks'

@@ -152,7 +152,10 @@ class StepLoop:
     def _switch_due(self) -> bool:
         """Do the ranks leave this round at this boundary (switch_vote.py)?"""
         r = self._rounds
-        return switch_due(self.vote.agreed(r.generation), r.world_size, r.switch_pending())
+        alone = r.world_size == 1  # only then does the rule read what this rank knows
+        return switch_due(
+            self.vote.agreed(r.generation), r.world_size, alone and r.switch_pending()
+        )
 
     def rounds_of_steps(
         self, step_size: int, start_round: Callable[[list[int], int], Iterator[Batch]]

@@ -14,12 +14,11 @@ all-reduce (:mod:`elasticjob_runtime.training.grad_allreduce`), one more element
 first bucket DDP reduces that is dense and at most :data:`CARRY_BYTES` (DDP reduces its
 buckets in the same order on every rank, so every rank picks the same one), so the vote
 costs no collective of its own; a step in which no bucket carried it sums the ballots in
-an all-reduce of their own.
-The sum is read before the optimizer's update (an optimizer step pre-hook), or at the
-step's end when no optimizer ran. Every rank
-reads the same sum for the same step and, when it is above 0, all leave the round at
-that step's end: a rank whose agent has not delivered yet waits for it there, with its
-step committed, instead of in a broken step.
+an all-reduce of their own. The sum is read before the optimizer's update (an optimizer
+step pre-hook), or at the step's end when no optimizer ran. Every rank reads the same
+sum for the same step and, when it is above 0, all leave the round at that step's end:
+a rank whose agent has not delivered yet waits for it there, with its step committed,
+instead of in a broken step.
 
 A rank alone in its round, and a worker that cannot regroup in place, cast no ballot.
 With NCCL the sum lives on the GPU, and reading it waits for the GPU's stream up to the
