@@ -173,6 +173,9 @@ def worker_env(
             "name": contract.NNODES,
             "value": f"{spec.min_replicas}:{spec.effective_max_replicas}",
         },
+        # the workers this round creates (a queue's admission caps it): the rendezvous's
+        # first round waits for them, not only for those whose agents are up yet
+        {"name": contract.DESIRED_NODES, "value": str(spec.desired_replicas)},
         {"name": contract.NPROC_PER_NODE, "value": str(spec.nproc_per_node)},
         {"name": contract.MAX_RESTARTS, "value": str(spec.max_restarts)},
     ]

@@ -66,6 +66,15 @@ class Decision:
     # merge patches of the job's Kueue Workloads' status by name (quota given back),
     # after the children and before the job's status
     workload_status: dict[str, Obj] = field(default_factory=dict)
+    # the IPs of running workers this round deletes in a scale-down: their nodes are
+    # marked leaving in the run's etcd, in one transaction, before any is deleted, so the
+    # others regroup once (etcd/leaving.py)
+    leaving: list[str] = field(default_factory=list)
+    # the part of ``status`` written before any child is created (a merge patch): what
+    # the children embody and every later round must read back, so a round that stops
+    # after its first child (a refusal, a conflict, a crash) cannot lose it, and a job
+    # says how its workers are placed as soon as one exists (reconcile.status_first)
+    status_first: Obj = field(default_factory=dict)
 
     def normal(self, reason: str, message: str, reports: tuple[str, ...] = ()) -> None:
         self.events.append(normal(reason, message, reports))

@@ -20,6 +20,7 @@ from pydantic import ValidationError
 
 from elasticjob_operator import builders, metrics, models, observe, refusals
 from elasticjob_operator.decision import Credentials, Decision
+from elasticjob_operator.etcd import leaving as etcd_leaving
 from elasticjob_operator.etcd import reader as etcd_reader
 from elasticjob_operator.etcd.secrets import SecretsNotReady
 from elasticjob_operator.etcd.shared import SharedEtcd
@@ -88,6 +89,8 @@ def _round(op: Operator, namespace: str, name: str, read_progress: bool) -> None
     )
     if decision.credentials is not None:
         _ensure_credentials(op, ref, decision.credentials)
+    if decision.leaving and spec.rdzv_backend is models.RdzvBackend.ETCD_V3:
+        _mark_leaving(op, ref, spec, decision, shared)  # before their pods are deleted
     try:
         refused = kube.apply(ref, job, decision)
     except InvalidChild as exc:  # a child the API server will never take: fail the job
@@ -138,15 +141,8 @@ def _with_records(
     hang and divergence records. Nothing when its etcd cannot be read (not up yet, no Secret)."""
     run = models.run_id(ref.uid, status.incarnation)
     said = status.node_memory_fallback
-    token: str | None = None
-    tls: TLSCredentials | None
     try:
-        if shared is not None and op.shared is not None:
-            endpoint, tls = op.shared.users.endpoint, op.shared.authority.operator_tls
-            token = op.shared.users.token()  # the gateway takes no user from a certificate
-        else:
-            endpoint = builders.rdzv_endpoint(ref, spec)
-            tls = op.secrets.client_credentials(ref, spec)
+        endpoint, tls, token = _run_etcd(op, ref, spec, shared)
     except (SecretsNotReady, SharedEtcdNotReady) as exc:
         log.debug("%s/%s: no progress: %s", ref.namespace, ref.name, exc)
         return observed
@@ -165,3 +161,36 @@ def _with_records(
         hangs=observe.hangs_of(records.hangs),
         divergences=observe.divergences_of(records.divergences),
     )
+
+
+def _run_etcd(
+    op: Operator, ref: builders.JobRef, spec: models.ElasticJobSpec, shared: SharedEtcd | None
+) -> tuple[str, TLSCredentials | None, str | None]:
+    """Where the job's run keeps its records and how the operator gets in: endpoint, TLS
+    credentials, and on the shared etcd root's auth token (the gateway takes no user from
+    a certificate). SecretsNotReady or SharedEtcdNotReady when it cannot (yet)."""
+    if shared is not None and op.shared is not None:
+        users = op.shared.users
+        return users.endpoint, op.shared.authority.operator_tls, users.token()
+    return builders.rdzv_endpoint(ref, spec), op.secrets.client_credentials(ref, spec), None
+
+
+def _mark_leaving(
+    op: Operator,
+    ref: builders.JobRef,
+    spec: models.ElasticJobSpec,
+    decision: Decision,
+    shared: SharedEtcd | None,
+) -> None:
+    """The nodes of the running workers this round deletes in a scale-down, marked
+    leaving together (etcd/leaving.py): their peers regroup once, not once per SIGTERM.
+    Nothing is marked when the etcd cannot be reached; the pods are deleted anyway."""
+    run = models.run_id(ref.uid, decision.status.incarnation)
+    try:
+        endpoint, tls, token = _run_etcd(op, ref, spec, shared)
+    except (SecretsNotReady, SharedEtcdNotReady) as exc:
+        log.info("%s/%s: no leaving marks: %s", ref.namespace, ref.name, exc)
+        return
+    marked = etcd_leaving.mark_leaving(endpoint, run, decision.leaving, tls=tls, token=token)
+    if marked:
+        log.info("%s/%s: marked leaving: %s", ref.namespace, ref.name, ", ".join(marked))

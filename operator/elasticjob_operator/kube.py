@@ -349,11 +349,14 @@ class Kube:
     def apply(self, ref: builders.JobRef, job: Obj, decision: Decision) -> Event | None:
         """Children first, then events, then the decided status: a status is written only
         for a world that exists, so a crash in between is repaired by the next round's
-        observation. A child the API server refuses ends the round with nothing more
+        observation. The one exception comes before the children: what they embody
+        (``decision.status_first``, the placement), which the next round could not tell
+        from them. A child the API server refuses ends the round with nothing more
         written; its refusal event is returned for the caller to decide on (refusals.py)."""
         ns = ref.namespace
         if (decision.create or decision.delete) and not self._still_there(ref):
             return None  # deleted while we decided: the garbage collector owns the children now
+        self._send_status(ref, decision.status_first)
         for child in decision.delete:
             self._delete(ns, child)
         conflict: Conflict | None = None
@@ -420,7 +423,10 @@ class Kube:
     ) -> None:
         old = job.get("status") or {}
         new = status.model_dump(mode="json", by_alias=True, exclude_none=True)
-        patch = merge_patch(old, new)
+        self._send_status(ref, merge_patch(old, new))
+
+    def _send_status(self, ref: builders.JobRef, patch: Obj) -> None:
+        """A merge patch of the job's status; nothing to send, nothing sent."""
         if not patch:
             return
         try:

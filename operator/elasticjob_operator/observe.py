@@ -53,6 +53,7 @@ class ObservedPod:
     # why the cluster took it (DisruptionTarget's reason, or a kubelet eviction): not the
     # worker's failure, so never charged to backoffLimit; "" for anything else
     disruption: str = ""
+    ip: str = ""  # status.podIP: its agent's rendezvous address ("" before it has one)
 
 
 @dataclass(frozen=True)
@@ -185,6 +186,7 @@ def observe_pod(pod: Obj, job_uid: str) -> ObservedPod | None:
         node_lost_since=node_lost_since(pod),
         waiting=waiting(pod),
         disruption=disruption_of(pod),
+        ip=str(status.get("podIP") or ""),
     )
 
 

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from enum import StrEnum
-from typing import Final
+from typing import Any, Final
 
 from elasticjob_operator import builders, gang, models, network_policy
 from elasticjob_operator.builders import JobRef
@@ -125,6 +125,15 @@ def decide_scaling(previous: int | None, desired: int, pods: Sequence[ObservedPo
         event = normal("Scaling", f"scaling {verb} from {previous} to {desired} workers")
     past_end = tuple(p for p in pods if p.index >= desired)
     return Scaling(event, past_end, event is not None or bool(past_end))
+
+
+def leaving_ips(pods: Iterable[ObservedPod], deleted: Iterable[str]) -> list[str]:
+    """Rule "Scaling", going down: the IPs of the running pods among ``deleted``. Their
+    agents may be training, so their nodes are marked leaving together before the pods
+    go; the kubelets' SIGTERMs come one after the other, and each would cost the others
+    a regroup of its own."""
+    names = frozenset(deleted)
+    return sorted(p.ip for p in pods if p.name in names and p.ip and p.phase == "Running")
 
 
 @dataclass(frozen=True)
@@ -576,6 +585,7 @@ def _tidy(d: Decision, r: Round, lost: frozenset[str], scaling: Scaling) -> froz
     beyond = _delete_pods(d, scaling.past_end, frozenset(stale))
     if beyond:
         d.normal("ScaledDown", f"deleted worker pods {', '.join(beyond)}")
+        d.leaving += leaving_ips(scaling.past_end, beyond)
     return frozenset(stale + beyond)
 
 
@@ -727,7 +737,27 @@ def reconcile(
         d.credentials = Credentials(recheck=mounts, shared=shared is not None)
     if d.create:  # written only if all of them are (refusals.py)
         d.status = created_status(d.status, r.now)
+    d.status_first = status_first(status, d)
     return d
+
+
+def status_first(before: models.ElasticJobStatus, d: Decision) -> dict[str, Any]:
+    """What ``d`` writes before its children (Decision.status_first): the placement it
+    decided, in the round that creates the worker pods embodying it (a pod's workloadRef
+    is immutable). Written after them, it was lost with a round that stopped at a child (a
+    refusal, a name still taken, a crash), and the next round, finding the job's pods,
+    decided OneByOne for pods that wait for a gang; and until the round ended, the job
+    showed pods and an empty status. The generation acted on goes with it, so the write
+    is known for the operator's own (handlers.is_own_status_echo). Nothing once recorded."""
+    pods = any(obj.get("kind") == "Pod" for obj in d.create)
+    if before.placement is not None or d.status.placement is None or not pods:
+        return {}
+    return d.status.model_dump(
+        mode="json",
+        by_alias=True,
+        exclude_none=True,
+        include={"placement", "observed_generation"},
+    )
 
 
 def _decide(d: Decision, r: Round, generation: int | None) -> Decision:

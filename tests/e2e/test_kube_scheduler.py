@@ -139,6 +139,8 @@ def test_a_gang_the_cluster_cannot_hold_binds_no_worker_at_all(installed: Operat
     name = unique("whole")
     c.apply(ns, gang_job(name, min_replicas=3, replicas=3))
     wait_for("3 worker pods", lambda: len(c.workers(ns, name)) == 3)
+    # written before the first pod (Decision.status_first), not with the round's status
+    # after them: one read, however slow the API server
     assert c.status(ns, name).get("placement") == "Gang"
     groups = gang_workload(c, ns, name)["spec"]["podGroups"]
     assert groups == [{"name": "workers", "policy": {"gang": {"minCount": 3}}}]

@@ -85,9 +85,11 @@ def launcher_argv(
     max_restarts: int = 0,
     backend: str = "etcd-v3",
     launcher: list[str] | None = None,
+    local_addr: str = "127.0.0.1",
 ) -> list[str]:
     """An agent's command line as the integration tests start it (torchrun's flags;
-    ``launcher`` defaults to elasticjob-run)."""
+    ``launcher`` defaults to elasticjob-run; ``local_addr``: another loopback address
+    stands in for another pod's IP)."""
     _LAUNCHED.add((run_id, endpoint))
     return [
         *(launcher or [sys.executable, "-m", "elasticjob_runtime.launch.launcher"]),
@@ -96,7 +98,7 @@ def launcher_argv(
         f"--rdzv-backend={backend}",
         f"--rdzv-endpoint={endpoint}",
         f"--rdzv-id={run_id}",
-        "--local-addr=127.0.0.1",
+        f"--local-addr={local_addr}",
         "--monitor-interval=0.2",
         f"--max-restarts={max_restarts}",
         *script,
@@ -294,6 +296,7 @@ def start(
     nnodes: str = "1",
     run_id: str | None = None,
     launcher: list[str] | None = None,
+    local_addr: str = "127.0.0.1",
 ) -> subprocess.Popen[bytes]:
     """An ``elasticjob-run`` agent (or ``launcher``, a script that runs it) in its own
     session (killed by its group at the end)."""
@@ -305,6 +308,7 @@ def start(
         nproc=nproc,
         max_restarts=max_restarts,
         launcher=launcher,
+        local_addr=local_addr,
     )
     at = len(launcher) if launcher else 3  # after `python -m elasticjob_runtime.launch.launcher`
     argv[at:at] = launcher_flags

@@ -51,6 +51,10 @@ IN_PLACE: Final = "ELASTICJOB_IN_PLACE"
 # elasticjob-run: seconds without a training step before the agent restarts its workers
 # (unset or 0: off); the operator sets it from spec.hangTimeoutSeconds
 HANG_TIMEOUT: Final = "ELASTICJOB_HANG_TIMEOUT"
+# how many nodes the job asked for (the operator sets the job's replicas): the etcd-v3
+# rendezvous's first round waits for that many, up to its last call, before it starts
+# with fewer (rendezvous/membership.py awaited)
+DESIRED_NODES: Final = "ELASTICJOB_DESIRED_NODES"
 # set in a worker that a warm spare became: when it got its round (unix seconds)
 WORKER_ASSIGNED_AT: Final = "ELASTICJOB_WORKER_ASSIGNED_AT"
 
@@ -105,3 +109,22 @@ def memory_fallback_prefix(run_id: str) -> str:
 def run_prefix(run_id: str) -> str:
     """etcd key prefix holding all of one run's rendezvous state."""
     return f"/elasticjob/{run_id}/"
+
+
+def rdzv_prefix(run_id: str) -> str:
+    """What a running node watches: the round key, the member keys and the leaving keys."""
+    return f"{run_prefix(run_id)}rdzv/"
+
+
+def members_prefix(run_id: str) -> str:
+    """Under it, a key per live agent on the agent's own lease, holding its address
+    (:class:`~elasticjob_runtime.etcd.records.Member`): the operator finds a pod's node
+    by it."""
+    return f"{rdzv_prefix(run_id)}members/"
+
+
+def leaving_prefix(run_id: str) -> str:
+    """Under it, a key per node leaving the run, on that node's member lease: put by the
+    node itself when told to stop (a SIGTERM), or by the operator for every node a
+    scale-down removes, in one transaction, so the others regroup once without them."""
+    return f"{rdzv_prefix(run_id)}leaving/"

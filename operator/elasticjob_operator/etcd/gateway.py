@@ -81,6 +81,24 @@ class Gateway:
         kvs = self.call("/v3/kv/range", body).get("kvs") or []
         return {base64.b64decode(kv["key"]): base64.b64decode(kv.get("value", "")) for kv in kvs}
 
+    def leased(self, prefix: bytes) -> dict[bytes, tuple[bytes, int]]:
+        """Every key starting with ``prefix``, with its value and the lease it is on (0:
+        none): etcd's int64s come as JSON strings, and a zero is left out."""
+        body = {"key": b64(prefix), "range_end": b64(prefix_end(prefix))}
+        kvs = self.call("/v3/kv/range", body).get("kvs") or []
+        return {
+            base64.b64decode(kv["key"]): (
+                base64.b64decode(kv.get("value", "")),
+                int(kv.get("lease") or 0),
+            )
+            for kv in kvs
+        }
+
+    def txn(self, body: dict[str, Any]) -> bool:
+        """One transaction (``compare``, ``success``, ``failure`` as etcd's JSON has them);
+        whether its comparisons held (etcd leaves a false ``succeeded`` out)."""
+        return bool(self.call("/v3/kv/txn", body).get("succeeded"))
+
     def close(self) -> None:
         self.conn.close()
 

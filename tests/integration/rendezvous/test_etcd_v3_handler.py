@@ -15,8 +15,10 @@ from typing import TypeVar
 
 import pytest
 from conftest import EtcdServer, cut_off_keepers, start_etcd
+from tcp_faults import TcpFaultProxy
 from torch.distributed.elastic.rendezvous import (
     RendezvousClosedError,
+    RendezvousConnectionError,
     RendezvousInfo,
     RendezvousParameters,
     RendezvousTimeoutError,
@@ -548,3 +550,108 @@ def test_rank_assignment_gives_up_when_a_participant_left_the_sealed_round(
         moved_on[0].join(timeout=60)
         assert moved_on[1], "the node that moved on never joined the next round"
         assert [i.world_size for i in [*infos, *moved_on[1]]] == [3, 3, 3]
+
+
+def in_threads_later(
+    calls: Sequence[Callable[[], T]], timeout: float = 120
+) -> Callable[[], tuple[list[T | None], list[BaseException]]]:
+    """:func:`in_threads`, started now; call what it returns to wait for them."""
+    done: list[tuple[list[T | None], list[BaseException]]] = []
+    runner = threading.Thread(target=lambda: done.append(in_threads(calls, timeout)), daemon=True)
+    runner.start()
+
+    def wait() -> tuple[list[T | None], list[BaseException]]:
+        runner.join(timeout + 5)
+        return done[0]
+
+    return wait
+
+
+def follow_rounds(node: EtcdV3RendezvousHandler, until: float) -> None:
+    """What torch's agent does with a handler until ``until``: ask every monitor interval
+    whether peers came or went, and join the next round when they did."""
+    while time.monotonic() < until:
+        if node.num_nodes_waiting() > 0:
+            node.next_rendezvous()
+        time.sleep(0.1)
+
+
+def count_member_losses(client: EtcdClient, run_id: str, node: str) -> Callable[[], int]:
+    """Start counting how often ``node``'s member key is deleted; the count so far."""
+    losses: list[str] = []
+    key = members_prefix(run_id) + node
+    revision = client.snapshot(members_prefix(run_id)).revision
+    client.watch_prefix(
+        members_prefix(run_id),
+        revision + 1,
+        lambda: None,
+        on_keys=lambda changes: losses.extend(c.key for c in changes if c.deleted and c.key == key),
+    )
+    return lambda: len(losses)
+
+
+def test_a_node_whose_keeper_connection_stalls_while_new_ones_hang_keeps_its_place(
+    etcd: EtcdServer,
+) -> None:
+    """Issue 34, seen on kind during a scale-up: a node's lease keeper got no answer on
+    its connection while the node's main one worked, and every new connection from its
+    pod to etcd took seconds. The keeper was replaced by one on a new connection that
+    waited for it, so each new member lease lapsed too, and every TTL and a half the whole
+    job regrouped, for five minutes. Here the node's traffic passes a real TCP proxy: the
+    keeper's connection stalls for three TTLs and no new connection ever reaches etcd. The
+    node keeps its lease over its main connection: no regroup at all."""
+    run_id = f"slow-connect-{uuid.uuid4().hex[:8]}"
+    host, port = etcd.endpoint.removeprefix("http://").rsplit(":", 1)
+    with (
+        TcpFaultProxy(host, int(port)) as proxy,
+        handler_factory(etcd.endpoint, run_id, timeout=5) as direct,
+        handler_factory(f"http://127.0.0.1:{proxy.port}", run_id, timeout=5) as proxied,
+    ):
+        a, client = direct(2, 2, join_timeout=30)
+        b, _ = proxied(2, 2, join_timeout=30)
+        join_all(a, b)
+        # register() opens the keeper's connection before the main one's first request
+        assert proxy.accepted == 2
+        losses = count_member_losses(client, run_id, b.node)
+        proxy.hold_new = 3600.0  # from now on no new connection of b's reaches etcd
+        until = time.monotonic() + 12
+        followers = in_threads_later([functools.partial(follow_rounds, n, until) for n in (a, b)])
+        proxy.stall(3.0, connections=frozenset({0}))
+        _, errors = followers()
+        assert not errors, errors
+        assert losses() == 0, f"b's member key lapsed {losses()} times; each regrouped the job"
+        assert (
+            sorted(a._watch.participants)
+            == sorted(b._watch.participants)
+            == sorted([a.node, b.node])
+        )
+
+
+def test_a_node_that_keeps_losing_its_lease_leaves_the_job_with_one_line(
+    etcd: EtcdServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A node whose lease lapses again within a minute of the last lapse stops announcing
+    itself (each lapse regroups every peer): its next join fails with one line that says
+    why, and its peers train on without it."""
+    run_id = f"flapping-{uuid.uuid4().hex[:8]}"
+    host, port = etcd.endpoint.removeprefix("http://").rsplit(":", 1)
+    with (
+        TcpFaultProxy(host, int(port)) as proxy,
+        handler_factory(etcd.endpoint, run_id, timeout=5) as direct,
+        handler_factory(f"http://127.0.0.1:{proxy.port}", run_id, timeout=5) as proxied,
+    ):
+        a, _ = direct(1, 2, join_timeout=30)
+        b, _ = proxied(1, 2, join_timeout=30)
+        join_all(a, b)
+        proxy.stall(2.0)  # longer than its lease: it lapses, and b comes back
+        assert wait_until(lambda: a.num_nodes_waiting() > 0, 10) is not None
+        assert wait_until(lambda: a._state.is_live(b.node), 10) is not None
+        assert [i.world_size for i in join_all(a, b)] == [2, 2]
+        proxy.stall(2.0)  # again within a minute: b leaves
+        with pytest.raises(RendezvousConnectionError, match="lost its member lease 2 times"):
+            b.next_rendezvous()
+        assert wait_until(lambda: a.num_nodes_waiting() > 0, 10) is not None
+        (info,) = join_all(a)
+        assert info.world_size == 1
+        said = [r for r in caplog.records if "lost its member lease" in r.getMessage()]
+        assert len(said) == 1, [r.getMessage() for r in said]

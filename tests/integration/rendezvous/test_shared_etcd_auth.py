@@ -21,10 +21,12 @@ from elasticjob_operator import observe
 from elasticjob_operator.etcd import certs as etcd_certs
 from elasticjob_operator.etcd import reader as etcd_reader
 from elasticjob_operator.etcd import shared as shared_etcd
+from elasticjob_operator.etcd.leaving import mark_leaving
 from elasticjob_operator.etcd.users import EtcdUsers, SharedEtcdNotReady
 from elasticjob_runtime import contract
 from elasticjob_runtime.etcd.client import EtcdClient, EtcdError
 from elasticjob_runtime.etcd.endpoints import TLSCredentials, parse_endpoints
+from elasticjob_runtime.etcd.records import Member, encode_member
 from elasticjob_runtime.etcd.tls import EtcdTLS, credentials, open_client, tls_environ
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -148,6 +150,37 @@ def test_a_run_rendezvouses_through_it_and_the_operator_reads_its_progress(
         assert alone.progress is None
         (tmp_path / "stop").touch()
         assert agent.wait(timeout=120) == 0, log.read_text()[-3000:]
+    finally:
+        client.close()
+
+
+def test_the_operator_marks_a_jobs_leaving_nodes_as_root_on_their_own_leases(
+    shared: EtcdServer, tmp_path: Path
+) -> None:
+    """A scale-down's leaving marks (etcd/leaving.py) go through the shared etcd's auth as
+    the operator's reads do: root's token over the gateway; the job's role is unchanged."""
+    users = _users(shared)
+    users.ensure_auth()
+    uid = str(uuid.uuid4())
+    users.add_job(uid)
+    client = _client(shared, _job_files(uid, tmp_path / "job"))
+    try:
+        # two agents of the job, as their lease holders register them
+        leases = {addr: client.grant(30) for addr in ("10.0.0.1", "10.0.0.2")}
+        for addr, lease in leases.items():
+            member = encode_member(Member(addr=addr, pid=7))
+            client.put(contract.members_prefix(uid) + f"{addr}_7_x", member, lease=lease)
+        marked = mark_leaving(
+            shared.endpoint, uid, {"10.0.0.2"}, tls=_operator_tls(), token=users.token()
+        )
+        assert marked == ["10.0.0.2_7_x"]
+        mark = client.get(contract.leaving_prefix(uid) + "10.0.0.2_7_x")
+        assert mark is not None and mark.lease == leases["10.0.0.2"]  # goes with the node
+        assert not client.get(contract.leaving_prefix(uid) + "10.0.0.1_7_x")
+        # with the job's certificate only, the gateway writes nothing (and does not fail)
+        assert mark_leaving(shared.endpoint, uid, {"10.0.0.1"}, tls=_operator_tls()) == []
+        client.revoke(leases["10.0.0.2"])
+        assert client.get(contract.leaving_prefix(uid) + "10.0.0.2_7_x") is None
     finally:
         client.close()
 

@@ -84,6 +84,7 @@ def test_worker_env_is_the_contract() -> None:
     assert env[contract.RDZV_BACKEND]["value"] == "etcd-v3"
     assert env[contract.RDZV_ENDPOINT]["value"] == "https://train-etcd.ml.svc:2379"
     assert env[contract.NNODES]["value"] == "2:4"
+    assert env[contract.DESIRED_NODES]["value"] == "3"  # the first round waits for them
     assert env[contract.NPROC_PER_NODE]["value"] == "auto"
     assert env[contract.MAX_RESTARTS]["value"] == str(models.DEFAULT_MAX_RESTARTS)
     assert env[contract.RDZV_CONF]["value"] == "close_timeout=5,join_timeout=900"
@@ -95,6 +96,13 @@ def test_worker_env_is_the_contract() -> None:
     assert env[contract.NODE_NAME]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     # every container gets it, sidecars too
     assert env_of(builders.worker_pod(REF, spec, 0, 0), 1)[contract.RDZV_ID]["value"] == "uid-1"
+
+
+def test_the_desired_node_count_is_what_a_queue_admitted() -> None:
+    capped = make_spec().capped(2)  # Kueue admitted 2 of the 3
+    env = env_of(builders.worker_pod(REF, capped, 0, 0))
+    assert env[contract.DESIRED_NODES]["value"] == "2"
+    assert env[contract.NNODES]["value"] == "2:4"
 
 
 def test_the_hang_timeout_reaches_the_workers_only_when_set() -> None:

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from elasticjob_operator import builders, gang, models
+from elasticjob_operator import builders, gang, models, refusals
 from elasticjob_operator.builders import JobRef
 from elasticjob_operator.decision import ChildRef, Decision
-from elasticjob_operator.kube import RESOURCES, resource_key
+from elasticjob_operator.kube import RESOURCES, merge_patch, resource_key
 from elasticjob_operator.observe import Observed, ObservedPod
 from elasticjob_operator.reconcile import Config, reconcile
 from elasticjob_operator.settings import from_env
@@ -102,6 +102,63 @@ def test_a_job_that_already_has_pods_and_no_record_stays_one_by_one() -> None:
     assert d.status.placement == "OneByOne"
     assert not created(d, "Workload")
     assert created(d, "Pod") and all("workloadRef" not in p["spec"] for p in created(d, "Pod"))
+
+
+def merged(target: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    """``target`` after the API server applies the merge patch ``patch`` (RFC 7386)."""
+    out = dict(target)
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merged(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def test_the_placement_is_written_before_the_pods_that_embody_it() -> None:
+    """kube.apply sends status_first before any child: a job whose pods exist already
+    says how they are placed (on kind a test once read {} between the pods and the
+    round's status), and the write is the operator's own echo, not a new round."""
+    from elasticjob_operator.handlers import is_own_status_echo
+
+    d = round_of(GANG_ON)
+    assert created(d, "Pod")
+    assert d.status_first == {"placement": "Gang", "observedGeneration": 1}
+    echo = {"metadata": {"generation": 1}, "status": d.status_first}
+    assert is_own_status_echo("MODIFIED", echo)
+    # recorded: nothing is written first any more
+    status = models.ElasticJobStatus.model_validate(d.status_first)
+    assert round_of(GANG_ON, status).status_first == {}
+    # a round that creates no pod leaves it to its status (a queued job: its Workload)
+    queued = round_of(Config(kueue=True, gang=True), queue="team-a")
+    assert not created(queued, "Pod") and queued.status_first == {}
+
+
+def test_a_first_round_stopped_by_a_refused_pod_keeps_its_gang() -> None:
+    """Pods 0 and 1 are created with the gang's workloadRef, pod 2 is refused (a quota):
+    the round writes its previous status and the refusal (refusals.refused). The next
+    round must still gang: a pod 2 without the workloadRef would leave the other two
+    waiting for a gang of 3 that never forms."""
+    first = round_of(GANG_ON)
+    server = merged({}, first.status_first)
+    event = refusals.refusal_event("Pod", "train-worker-2", "exceeded quota")
+    refused = refusals.refused(models.ElasticJobStatus(), event, T0).status
+    written = refused.model_dump(mode="json", by_alias=True, exclude_none=True)
+    server = merged(server, merge_patch({}, written))  # the job's status was {} when read
+    status = models.ElasticJobStatus.model_validate(server)
+    assert status.placement == "Gang"
+    pods = tuple(
+        ObservedPod(name=builders.worker_pod_name("train", i), index=i, phase="Pending")
+        for i in range(2)
+    )
+    observed = Observed(pods=pods, gang_workload=True, gang_min_count=2)
+    d = round_of(GANG_ON, status, observed)
+    assert d.status.placement == "Gang"
+    (again,) = created(d, "Pod")
+    assert again["metadata"]["name"] == "train-worker-2"
+    assert again["spec"]["workloadRef"] == {"name": "train-gang", "podGroup": "workers"}
 
 
 def test_the_recorded_placement_holds_whatever_the_operator_is_told_later() -> None:

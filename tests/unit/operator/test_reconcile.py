@@ -431,6 +431,31 @@ def test_scale_down_removes_the_highest_indexes_first_without_counting_failures(
     assert d.status.restart_count == 0
 
 
+def test_a_scale_down_marks_the_running_workers_it_deletes_leaving_and_no_other() -> None:
+    w = running_world(replicas=4)
+    for i in range(4):
+        name = builders.worker_pod_name(REF.name, i)
+        w.pods[name] = replace(w.pods[name], ip=f"10.0.0.{i}")
+    w.set(3, "Pending")  # scheduled, no agent yet: nothing of it in the run's etcd
+    w.spec = make_spec(replicas=1)
+    d = w.round()
+    assert deleted_pods(d) == ["train-worker-3", "train-worker-2", "train-worker-1"]
+    assert d.leaving == ["10.0.0.1", "10.0.0.2"]
+    w.settle()
+    assert w.round().leaving == []  # nothing more to mark once they are gone
+
+
+def test_a_round_that_deletes_no_pod_for_a_scale_down_marks_nobody() -> None:
+    w = running_world(replicas=2)
+    for i in range(2):
+        name = builders.worker_pod_name(REF.name, i)
+        w.pods[name] = replace(w.pods[name], ip=f"10.0.0.{i}")
+    w.set(1, "Failed", code=1)  # deleted to be replaced: its agent has gone already
+    d = w.round()
+    assert deleted_pods(d) == ["train-worker-1"]
+    assert d.leaving == []
+
+
 def test_scaling_back_up_is_a_fresh_worker_not_a_restart() -> None:
     w = running_world(replicas=3)
     w.spec = make_spec(replicas=2)
@@ -881,6 +906,8 @@ def test_observe_pod_reads_index_phase_owner_and_deletion() -> None:
     )
     other = observe_pod(raw_pod(phase="Running"), "uid-2")
     assert other is not None and other.foreign
+    running = observe_pod(raw_pod(phase="Running", podIP="10.244.1.7"), "uid-1")
+    assert running is not None and running.ip == "10.244.1.7"  # its agent's address
     unlabelled = raw_pod()
     unlabelled["metadata"]["labels"] = {}
     assert observe_pod(unlabelled, "uid-1") is None

@@ -4,6 +4,7 @@ over, exit; or stop as before where handing over cannot work."""
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -128,3 +129,46 @@ def test_a_sigterm_asks_for_a_departure_only_while_a_round_trains() -> None:
     assert request.take() and request.requested_at is not None
     request.accepting = False
     assert request.take()  # a second SIGTERM changes nothing: the departure goes on
+
+
+class MarkedNode:
+    """What Departing reads of a rendezvous: a node the operator marked leaving, whose
+    peers sealed round 4 without it."""
+
+    def __init__(self, marked: bool) -> None:
+        self.marked = marked
+        self.announced = 0
+
+    def is_leaving(self) -> bool:
+        return self.marked
+
+    def announce_departure(self) -> None:
+        self.announced += 1
+
+    def standing(self) -> Standing:
+        after = Round(4, ("a", "b"), complete=True, leader="a")
+        return Standing(ME, 3, ("a", "b", "c"), after, others_live=2, min_nodes=1)
+
+
+def test_a_node_marked_leaving_departs_as_after_a_sigterm_its_announcement_made(
+    tmp_path: Path,
+) -> None:
+    from elasticjob_runtime.launch.channel import AgentChannel, WorkerChannel
+    from elasticjob_runtime.launch.departing import Departing, DepartureRequest
+
+    unmarked = Departing(DepartureRequest(), MarkedNode(False), AgentChannel(tmp_path))  # type: ignore[arg-type]
+    unmarked.request.accepting = True
+    unmarked.follow_mark()
+    assert not unmarked.under_way  # never marked, never told to stop: nothing changes
+
+    node = MarkedNode(True)
+    departing = Departing(DepartureRequest(), node, AgentChannel(tmp_path))  # type: ignore[arg-type]
+    departing.follow_mark()
+    assert not departing.under_way  # no round trains: a join stops it (MarkedLeaving)
+    departing.request.accepting = True
+    departing.follow_mark()
+    assert departing.under_way
+    departing.step(lambda: True, workers_exited=False)
+    assert node.announced == 0  # the operator's mark is the announcement
+    assert WorkerChannel(tmp_path, 0).handed_over()  # round 4 went on without it
+    assert departing.request.take()  # the SIGTERM that follows changes nothing

@@ -59,6 +59,19 @@ def test_the_injected_backend_variable_is_read_and_a_flag_beats_it(
     assert args_for("--rdzv-backend=etcd-v3").rdzv_backend == "etcd-v3"  # type: ignore[attr-defined]
 
 
+def test_a_bad_desired_node_count_is_one_line_before_anything_starts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("PET_RDZV_BACKEND", raising=False)
+    args = args_for("--nnodes=1:2", "--rdzv-endpoint=127.0.0.1:2379", "--rdzv-id=job")
+    monkeypatch.setenv("ELASTICJOB_DESIRED_NODES", "two")
+    problem = config_problem(args, known_backends())  # type: ignore[arg-type]
+    assert problem is not None and problem.startswith("ELASTICJOB_DESIRED_NODES='two': ")
+    assert "\n" not in problem
+    monkeypatch.setenv("ELASTICJOB_DESIRED_NODES", "2")
+    assert config_problem(args, known_backends()) is None  # type: ignore[arg-type]
+
+
 def test_missing_endpoint_or_run_id_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("PET_RDZV_ENDPOINT", "PET_RDZV_ID", "PET_RDZV_BACKEND"):
         monkeypatch.delenv(name, raising=False)

@@ -9,13 +9,17 @@ from hypothesis import strategies as st
 
 from elasticjob_runtime.rendezvous.leases import (
     DEFAULT_LEASE_TTL,
+    LAPSE_WINDOW_S,
+    LAPSES_BEFORE_LEAVING,
     LATE_WARNING_EVERY_S,
     granted_ttl_message,
     job_lease_due,
     keep_alive_timing,
     keeper_cut_off,
     keeper_recheck_after,
+    lapses_message,
     late_refresh_warning,
+    leaves_after_lapse,
     notice_within,
 )
 
@@ -100,3 +104,18 @@ def test_the_runs_lease_is_refreshed_every_few_seconds_and_at_once_after_a_lost_
     assert not job_lease_due(0.2, member_lease_lost=False)
     assert job_lease_due(2.0, member_lease_lost=False)
     assert job_lease_due(0.0, member_lease_lost=True)
+
+
+def test_a_first_lapse_brings_the_node_back_and_a_second_within_the_window_does_not() -> None:
+    assert not leaves_after_lapse((100.0,), 100.0)
+    assert leaves_after_lapse((100.0, 101.5), 101.5)  # the kind livelock: every 1.5 s
+    assert leaves_after_lapse((100.0, 100.0 + LAPSE_WINDOW_S), 100.0 + LAPSE_WINDOW_S)
+    # an old lapse is forgotten: a node that blips once an hour always comes back
+    assert not leaves_after_lapse((100.0, 100.0 + LAPSE_WINDOW_S + 1), 100.0 + LAPSE_WINDOW_S + 1)
+    assert LAPSES_BEFORE_LEAVING == 2
+
+
+def test_the_line_a_leaving_node_says_names_it_the_count_and_what_to_do() -> None:
+    line = lapses_message("10.0.0.1_7_abc", 2, "job-etcd.ns.svc:2379")
+    assert "10.0.0.1_7_abc" in line and "2 times" in line and "job-etcd.ns.svc:2379" in line
+    assert "lease_ttl" in line

@@ -3,12 +3,16 @@ seals, who stands by, when to restart."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from elasticjob_runtime import contract
 from elasticjob_runtime.rendezvous.membership import (
+    FIRST_ROUND,
     CheckSealed,
     Closed,
     Enter,
@@ -22,6 +26,7 @@ from elasticjob_runtime.rendezvous.membership import (
     Seal,
     Standby,
     Wait,
+    awaited,
     binding_round,
     decide_join,
     decide_lead,
@@ -29,11 +34,13 @@ from elasticjob_runtime.rendezvous.membership import (
     decide_seal,
     decide_standby,
     decode_participants,
+    desired_nodes,
     encode_participants,
     gone_on_without,
     joined_by_record,
     leader_of,
     restart_reason,
+    short_of_desired,
     takes_over,
 )
 
@@ -81,7 +88,9 @@ def step(etcd: Etcd, node: Node, live: frozenset[str], limits: Limits, now: floa
         node.entered = decision.number
         return True
     if isinstance(decision, Lead) and etcd.state is not None:
-        verdict = decide_seal(etcd.joins.get(decision.number, []), live, limits, None, now)
+        joins = etcd.joins.get(decision.number, [])
+        first = decision.number == FIRST_ROUND
+        verdict = decide_seal(joins, live, limits, None, now, first_round=first)
         if isinstance(verdict, Seal):
             etcd.state = Round(decision.number, verdict.participants, True, leader=node.name)
             etcd.sealed[decision.number] = verdict.participants
@@ -130,6 +139,67 @@ def test_a_live_node_that_has_not_entered_is_waited_for_only_until_the_last_call
     assert waiting == Wait(115.0, "waiting for live nodes that have not joined yet")
     assert decide_seal(["a", "b"], live, LIMITS, deadline=115.0, now=114.9) == waiting
     assert decide_seal(["a", "b"], live, LIMITS, deadline=115.0, now=115.0) == Seal(("a", "b"))
+
+
+def test_the_first_round_waits_for_the_nodes_the_job_asked_for_until_the_last_call() -> None:
+    """On kind, worker-0 sealed round 1 alone (min 1) while worker-1's pod was starting,
+    and trained the whole short job at world 1: the job asked for 2."""
+    limits = Limits(min_nodes=1, max_nodes=2, last_call=15.0, desired=2)
+    alone = frozenset({"a"})
+    waiting = decide_seal(["a"], alone, limits, None, 100.0, first_round=True)
+    assert waiting == Wait(115.0, "1 of the 2 nodes the job asked for have joined")
+    assert decide_seal(["a"], alone, limits, 115.0, 114.9, first_round=True) == waiting
+    both = frozenset("ab")
+    assert decide_seal(["a", "b"], both, limits, 115.0, 101.0, first_round=True) == Seal(("a", "b"))
+    # bounded: the job starts with those that came
+    assert decide_seal(["a"], alone, limits, 115.0, 115.0, first_round=True) == Seal(("a",))
+    # a later round (a regroup after a loss) waits for nobody who is not live
+    assert decide_seal(["a"], alone, limits, None, 100.0) == Seal(("a",))
+    # without a count, as before: every live node in is enough
+    unsaid = Limits(1, 2, 15.0)
+    assert decide_seal(["a"], alone, unsaid, None, 100.0, first_round=True) == Seal(("a",))
+
+
+def test_a_node_that_starts_late_is_in_the_first_round_of_a_job_that_asked_for_it() -> None:
+    a, b = Node("a"), Node("b")
+    asked = Limits(1, 2, 15.0, desired=2)
+    etcd = settle([a], frozenset("a"), asked)
+    assert a.joined is None and etcd.state == Round(1, leader="a")  # waits for b
+    settle([a, b], frozenset("ab"), asked, etcd)
+    assert a.joined == Joined(1, ("a", "b"), 0) and b.joined == Joined(1, ("a", "b"), 1)
+    # without the count a seals alone, and b comes to a running round: a second round
+    a, b = Node("a"), Node("b")
+    etcd = settle([a], frozenset("a"), Limits(1, 2, 15.0))
+    assert a.joined == Joined(1, ("a",), 0)
+    settle([b], frozenset("ab"), Limits(1, 2, 15.0), etcd)
+    assert etcd.state == Round(2, leader="b")
+
+
+def test_the_awaited_count_stays_within_min_and_max() -> None:
+    assert awaited(Limits(2, 4, 15.0, desired=3), first_round=True) == 3
+    assert awaited(Limits(2, 4, 15.0, desired=9), first_round=True) == 4
+    assert awaited(Limits(2, 4, 15.0, desired=1), first_round=True) == 2
+    assert awaited(Limits(2, 4, 15.0, desired=3), first_round=False) == 2
+    assert awaited(Limits(2, 4, 15.0), first_round=True) == 2
+
+
+def test_the_desired_count_is_read_from_the_operators_variable() -> None:
+    assert desired_nodes({}) is None
+    assert desired_nodes({contract.DESIRED_NODES: ""}) is None
+    assert desired_nodes({contract.DESIRED_NODES: " 3 "}) == 3
+    for bad in ("0", "-1", "two", "1.5"):
+        with pytest.raises(ValueError, match=re.escape(f"ELASTICJOB_DESIRED_NODES={bad!r}: ")):
+            desired_nodes({contract.DESIRED_NODES: bad})
+
+
+def test_the_leader_says_when_its_first_round_starts_short_of_the_count() -> None:
+    limits = Limits(1, 4, 15.0, desired=3)
+    said = short_of_desired(limits, True, 2)
+    assert said is not None
+    assert said.startswith("sealed the first round with 2 of the 3 nodes the job asked for")
+    assert "last_call_timeout" in said
+    assert short_of_desired(limits, True, 3) is None
+    assert short_of_desired(limits, False, 1) is None
 
 
 def test_a_full_round_seals_at_max_in_entry_order_and_extra_nodes_stand_by() -> None:

@@ -1,5 +1,5 @@
-"""The progress record and the node-memory report: one format, written and read by the
-same code (the runtime publishes, the operator reads)."""
+"""The progress record, the node-memory report and the member record: one format, written
+and read by the same code (the runtime publishes, the operator reads)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,13 @@ import json
 import pytest
 
 from elasticjob_runtime.etcd.records import (
+    Member,
     MemoryFallback,
     Progress,
+    decode_member,
     decode_memory_fallback,
     decode_progress,
+    encode_member,
     encode_memory_fallback,
     encode_progress,
 )
@@ -67,3 +70,14 @@ def test_a_record_that_is_not_one_is_refused_naming_what_is_wrong(raw: bytes, na
 def test_a_report_without_a_pod_is_refused() -> None:
     with pytest.raises(ValueError, match="pod"):
         decode_memory_fallback(b'{"step": 1, "checkpoint_bytes": 5}')
+
+
+def test_a_member_record_names_the_address_the_operator_finds_a_pods_node_by() -> None:
+    member = Member(addr="10.244.1.7", pid=42)
+    assert decode_member(encode_member(member)) == member
+    # what every agent before the record had a name wrote: the same document
+    assert decode_member(b'{"addr": "10.244.1.7", "pid": 42}') == member
+    with pytest.raises(ValueError, match="addr"):
+        decode_member(b'{"pid": 42}')
+    with pytest.raises(ValueError, match="pid"):
+        decode_member(b'{"addr": "10.244.1.7"}')

@@ -12,10 +12,16 @@ credentials are plain data in :mod:`elasticjob_runtime.etcd.endpoints`.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from elasticjob_runtime.etcd.dns import GRPC_DNS_RESOLVER, grpc_dns_resolver
+
+# Before gRPC starts: it reads the variable once. See etcd/dns.py.
+os.environ[GRPC_DNS_RESOLVER] = grpc_dns_resolver(os.environ)
 
 import grpc  # type: ignore[import-untyped]
 import pyetcd.events
@@ -219,9 +225,20 @@ class EtcdClient:
             )
             for e in endpoints
         ]
-        self._client: Any = MultiEndpointEtcd3Client(
+        self._ready: Any = None  # grpc.channel_ready_future, once connected() has asked
+        self._closed = False
+        self._pyetcd: Any = MultiEndpointEtcd3Client(
             endpoints=channels, timeout=timeout, failover=len(endpoints) > 1
         )
+
+    @property
+    def _client(self) -> Any:
+        """The pyetcd client, while this one is open: a request on a closed gRPC channel
+        can crash the process (a segfault in grpc's stub set-up), and a lease keeper
+        replaced while stuck in a call may make one when its call returns."""
+        if self._closed:
+            raise EtcdError(f"the connection to etcd at {self.where} is closed")
+        return self._pyetcd
 
     @property
     def timeout(self) -> float:
@@ -231,7 +248,7 @@ class EtcdClient:
     @timeout.setter
     def timeout(self, value: float) -> None:
         self._timeout = value
-        self._client.timeout = value
+        self._pyetcd.timeout = value
 
     def another(self, timeout: float, reconnect_within: float | None = None) -> EtcdClient:
         """A second connection (its own TCP connection) to the same etcd with the same TLS
@@ -243,11 +260,28 @@ class EtcdClient:
         otherwise the first request pays for it out of its own timeout, which a client for
         lease refreshes keeps far shorter than a handshake may take on a busy cluster."""
         try:
-            grpc.channel_ready_future(self._client.channel).result(timeout=within)
+            self._ready_future().result(timeout=within)
         except grpc.FutureTimeoutError as exc:
             raise EtcdError(
                 f"cannot reach etcd at {self.where}: no connection within {within:g} s"
             ) from exc
+
+    def connected(self) -> bool:
+        """Is the connection open now (TLS handshake done)? Asks without waiting; the first
+        call starts opening it. Once open it stays "connected" here even if it breaks
+        later: a request over it then fails, and callers fall back (the lease keeper)."""
+        if self._closed:
+            return False
+        ready = self._ready_future()
+        return bool(ready.done() and not ready.cancelled())
+
+    def _ready_future(self) -> Any:
+        """One ``grpc.channel_ready_future`` per client, cancelled by :meth:`close`: until
+        then a thread of gRPC's polls the channel, and one left polling a closed channel
+        raises in that thread."""
+        if self._ready is None:
+            self._ready = grpc.channel_ready_future(self._client.channel)
+        return self._ready
 
     def _tls_error(self, exc: BaseException) -> EtcdTLSError | None:
         problem = tls_problem(_grpc_details(exc), self.tls)
@@ -420,7 +454,9 @@ class EtcdClient:
             raise self._fail(f"watch {prefix}", exc) from exc
 
         def cancel() -> None:
-            with contextlib.suppress(pyetcd.exceptions.Etcd3Exception, grpc.RpcError, ValueError):
+            with contextlib.suppress(
+                pyetcd.exceptions.Etcd3Exception, grpc.RpcError, ValueError, EtcdError
+            ):
                 self._client.cancel_watch(watch_id)
 
         return cancel
@@ -445,6 +481,9 @@ class EtcdClient:
                 cancel()
 
     def close(self) -> None:
+        self._closed = True
+        if self._ready is not None:
+            self._ready.cancel()
         # Closing a broken channel must not mask the error that got us here.
         with contextlib.suppress(Exception):
-            self._client.close()
+            self._pyetcd.close()

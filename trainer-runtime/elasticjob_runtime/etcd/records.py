@@ -5,7 +5,8 @@ One format for each, defined once: the training progress that global rank 0 publ
 its node-memory checkpoint copy failed (:class:`MemoryFallback`, said once in the job's
 events), an agent's record that the group hung (:class:`Hang`, an event per round) and
 a worker's record that the ranks trained different models (:class:`Divergence`: the
-job fails, or with ``resync`` an event says so).
+job fails, or with ``resync`` an event says so), and what an agent's member key holds
+(:class:`Member`: the operator maps a pod it removes to its node by the address).
 JSON with snake_case keys; a field a newer runtime adds is ignored by an older reader.
 Pure (json only: no etcd client, no torch), so the operator decodes with the very code
 the runtime encodes with.
@@ -110,6 +111,29 @@ def decode_divergence(raw: bytes) -> Divergence:
         pod=str(doc.get("pod") or ""),
         updated=_float(doc, "updated", 0.0),
     )
+
+
+@dataclass(frozen=True)
+class Member:
+    """What an agent's member key holds (``rdzv/members/<node>``): the address it
+    rendezvouses from (``--local-addr``; in a pod, the pod's IP) and its pid. The
+    operator finds the node of a pod it removes by that address."""
+
+    addr: str
+    pid: int
+
+
+def encode_member(member: Member) -> bytes:
+    return json.dumps(asdict(member), sort_keys=True).encode()
+
+
+def decode_member(raw: bytes) -> Member:
+    """Parse a member key's value; ValueError naming the field if it is not one."""
+    doc = _document(raw, "member record")
+    addr = doc.get("addr")
+    if not isinstance(addr, str) or not addr:
+        raise ValueError("member record: 'addr' must be a non-empty string")
+    return Member(addr=addr, pid=_int(doc, "pid"))
 
 
 def encode_progress(progress: Progress) -> bytes:

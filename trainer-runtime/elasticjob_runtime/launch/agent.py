@@ -331,6 +331,8 @@ class MembershipAwareAgent(TorchAgent):
 
     def monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         result = super().monitor_workers(worker_group)
+        if self._departing is not None:
+            self._departing.follow_mark()  # marked leaving by a scale-down: depart
         if self._departing is not None and self._departing.under_way:
             # announce, wait, hand over; SignalException once it is time to stop
             exited = result.state != WorkerState.HEALTHY

@@ -7,6 +7,12 @@ for a departure (:class:`DepartureRequest`); the agent's monitor loop then carri
 (:class:`Departing`): announce, wait for the others' next round, hand over, exit 143.
 At any other moment (a rendezvous under way, the exit barrier) the signal stops the
 agent as torch's would.
+
+The operator, removing several pods at once (a scale-down), marks all their nodes
+leaving in one etcd transaction before it deletes them, so the others regroup once and
+not once per SIGTERM. A node that sees its own mark while a round trains departs exactly
+as after a SIGTERM, its announcement made for it (:meth:`Departing.follow_mark`); the
+SIGTERM that follows changes nothing.
 """
 
 from __future__ import annotations
@@ -74,6 +80,15 @@ class Departing:
     @property
     def under_way(self) -> bool:
         return self.request.requested_at is not None
+
+    def follow_mark(self) -> None:
+        """Depart if the operator marked this node leaving (its round watch saw the key):
+        the request is taken as a SIGTERM's would be, already announced."""
+        if self.under_way or not self._membership.is_leaving():
+            return
+        if self.request.take():
+            self._announced = True
+            log.info("departure: this node was marked leaving (a scale-down); it hands over")
 
     def step(self, in_place: Callable[[], bool], workers_exited: bool) -> None:
         """Carry out this pass's decision; raises :class:`SignalException` to stop."""

@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 from elasticjob_runtime import contract
 from elasticjob_runtime.launch import hang, health
+from elasticjob_runtime.rendezvous.membership import desired_nodes
 
 if TYPE_CHECKING:  # it imports torch, which a bad command line need not wait for
     from elasticjob_runtime.launch.departing import DepartureRequest
@@ -104,6 +105,11 @@ def config_problem(args: argparse.Namespace, backends: Sequence[str]) -> str | N
                 f"the {args.rdzv_backend} rendezvous needs a run id; pass --rdzv-id or set "
                 f"{contract.RDZV_ID} (unique per job run)"
             )
+    if args.rdzv_backend == contract.DEFAULT_RDZV_BACKEND:
+        try:
+            desired_nodes(os.environ)  # the handler reads it, past torch's launcher
+        except ValueError as exc:
+            return str(exc)
     return None
 
 

@@ -55,6 +55,11 @@ class MembershipRendezvous(Protocol):
         none (rendezvous/departure.py)."""
         ...
 
+    def is_leaving(self) -> bool:
+        """This node's leaving key is there: it announced its departure, or the operator
+        marked it for a scale-down (then it departs as if told to stop)."""
+        ...
+
     def standing(self) -> Standing:
         """Where this node stands in the rendezvous, read now (EtcdError if etcd fails)."""
         ...

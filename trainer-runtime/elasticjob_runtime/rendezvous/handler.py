@@ -28,6 +28,7 @@ unnoticed; :mod:`elasticjob_runtime.rendezvous.leases` has the rules and etcd's 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import logging
 import os
@@ -58,9 +59,9 @@ from elasticjob_runtime.rendezvous.etcd_store import EtcdV3Store, RoundAbandoned
 from elasticjob_runtime.rendezvous.join import join_round
 from elasticjob_runtime.rendezvous.join_executor import JoinExecutor
 from elasticjob_runtime.rendezvous.keys import RendezvousKeys
-from elasticjob_runtime.rendezvous.lease_holder import LeaseHolder
+from elasticjob_runtime.rendezvous.lease_holder import LeaseHolder, MembershipGivenUp
 from elasticjob_runtime.rendezvous.leases import DEFAULT_LEASE_TTL
-from elasticjob_runtime.rendezvous.membership import Joined, Limits, Round
+from elasticjob_runtime.rendezvous.membership import Joined, Limits, Round, desired_nodes
 from elasticjob_runtime.rendezvous.round_watch import RoundWatch
 from elasticjob_runtime.rendezvous.state import RendezvousState
 
@@ -155,7 +156,12 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
         self._watch.leave_round()
         deadline = time.monotonic() + self._join_timeout
         while True:
-            joined, sealed_at = join_round(self._joins, self._watch.round, deadline)
+            try:
+                if self._leases.given_up is not None:
+                    raise MembershipGivenUp(self._leases.given_up)
+                joined, sealed_at = join_round(self._joins, self._watch.round, deadline)
+            except MembershipGivenUp as exc:
+                raise RendezvousConnectionError(str(exc)) from exc
             try:
                 store, bootstrap = self._start(joined, sealed_at)
             except RoundAbandoned as exc:
@@ -207,7 +213,8 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
         """The watch saw this node's member key go while etcd answers: announce again."""
         if self._stop.is_set() or self._state.is_live(self.node):
             return  # it left (the key went with its revoked lease), or its keeper was first
-        self._leases.renew_member("the round watch saw this node's member key deleted")
+        with contextlib.suppress(MembershipGivenUp):  # said; its next join raises it
+            self._leases.renew_member("the round watch saw this node's member key deleted")
 
     def _rank_zero_lost(self, joined: Joined) -> str | None:
         """Why ``joined`` cannot start, or None: the other ranks wait in its store for
@@ -246,6 +253,12 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
         self._client.put(
             self._state.keys.leaving_key(self.node), b"", lease=self._leases.member_lease
         )
+
+    def is_leaving(self) -> bool:
+        """This node's leaving key is there, as the round watch saw it: it announced its
+        departure, or the operator marked it (a scale-down). No etcd request: the agent
+        asks every monitor pass."""
+        return self._watch.departing
 
     def standing(self) -> Standing:
         """Where this node stands, read now: the round key and the live nodes (one read
@@ -332,8 +345,10 @@ def _conf_seconds(params: RendezvousParameters, key: str, default: int) -> int:
 def handler_from_params(params: RendezvousParameters) -> EtcdV3RendezvousHandler:
     """Build the handler from torchrun's parameters (``--rdzv-conf`` keys below).
 
-    ``join_timeout`` (600 s), ``last_call_timeout`` (15 s; only used while a live
-    node has not joined), ``job_ttl`` (3600 s: how long keys outlive the last agent),
+    ``join_timeout`` (600 s), ``last_call_timeout`` (15 s, from ``min`` joined; only
+    used while a live node has not joined, and in the first round while fewer than
+    ``ELASTICJOB_DESIRED_NODES`` have: the nodes the job asked for, which the operator
+    sets), ``job_ttl`` (3600 s: how long keys outlive the last agent),
     ``read_timeout`` (5 s), and ``lease_ttl`` (1 s): a node that dies or freezes is
     noticed within the TTL plus up to 0.5 s (etcd's expiry check). Smaller cannot be
     asked (etcd counts whole seconds); larger means slower detection but fewer
@@ -345,6 +360,7 @@ def handler_from_params(params: RendezvousParameters) -> EtcdV3RendezvousHandler
     ``cacert``, ``cert``, ``key`` as torch's etcd rendezvous reads them, else the
     ``ELASTICJOB_ETCD_*`` variables (:mod:`elasticjob_runtime.etcd.tls`).
     """
+    desired = desired_nodes(os.environ)  # a bad value stops it before it connects
     try:
         client = connect(
             params.endpoint, params.config, timeout=_conf_seconds(params, "read_timeout", 5)
@@ -357,7 +373,10 @@ def handler_from_params(params: RendezvousParameters) -> EtcdV3RendezvousHandler
         client.close()
         raise RendezvousConnectionError(str(exc)) from exc
     limits = Limits(
-        params.min_nodes, params.max_nodes, _conf_seconds(params, "last_call_timeout", 15)
+        params.min_nodes,
+        params.max_nodes,
+        _conf_seconds(params, "last_call_timeout", 15),
+        desired=desired,
     )
     handler = EtcdV3RendezvousHandler(
         client,

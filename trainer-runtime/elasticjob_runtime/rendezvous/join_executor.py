@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import logging
 import random
+import signal
 import time
 
+from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
 
 from elasticjob_runtime.etcd.client import KeyValue
 from elasticjob_runtime.rendezvous.lease_holder import LeaseHolder
 from elasticjob_runtime.rendezvous.membership import (
+    FIRST_ROUND,
     Follow,
     Joined,
     Limits,
@@ -29,11 +32,24 @@ from elasticjob_runtime.rendezvous.membership import (
     decide_standby,
     encode_participants,
     joined_by_record,
+    short_of_desired,
     takes_over,
 )
 from elasticjob_runtime.rendezvous.state import RendezvousState
 
 log = logging.getLogger(__name__)
+
+
+class MarkedLeaving(SignalException):
+    """The operator marked this node leaving (a scale-down) while it was joining a round:
+    it stops as a SIGTERM would stop it then. A signal's exception, so torch's launcher
+    leaves the run open for the others (any other error closes it) and ``elasticjob-run``
+    exits 143, as the departing node it is."""
+
+    def __init__(self, node: str) -> None:
+        super().__init__(
+            f"{node} was marked leaving (a scale-down) while it joined a round", signal.SIGTERM
+        )
 
 
 class JoinExecutor:
@@ -66,7 +82,9 @@ class JoinExecutor:
         return left
 
     def open(self, step: Open, kv: KeyValue | None) -> None:
-        """Open the next round (if no other node just did) and enter it."""
+        """Open the next round (if no other node just did) and enter it; a node marked
+        leaving stops instead (:meth:`stop_if_marked`)."""
+        self.stop_if_marked()
         if self.state.write(step.round, kv):
             log.info("etcd-v3: %s: opened round %d: %s", self.node, step.round.number, step.why)
             self.enter(step.round.number)
@@ -133,15 +151,22 @@ class JoinExecutor:
         a lost node or the last call. Returns the last-call deadline to keep."""
         live_at, live = self.state.live()
         joins_at, joins = self.state.joins(current.number)
-        match decide_lead(self.node, joins, live, self.limits, last_call, time.time()):
+        first = current.number == FIRST_ROUND
+        match decide_lead(self.node, joins, live, self.limits, last_call, time.time(), first):
             case Rejoin():
+                # not live: its lease ran out, or it is marked leaving (a new lease would
+                # drop the mark with the old one)
+                self.stop_if_marked()
                 # a new member lease (and keeper, if it stopped answering), and enter again
                 why = f"its member lease ran out while it led round {current.number}"
                 self.leases.renew_member(why)
                 self.entered = None
                 return last_call
             case Seal(participants):
-                self._seal(current, kv, participants)
+                if self._seal(current, kv, participants):
+                    short = short_of_desired(self.limits, first, len(participants))
+                    if short is not None:
+                        log.warning("etcd-v3: %s: %s", self.node, short)
                 return None
             case Wait(until=until, why=why):
                 left = self.time_left(deadline, why)
@@ -152,14 +177,24 @@ class JoinExecutor:
                 self.state.client.wait_for_change(watched, min(live_at, joins_at), left)
                 return until
 
-    def _seal(self, current: Round, kv: KeyValue, participants: tuple[str, ...]) -> None:
-        """The round key and the sealed record, in one transaction."""
+    def stop_if_marked(self) -> None:
+        """:class:`MarkedLeaving` if this node's leaving key is there (one key). Asked only
+        where a marked node would do harm: opening a round (the others, sealed without it,
+        would regroup for nothing) and taking a new lease as a leader that is not live."""
+        if self.state.is_leaving(self.node):
+            log.info("etcd-v3: %s: marked leaving while it joins; it stops", self.node)
+            raise MarkedLeaving(self.node)
+
+    def _seal(self, current: Round, kv: KeyValue, participants: tuple[str, ...]) -> bool:
+        """The round key and the sealed record, in one transaction; whether it won."""
         sealed = Round(current.number, participants, True, leader=current.leader)
         record = {self.state.keys.sealed(current.number): encode_participants(participants)}
-        if self.state.write(sealed, kv, also=record):
-            log.info(
-                "etcd-v3: %s: sealed round %d with %d nodes",
-                self.node,
-                current.number,
-                len(participants),
-            )
+        if not self.state.write(sealed, kv, also=record):
+            return False
+        log.info(
+            "etcd-v3: %s: sealed round %d with %d nodes",
+            self.node,
+            current.number,
+            len(participants),
+        )
+        return True

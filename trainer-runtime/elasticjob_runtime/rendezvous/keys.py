@@ -13,25 +13,22 @@ from dataclasses import dataclass
 
 from elasticjob_runtime import contract
 
+# Shared with the operator, which reads the member keys and marks a scale-down's nodes
+# leaving (its etcd/leaving.py): defined in the contract, named here with the others.
+from elasticjob_runtime.contract import leaving_prefix, members_prefix, rdzv_prefix
 
-def rdzv_prefix(run_id: str) -> str:
-    """What a running node watches: the round key and the member keys."""
-    return contract.run_prefix(run_id) + "rdzv/"
+__all__ = [
+    "RendezvousKeys",
+    "leaving_prefix",
+    "members_prefix",
+    "rdzv_prefix",
+    "state_digest_key",
+    "state_key",
+]
 
 
 def state_key(run_id: str) -> str:
     return rdzv_prefix(run_id) + "state"
-
-
-def members_prefix(run_id: str) -> str:
-    return rdzv_prefix(run_id) + "members/"
-
-
-def leaving_prefix(run_id: str) -> str:
-    """Under it, a key per node that announced its departure (a SIGTERM), on its member
-    lease: its peers regroup without it at a step boundary instead of abandoning the
-    round's collectives (rendezvous/departure.py)."""
-    return rdzv_prefix(run_id) + "leaving/"
 
 
 def state_digest_key(run_id: str) -> str:

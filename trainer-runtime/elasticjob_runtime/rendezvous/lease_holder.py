@@ -9,7 +9,6 @@ vanish with the job. The rules (timing, what to tell the user) are pure, in
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -21,20 +20,29 @@ import weakref
 from collections.abc import Callable
 
 from elasticjob_runtime.etcd.client import EtcdClient, EtcdError
+from elasticjob_runtime.etcd.records import Member, encode_member
 from elasticjob_runtime.rendezvous.keys import RendezvousKeys
 from elasticjob_runtime.rendezvous.leases import (
+    LAPSE_WINDOW_S,
     granted_ttl_message,
     job_lease_due,
     keep_alive_timing,
     keeper_cut_off,
     keeper_recheck_after,
+    lapses_message,
     late_refresh_warning,
+    leaves_after_lapse,
 )
 
 log = logging.getLogger(__name__)
 
 # While the keep-alive keeps failing (etcd down), say so once every this many seconds.
 KEEP_ALIVE_QUIET_S = 5.0
+
+
+class MembershipGivenUp(RuntimeError):
+    """This node lost its member lease too often to announce itself again
+    (:func:`~elasticjob_runtime.rendezvous.leases.leaves_after_lapse`); it leaves the job."""
 
 
 class LeaseHolder:
@@ -77,6 +85,10 @@ class LeaseHolder:
         # When the keeper last got an answer from etcd (a refresh that worked or that etcd
         # refused): one with none for half a TTL is cut off (see revive_keeper_if_stalled).
         self._answered_at = 0.0
+        # When each member lease of this node lapsed, and why the node gave up its place
+        # (None: it has not): see rejoin.
+        self._lapsed_at: list[float] = []
+        self.given_up: str | None = None
 
     def start(self) -> None:
         """Take both leases, announce the node and start the keeper thread.
@@ -103,17 +115,18 @@ class LeaseHolder:
         keeper_client.timeout = keep_alive_timing(self.granted_ttl).timeout
         self._start_keeper(keeper_client)
 
-    def _start_keeper(self, client: EtcdClient, connect_within: float | None = None) -> None:
-        """Run a keeper on ``client`` (connected first, within ``connect_within`` seconds,
-        if given); a keeper already running is told to stop, and its connection closed
-        (which ends a call stuck on it)."""
+    def _start_keeper(self, client: EtcdClient) -> None:
+        """Run a keeper on ``client``; a keeper already running is told to stop, and its
+        connection closed (which ends a call stuck on it). The new keeper refreshes over
+        the node's main connection until its own is open: a keeper that waited for a new
+        connection let the lease lapse whenever one took longer than a TTL (issue 34)."""
         with self._keeper_lock:
             self._keeper_generation += 1
             generation = self._keeper_generation
             old, self._keeper_client = self._keeper_client, client
             thread = threading.Thread(
                 target=_keep_alive,
-                args=(weakref.ref(self), self.stop, client, generation, connect_within),
+                args=(weakref.ref(self), self.stop, client, generation),
                 name=f"etcd-v3-lease-{self._node}",
                 daemon=True,
             )
@@ -147,20 +160,47 @@ class LeaseHolder:
         )
         timing = keep_alive_timing(max(self.granted_ttl, 1))
         client = self._client.another(timing.timeout, timing.interval)
-        self._start_keeper(client, connect_within=self._client.timeout)
+        self._start_keeper(client)
         return True
 
     def announce(self) -> None:
         """Take a fresh member lease and announce this node under it."""
         with self._lock:
-            lease = self._client.grant_lease(self._lease_ttl)
-            if lease.ttl != self.granted_ttl:  # the first time (or another etcd's minimum)
-                self.granted_ttl = lease.ttl
-                level, message = granted_ttl_message(self._lease_ttl, lease.ttl, self._client.where)
-                log.log(level, "etcd-v3: %s", message)
-            self.member_lease = lease.id
-            value = json.dumps({"addr": self._addr, "pid": os.getpid()}).encode()
-            self._client.put(self._keys.member(self._node), value, lease=self.member_lease)
+            self._announce()
+
+    def rejoin(self, lapsed: int | None = None) -> None:
+        """The member lease lapsed (``lapsed``: its id where known): announce this node
+        again, unless another thread already has, or it lapsed too often
+        (:func:`leaves_after_lapse`): then the node gives up its place for good and
+        :class:`MembershipGivenUp` says why. Without that bound a node that cannot hold
+        its lease regrouped the whole job every TTL and a half, for ever (issue 34)."""
+        with self._lock:
+            if self.given_up is not None:
+                raise MembershipGivenUp(self.given_up)
+            if lapsed is None:
+                kv = self._client.get(self._keys.member(self._node))
+                if kv is not None and kv.lease == self.member_lease:
+                    return  # announced again meanwhile (the keeper, a join)
+            elif lapsed != self.member_lease:
+                return  # announced again meanwhile
+            now = time.monotonic()
+            self._lapsed_at = [t for t in self._lapsed_at if now - t <= LAPSE_WINDOW_S] + [now]
+            if leaves_after_lapse(tuple(self._lapsed_at), now):
+                self.given_up = lapses_message(self._node, len(self._lapsed_at), self._client.where)
+                log.error("etcd-v3: %s", self.given_up)
+                raise MembershipGivenUp(self.given_up)
+            self._announce()
+
+    def _announce(self) -> None:
+        """:meth:`announce`, with ``_lock`` held."""
+        lease = self._client.grant_lease(self._lease_ttl)
+        if lease.ttl != self.granted_ttl:  # the first time (or another etcd's minimum)
+            self.granted_ttl = lease.ttl
+            level, message = granted_ttl_message(self._lease_ttl, lease.ttl, self._client.where)
+            log.log(level, "etcd-v3: %s", message)
+        self.member_lease = lease.id
+        value = encode_member(Member(addr=self._addr, pid=os.getpid()))
+        self._client.put(self._keys.member(self._node), value, lease=self.member_lease)
 
     def keep_alive(self, client: EtcdClient | None = None, generation: int | None = None) -> None:
         """Refresh the member lease once (through ``client``, the keeper's connection),
@@ -180,7 +220,7 @@ class LeaseHolder:
             lost = False  # a join took a new lease meanwhile: that one is refreshed next
         if lost:
             log.warning("etcd-v3: node %s lost its lease; registering again", self._node)
-            self.announce()
+            self.rejoin(lease)
         done = time.monotonic()
         if previous is not None and not lost:
             self._tell_if_late(done - previous, done)
@@ -227,8 +267,10 @@ class LeaseHolder:
 
         A keeper stuck since etcd lost our leases may still look fine here: etcd came back
         before it had been silent for half a TTL. Look again when a working one would
-        have answered, before the new member lease runs out."""
-        self.announce()
+        have answered, before the new member lease runs out.
+
+        :class:`MembershipGivenUp` if the node lost its lease too often to come back."""
+        self.rejoin()
         job_lease = self.job_lease
         if not self._client.refresh(job_lease):
             self.replace_job_lease(job_lease)
@@ -262,34 +304,62 @@ def _keep_alive(
     stop: threading.Event,
     client: EtcdClient,
     generation: int,
-    connect_within: float | None = None,
 ) -> None:
-    """Refresh the leases five times per TTL through ``client`` (closed on the way out);
-    exits when the holder is gone or has left, or has a newer keeper (``generation``).
+    """Refresh the leases five times per TTL (``client`` is closed on the way out); exits
+    when the holder is gone, has left or given up its place, or has a newer keeper
+    (``generation``).
+
+    Through ``client``, the keeper's own connection, once it is open; until then, and at
+    once after a refresh over it failed, through the node's main connection (the one the
+    round watch and the joins use). So a new connection that is slow to open (seen on
+    kind during a scale-up, for seconds) or one that died costs no lease while etcd still
+    answers the node: a keeper that waited for its own lost the lease each time.
 
     Nothing else in an agent holds the GIL for long (torch's agent loop sleeps between
     monitor ticks, etcd calls and process waits release it), so this thread runs on time
     unless the whole process is starved of CPU, which ``keep_alive`` then reports.
     """
     failure_told: float | None = None  # when a failure was last logged; None: working
+    opening_since = time.monotonic()
+    slow_told = False  # said that its own connection is slow to open
     try:
-        if connect_within is not None:
-            # as start() does for the first keeper: a first refresh that also had to open
-            # the connection (TLS handshake included) in a quarter of the TTL can miss it
-            try:
-                client.connect(connect_within)
-            except EtcdError as exc:
-                log.warning("etcd-v3: lease keeper: %s (it keeps trying)", exc)
         while True:
             holder = ref()
-            if holder is None or holder._keeper_generation != generation:
+            if (
+                holder is None
+                or holder._keeper_generation != generation
+                or holder.given_up is not None
+            ):
                 return
             interval = keep_alive_timing(holder.granted_ttl).interval
+            own = client.connected()
+            waited = time.monotonic() - opening_since
+            if not own and not slow_told and waited > max(holder.granted_ttl, 1):
+                slow_told = True
+                log.warning(
+                    "etcd-v3: %s: the lease keeper's own connection to etcd at %s is not "
+                    "open after %.1fs; it refreshes the leases over the node's main "
+                    "connection meanwhile (new connections from this pod to etcd are slow: "
+                    "a starved node, or its network rules being rewritten?)",
+                    holder._node,
+                    client.where,
+                    waited,
+                )
+            elif own and slow_told:
+                slow_told = False
+                log.info("etcd-v3: the lease keeper's own connection opened after %.1fs", waited)
             try:
-                holder.keep_alive(client, generation)
+                try:
+                    holder.keep_alive(client if own else None, generation)
+                except EtcdError:
+                    if not own:
+                        raise
+                    holder.keep_alive(None, generation)  # the main connection may answer
                 if failure_told is not None:
                     log.info("etcd-v3: lease keep-alive works again")
                 failure_told = None
+            except MembershipGivenUp:
+                return  # said once, where it was decided
             except Exception as exc:  # keep trying: a dead keeper would silently drop the node
                 now = time.monotonic()
                 if failure_told is None or now - failure_told >= KEEP_ALIVE_QUIET_S:

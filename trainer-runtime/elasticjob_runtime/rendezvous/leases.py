@@ -109,3 +109,32 @@ def granted_ttl_message(requested: int, granted: int, where: str) -> tuple[int, 
         "Run that etcd with --heartbeat-interval=100 --election-timeout=600 for 1s leases, "
         f"or set lease_ttl={granted} to say that {granted}s is intended"
     )
+
+
+# A node whose member lease lapses this many times within LAPSE_WINDOW_S leaves the job
+# instead of announcing itself once more: every lapse makes each peer regroup, so a node
+# that cannot hold its lease would otherwise regroup the whole job for ever (issue 34).
+LAPSES_BEFORE_LEAVING: Final = 2
+LAPSE_WINDOW_S: Final = 60.0
+
+
+def leaves_after_lapse(lapsed_at: tuple[float, ...], now: float) -> bool:
+    """Does a node whose member lease lapsed at each of ``lapsed_at`` (this lapse, at
+    ``now``, included) leave the job rather than announce itself again? Once: a first
+    lapse (a starved process, a network blip, an etcd that lost its data) costs one
+    regroup and the node comes back; a second within a minute means it cannot hold its
+    lease where it runs, and its peers train better without it than regrouping with it."""
+    recent = [t for t in lapsed_at if now - t <= LAPSE_WINDOW_S]
+    return len(recent) >= LAPSES_BEFORE_LEAVING
+
+
+def lapses_message(node: str, lapses: int, where: str) -> str:
+    """The one line a node that leaves for lapsed leases says (:func:`leaves_after_lapse`)."""
+    return (
+        f"node {node} lost its member lease {lapses} times within {LAPSE_WINDOW_S:g} s "
+        f"although it reached etcd at {where} in between: its peers regroup each time, so it "
+        "leaves the job rather than announce itself again. Its pod's connections to etcd "
+        "are unreliable or its CPU is starved; the job goes on without it (its pod is "
+        "replaced), or raise --rdzv-conf lease_ttl (spec.rdzvConf.lease_ttl) if the node is "
+        "only slow"
+    )

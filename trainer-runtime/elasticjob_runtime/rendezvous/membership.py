@@ -13,8 +13,10 @@ How a round forms, and why it costs each node O(1) etcd requests:
 * Only the leader reads the joins and the live nodes; it *seals* the round (the round
   key and a ``rounds/n/sealed`` record, in one transaction) once every live node has
   entered, or ``max`` have, or the last call has run out with at least ``min``. The
-  others wait on the round key alone. If the leader's lease goes, the earliest live
-  entrant leads instead.
+  run's first round also waits, up to the last call, for the nodes the job asked for
+  (:func:`awaited`): their agents start together, and one still starting is not live
+  yet. The others wait on the round key alone. If the leader's lease goes, the
+  earliest live entrant leads instead.
 * A sealed round is binding: every participant runs it, even one that reads it only
   after a newer round has opened (it finds itself in the sealed record), and then
   restarts into the newer one. A newer round opens only over a sealed one, so rounds
@@ -28,8 +30,11 @@ of a lost peer within the lease TTL instead of heartbeat timeouts.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Final
+
+from elasticjob_runtime import contract
 
 
 @dataclass(frozen=True)
@@ -81,11 +86,45 @@ def decode_participants(raw: bytes) -> tuple[str, ...]:
     return tuple(str(p) for p in json.loads(raw))
 
 
+# A run's first round: a node that finds no round opens its last round + 1, and a new
+# agent has run none.
+FIRST_ROUND: Final = 1
+
+
 @dataclass(frozen=True)
 class Limits:
     min_nodes: int
     max_nodes: int
-    last_call: float  # seconds to wait for live nodes that have not entered yet
+    last_call: float  # seconds to wait, once ``min`` have entered, for nodes that have not
+    # the nodes the job asked for (ELASTICJOB_DESIRED_NODES; None: not said), which the
+    # run's first round waits for up to the last call (:func:`awaited`)
+    desired: int | None = None
+
+
+def desired_nodes(env: Mapping[str, str]) -> int | None:
+    """The nodes the job asked for, from ``ELASTICJOB_DESIRED_NODES`` (the operator sets
+    it to the job's replicas); None when unset. ValueError, in one line, otherwise."""
+    raw = env.get(contract.DESIRED_NODES, "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(
+            f"{contract.DESIRED_NODES}={raw!r}: must be a whole number of nodes, at least 1 "
+            "(how many the job asked for; unset, the first round waits only for live nodes)"
+        )
+    return int(raw)
+
+
+def awaited(limits: Limits, first_round: bool) -> int:
+    """How many entrants a round waits for, up to its last call, even once every live
+    node has entered. The run's first round: the nodes the job asked for (within
+    ``min``..``max``), as a job's agents start together and one whose pod is still
+    starting has no member key yet; sealing without it trained a short job at ``min``
+    alone. A later round: ``min``, so a regroup after a loss waits for nobody (a node
+    that comes later opens the next round itself)."""
+    if not first_round or limits.desired is None:
+        return limits.min_nodes
+    return min(max(limits.desired, limits.min_nodes), limits.max_nodes)
 
 
 @dataclass(frozen=True)
@@ -288,12 +327,13 @@ def decide_lead(
     limits: Limits,
     deadline: float | None,
     now: float,
+    first_round: bool = False,
 ) -> Seal | Wait | Rejoin:
     """The leader's step: :func:`decide_seal`, unless its own lease ran out; its join key
     went with it, so it must take a new lease and enter again before it can seal."""
     if me not in live:
         return Rejoin()
-    return decide_seal(joins, live, limits, deadline, now)
+    return decide_seal(joins, live, limits, deadline, now, first_round)
 
 
 def decide_standby(current: Round, me: str, live: frozenset[str]) -> Open | Wait:
@@ -316,12 +356,18 @@ def leader_of(opener: str, joins: Sequence[str], live: frozenset[str]) -> str | 
 
 
 def decide_seal(
-    joins: Sequence[str], live: frozenset[str], limits: Limits, deadline: float | None, now: float
+    joins: Sequence[str],
+    live: frozenset[str],
+    limits: Limits,
+    deadline: float | None,
+    now: float,
+    first_round: bool = False,
 ) -> Seal | Wait:
     """The leader's rule. ``joins`` in the order they were put; ``deadline``: the last
     call, as the previous :class:`Wait` set it (None until ``min`` nodes were in).
 
-    Seal once ``min`` live nodes have entered and either every live node has, or ``max``
+    Seal once ``min`` live nodes have entered and either every live node has (and, in
+    the run's first round, the nodes the job asked for: :func:`awaited`), or ``max``
     have, or the last call ran out; never below ``min``.
     """
     members = [j for j in dict.fromkeys(joins) if j in live]
@@ -330,9 +376,30 @@ def decide_seal(
     if deadline is None:
         deadline = now + limits.last_call
     everyone_here = live <= set(members)
-    if len(members) >= limits.max_nodes or everyone_here or now >= deadline:
+    wanted = awaited(limits, first_round)
+    if (
+        len(members) >= limits.max_nodes
+        or (everyone_here and len(members) >= wanted)
+        or now >= deadline
+    ):
         return Seal(tuple(members[: limits.max_nodes]))
+    if everyone_here:
+        return Wait(deadline, f"{len(members)} of the {wanted} nodes the job asked for have joined")
     return Wait(deadline, "waiting for live nodes that have not joined yet")
+
+
+def short_of_desired(limits: Limits, first_round: bool, sealed: int) -> str | None:
+    """What the leader says when its last call ran out before the nodes the job asked
+    for came (the run trains with fewer until they do), or None."""
+    wanted = awaited(limits, first_round)
+    if sealed >= wanted:
+        return None
+    return (
+        f"sealed the first round with {sealed} of the {wanted} nodes the job asked for: "
+        f"the others had not joined {limits.last_call:g}s after the first {limits.min_nodes}; "
+        "they join the next round when they come (raise --rdzv-conf last_call_timeout if "
+        "your nodes start further apart)"
+    )
 
 
 def restart_reason(

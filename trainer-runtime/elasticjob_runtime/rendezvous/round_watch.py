@@ -51,8 +51,9 @@ class RoundWatch:
         self._state_changed = False  # the watch saw the round key change
         self._gone: set[str] = set()  # nodes whose member key the watch saw deleted
         self._leaving: set[str] = set()  # nodes whose leaving key the watch saw put
-        # This node announced its departure (departure.py): it joins no further round,
-        # and its member key stays until its workers have handed over.
+        # This node's leaving key is there (departure.py): it announced its departure, or
+        # the operator marked it for a scale-down, which the watch saw. It joins no
+        # further round, and its member key stays until its workers have handed over.
         self.departing = False
         self._cancel: Callable[[], None] | None = None
 
@@ -83,6 +84,7 @@ class RoundWatch:
             leaving = self._state.leaving()
             with self._lock:
                 self._leaving |= leaving
+                self.departing = self.departing or self._node in leaving
         except EtcdError as exc:  # the first membership check watches again
             log.warning("etcd-v3: %s: cannot watch yet (%s); retrying", self._node, exc)
         self._changed.set()  # the first membership check looks at once
@@ -98,6 +100,10 @@ class RoundWatch:
             return 0
         self._changed.clear()
         with self._lock:
+            if self.departing:
+                # marked since the check above: its mark comes before the round the
+                # others form without it, so this node never restarts into that round
+                return 0
             state_changed, gone = self._state_changed, set(self._gone)
             leaving = [p for p in self.participants if p in self._leaving and p != self._node]
             self._state_changed = False
@@ -204,4 +210,8 @@ class RoundWatch:
                 elif change.deleted and change.key.startswith(keys.members):
                     self._gone.add(change.key[len(keys.members) :])
                 elif not change.deleted and change.key.startswith(keys.leaving):
-                    self._leaving.add(change.key[len(keys.leaving) :])
+                    node = change.key[len(keys.leaving) :]
+                    self._leaving.add(node)
+                    # its own key, put by the operator (a scale-down): it departs as it
+                    # would on a SIGTERM (the agent's monitor pass hands over)
+                    self.departing = self.departing or node == self._node

@@ -64,6 +64,11 @@ class RendezvousState:
         """One key: is ``node``'s member lease still there (leaving or not)?"""
         return self.client.get(self.keys.member(node)) is not None
 
+    def is_leaving(self, node: str) -> bool:
+        """One key: is ``node``'s leaving key there (it announced its departure, or the
+        operator marked it)?"""
+        return self.client.get(self.keys.leaving_key(node)) is not None
+
     def has_entered(self, number: int, node: str) -> bool:
         """One key: is ``node``'s join key for round ``number`` still there?"""
         return self.client.get(self.keys.join(number, node)) is not None
