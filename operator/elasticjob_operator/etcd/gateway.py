@@ -16,8 +16,8 @@ import http.client
 import json
 import os
 import ssl
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
 
 from elasticjob_operator.etcd.shared import prefix_end
 from elasticjob_runtime.etcd.endpoints import Endpoint, TLSCredentials
@@ -34,6 +34,13 @@ class GatewayError(ValueError):
         super().__init__(f"etcd at {member}: HTTP {status}: {message}")
         self.status = status
         self.message = message
+
+
+T = TypeVar("T")
+
+
+class NoMemberAnswered(Exception):
+    """No member of an etcd cluster answered (:func:`on_first_member`): the last error."""
 
 
 class Gateway:
@@ -101,6 +108,32 @@ class Gateway:
 
     def close(self) -> None:
         self.conn.close()
+
+
+def on_first_member(
+    members: Sequence[Endpoint],
+    tls: TLSCredentials | None,
+    timeout: float,
+    token: str | None,
+    use: Callable[[Gateway], T],
+) -> T:
+    """``use`` a gateway to the first member that answers, closed after; a member whose
+    gateway fails (a connection, HTTP or etcd error, credentials ssl cannot load) passes
+    to the next. :class:`NoMemberAnswered` with the last error when none did."""
+    error: Exception = NoMemberAnswered("no etcd member given")
+    for member in members:
+        try:
+            gateway = Gateway(member, tls, timeout, token)
+        except (OSError, ValueError) as exc:
+            error = exc
+            continue
+        try:
+            return use(gateway)
+        except (OSError, ValueError, http.client.HTTPException) as exc:
+            error = exc
+        finally:
+            gateway.close()
+    raise NoMemberAnswered(str(error)) from error
 
 
 def b64(raw: bytes) -> str:

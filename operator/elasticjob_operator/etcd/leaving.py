@@ -22,13 +22,18 @@ calls do.
 
 from __future__ import annotations
 
-import http.client
 import logging
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from elasticjob_operator.etcd.gateway import Gateway, GatewayError, b64
+from elasticjob_operator.etcd.gateway import (
+    Gateway,
+    GatewayError,
+    NoMemberAnswered,
+    b64,
+    on_first_member,
+)
 from elasticjob_runtime import contract
 from elasticjob_runtime.etcd.endpoints import TLSCredentials, parse_endpoints
 from elasticjob_runtime.etcd.records import decode_member
@@ -114,28 +119,23 @@ def mark_leaving(
     except ValueError as exc:
         log.info("run %s: no leaving marks: %s", run_id, exc)
         return []
-    error: Exception | str = "no etcd member answered"
-    for member in members:  # the first that answers
-        try:
-            gateway = Gateway(member, tls, timeout, token)
-        except (OSError, ValueError) as exc:  # credentials ssl cannot load
-            error = exc
-            continue
-        try:
-            for _ in range(ATTEMPTS):
-                prefix = contract.members_prefix(run_id).encode()
-                marks = to_mark(member_keys(run_id, gateway.leased(prefix)), ips)
-                if not marks:
-                    return []  # no agent of those pods is in the run (yet, or any more)
-                try:
-                    if gateway.txn(mark_txn(run_id, marks)):
-                        return [m.node for m in marks]
-                    error = "a member lease changed under every attempt"
-                except GatewayError as exc:  # a lease that ran out as we wrote: read again
-                    error = exc
-        except (OSError, ValueError, http.client.HTTPException) as exc:
-            error = exc
-        finally:
-            gateway.close()
-    log.info("run %s: could not mark the leaving nodes in %s: %s", run_id, endpoint, error)
-    return []
+
+    def mark(gateway: Gateway) -> list[str]:
+        error: Exception | None = None
+        for _ in range(ATTEMPTS):
+            prefix = contract.members_prefix(run_id).encode()
+            marks = to_mark(member_keys(run_id, gateway.leased(prefix)), ips)
+            if not marks:
+                return []  # no agent of those pods is in the run (yet, or any more)
+            try:
+                if gateway.txn(mark_txn(run_id, marks)):
+                    return [m.node for m in marks]
+            except GatewayError as exc:  # a lease that ran out as we wrote: read again
+                error = exc
+        raise error or ValueError("a member lease changed under every attempt")
+
+    try:
+        return on_first_member(members, tls, timeout, token, mark)
+    except NoMemberAnswered as exc:
+        log.info("run %s: could not mark the leaving nodes in %s: %s", run_id, endpoint, exc)
+        return []

@@ -14,11 +14,10 @@ Three range reads per job and resync need no grpc: they go to etcd's JSON gatewa
 
 from __future__ import annotations
 
-import http.client
 import logging
 from dataclasses import dataclass
 
-from elasticjob_operator.etcd.gateway import Gateway
+from elasticjob_operator.etcd.gateway import Gateway, NoMemberAnswered, on_first_member
 from elasticjob_runtime import contract
 from elasticjob_runtime.etcd.endpoints import TLSCredentials, parse_endpoints
 
@@ -51,21 +50,13 @@ def read_run_records(
     except Exception as exc:
         log.debug("no progress from %r: %s", endpoint, exc)
         return RunRecords()
-    error: Exception | None = None
-    for member in members:  # the first that answers
-        try:
-            gateway = Gateway(member, tls, timeout, token)
-        except (OSError, ValueError) as exc:  # credentials ssl cannot load
-            error = exc
-            continue
-        try:
-            return _read(gateway, run_id, memory_fallbacks)
-        except (OSError, ValueError, http.client.HTTPException) as exc:
-            error = exc
-        finally:
-            gateway.close()
-    log.debug("no progress from %s: %s", endpoint, error)
-    return RunRecords()
+    try:
+        return on_first_member(
+            members, tls, timeout, token, lambda g: _read(g, run_id, memory_fallbacks)
+        )
+    except NoMemberAnswered as exc:
+        log.debug("no progress from %s: %s", endpoint, exc)
+        return RunRecords()
 
 
 def _read(gateway: Gateway, run_id: str, memory_fallbacks: bool) -> RunRecords:

@@ -590,6 +590,21 @@ def count_member_losses(client: EtcdClient, run_id: str, node: str) -> Callable[
     return lambda: len(losses)
 
 
+@contextlib.contextmanager
+def direct_and_proxied(
+    etcd: EtcdServer, run_id: str
+) -> Iterator[tuple[TcpFaultProxy, Factory, Factory]]:
+    """Two factories of nodes of one run: the first's reach ``etcd`` directly, the
+    second's through a :class:`TcpFaultProxy` (also yielded) that the test faults."""
+    host, port = etcd.endpoint.removeprefix("http://").rsplit(":", 1)
+    with (
+        TcpFaultProxy(host, int(port)) as proxy,
+        handler_factory(etcd.endpoint, run_id, timeout=5) as direct,
+        handler_factory(f"http://127.0.0.1:{proxy.port}", run_id, timeout=5) as proxied,
+    ):
+        yield proxy, direct, proxied
+
+
 def test_a_node_whose_keeper_connection_stalls_while_new_ones_hang_keeps_its_place(
     etcd: EtcdServer,
 ) -> None:
@@ -601,12 +616,7 @@ def test_a_node_whose_keeper_connection_stalls_while_new_ones_hang_keeps_its_pla
     keeper's connection stalls for three TTLs and no new connection ever reaches etcd. The
     node keeps its lease over its main connection: no regroup at all."""
     run_id = f"slow-connect-{uuid.uuid4().hex[:8]}"
-    host, port = etcd.endpoint.removeprefix("http://").rsplit(":", 1)
-    with (
-        TcpFaultProxy(host, int(port)) as proxy,
-        handler_factory(etcd.endpoint, run_id, timeout=5) as direct,
-        handler_factory(f"http://127.0.0.1:{proxy.port}", run_id, timeout=5) as proxied,
-    ):
+    with direct_and_proxied(etcd, run_id) as (proxy, direct, proxied):
         a, client = direct(2, 2, join_timeout=30)
         b, _ = proxied(2, 2, join_timeout=30)
         join_all(a, b)
@@ -634,12 +644,7 @@ def test_a_node_that_keeps_losing_its_lease_leaves_the_job_with_one_line(
     itself (each lapse regroups every peer): its next join fails with one line that says
     why, and its peers train on without it."""
     run_id = f"flapping-{uuid.uuid4().hex[:8]}"
-    host, port = etcd.endpoint.removeprefix("http://").rsplit(":", 1)
-    with (
-        TcpFaultProxy(host, int(port)) as proxy,
-        handler_factory(etcd.endpoint, run_id, timeout=5) as direct,
-        handler_factory(f"http://127.0.0.1:{proxy.port}", run_id, timeout=5) as proxied,
-    ):
+    with direct_and_proxied(etcd, run_id) as (proxy, direct, proxied):
         a, _ = direct(1, 2, join_timeout=30)
         b, _ = proxied(1, 2, join_timeout=30)
         join_all(a, b)
