@@ -26,6 +26,25 @@ from typing import Any, TypeVar
 
 from kubernetes import client, config
 
+# Python a test pod runs before it tries TARGET (host:port, or an endpoint with a scheme):
+# wait, up to 60 s, until it accepts a TCP connection from this pod. Where NetworkPolicy
+# is enforced (kind's kube-router) a new pod's address joins the policy's set a moment
+# after the pod starts, and until then its connections are refused; a test about what
+# etcd says to a certificate must not read that refusal as etcd's answer.
+AWAIT_TARGET = (
+    "import os as _os, socket as _socket, time as _time\n"
+    "_host, _port = _os.environ['TARGET'].split('://')[-1].split(',')[0].rsplit(':', 1)\n"
+    "_deadline = _time.monotonic() + 60\n"
+    "while True:\n"
+    "    try:\n"
+    "        _socket.create_connection((_host, int(_port)), timeout=3).close()\n"
+    "        break\n"
+    "    except OSError:\n"
+    "        if _time.monotonic() > _deadline:\n"
+    "            break\n"
+    "        _time.sleep(0.5)\n"
+)
+
 T = TypeVar("T")
 Obj = dict[str, Any]
 REPO = Path(__file__).resolve().parents[2]

@@ -33,6 +33,7 @@ from elasticjob_manifests import (
     malformed,
 )
 from kube_helpers import (
+    AWAIT_TARGET,
     RESTRICTED_CONTAINER,
     RESTRICTED_POD,
     WAIT,
@@ -271,7 +272,7 @@ def test_training_progress_shows_in_kubectl_get(operator: Cluster, ns: str) -> N
 INTRUDE = [
     "python",
     "-c",
-    "import json, os, pathlib\n"
+    AWAIT_TARGET + "import json, os, pathlib\n"
     "from elasticjob_runtime.etcd.tls import connect\n"
     "pathlib.Path('/tmp/ca.crt').write_text(os.environ['TARGET_CA'])\n"
     "target = os.environ['TARGET']\n"

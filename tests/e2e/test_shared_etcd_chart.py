@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from elasticjob_manifests import PUBLISH_PROGRESS_AND_SLEEP, RUNTIME_IMAGE, job
 from kube_helpers import (
+    AWAIT_TARGET,
     RESTRICTED_CONTAINER,
     RESTRICTED_POD,
     Cluster,
@@ -102,7 +103,7 @@ def test_the_operator_mirrors_progress_it_reads_from_the_shared_etcd(
 TRY_KEYS = [
     "python",
     "-c",
-    "import json, os, pathlib\n"
+    AWAIT_TARGET + "import json, os, pathlib\n"
     "from elasticjob_runtime.etcd.tls import connect\n"
     "for f in ('ca.crt', 'tls.crt', 'tls.key'):\n"
     "    pathlib.Path('/tmp', f).write_text(os.environ[f.replace('.', '_').upper()])\n"

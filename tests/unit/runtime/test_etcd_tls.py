@@ -143,6 +143,10 @@ def test_handshake_failures_say_which_side_refused_and_what_to_check() -> None:
         tls_problem(refused, no_cert)
     )
     assert tls_problem("Connection refused", creds) is None  # etcd down: not a TLS problem
+    # gRPC's TCP connect timing out (seen on kind: a new pod's SYNs dropped until
+    # NetworkPolicy admits it) is no TLS verdict: the launcher waits for etcd instead
+    no_syn_ack = "failed to connect to all addresses; last error: UNKNOWN: "
+    assert tls_problem(no_syn_ack + "ipv4:10.96.48.18:2379: tcp handshaker shutdown", creds) is None
     assert tls_problem(refused, None) is None
 
 

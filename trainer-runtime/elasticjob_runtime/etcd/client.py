@@ -172,7 +172,9 @@ def tls_problem(details: str, tls: TLSCredentials | None) -> str | None:
             f"etcd refused the client certificate; check that {tls.cert_from} is signed by "
             "the CA etcd trusts (--trusted-ca-file): another job's certificate is refused"
         )
-    if "handshake" in details.lower():
+    # "tcp handshaker shutdown" is gRPC's TCP connect giving up (no SYN-ACK: an address
+    # a NetworkPolicy does not admit yet, an etcd not up): waiting may help, so no verdict
+    if "handshake" in details.lower().replace("tcp handshaker", ""):
         return f"the TLS handshake failed ({details}); check {tls.ca_from} and {tls.cert_from}"
     return None
 
