@@ -171,6 +171,13 @@ class Cluster:
     def status(self, ns: str, name: str) -> Obj:
         return dict(self.job(ns, name).get("status") or {})
 
+    def events(self, ns: str, name: str) -> str:
+        """The events about object ``name`` (the job, a pod), as kubectl lists them: what
+        a failed assertion on a job's status shows, to say what the operator did."""
+        return self.kubectl(
+            "-n", ns, "get", "events", "--field-selector", f"involvedObject.name={name}"
+        ).stdout
+
     def list_jobs(self, ns: str) -> list[Obj]:
         items: list[Obj] = self.custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL)[
             "items"

@@ -522,7 +522,7 @@ def test_a_drained_worker_hands_over_at_a_step_boundary_and_no_step_is_redone(
     found = sample_audit.audit(logs.samples(), samples, steps)
     assert not found.problems, found.problems
     status = c.status(ns, name)
-    assert status["restartCount"] == 0, status
+    assert status["restartCount"] == 0, (status, c.events(ns, name))
 
 
 def test_deleting_the_jobs_etcd_pod_is_survived(cluster: Cluster, ns: str, start: Any) -> None:

@@ -277,7 +277,7 @@ def test_a_worker_kube_scheduler_preempts_hands_over_and_is_not_charged(
             assert len(logged) == len(set(logged)), "a step was trained twice"
             found = sample_audit.audit(logs.samples(), samples, steps)
             assert not found.problems, found.problems
-            assert c.status(ns, name)["restartCount"] == 0, c.status(ns, name)
+            assert c.status(ns, name)["restartCount"] == 0, (c.status(ns, name), c.events(ns, name))
     finally:
         c.kubectl("-n", ns, "delete", "pod", "preemptor", "--wait=false", check=False)
         c.kubectl("delete", "priorityclass", high, "--wait=false", check=False)

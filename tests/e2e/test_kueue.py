@@ -186,12 +186,6 @@ def conditions(c: Cluster, ns: str, name: str) -> dict[str, Obj]:
     return {x["type"]: x for x in c.status(ns, name).get("conditions", [])}
 
 
-def events(c: Cluster, ns: str, name: str) -> str:
-    return c.kubectl(
-        "-n", ns, "get", "events", "--field-selector", f"involvedObject.name={name}"
-    ).stdout
-
-
 def workers(c: Cluster, ns: str, name: str) -> list[str]:
     return sorted(c.workers(ns, name))
 
@@ -231,7 +225,7 @@ def test_a_job_without_quota_creates_no_worker_until_kueue_admits_it_then_runs_w
         assert status["admittedReplicas"] == 3
         assert "3 of 4 workers" in conditions(c, ns, second)["Admitted"]["message"]
         assert workers(c, ns, second) == [f"{second}-worker-{i}" for i in range(3)]
-        assert "Admitted" in events(c, ns, second)
+        assert "Admitted" in c.events(ns, second)
 
         # quota for the 4th frees (the admin raises it): the worker the partial admission
         # left out starts and joins the running group
