@@ -106,13 +106,17 @@ def test_the_runs_lease_is_refreshed_every_few_seconds_and_at_once_after_a_lost_
     assert job_lease_due(0.0, member_lease_lost=True)
 
 
-def test_a_first_lapse_brings_the_node_back_and_a_second_within_the_window_does_not() -> None:
+def test_a_node_comes_back_after_a_few_lapses_and_leaves_when_they_keep_coming() -> None:
+    assert LAPSES_BEFORE_LEAVING == 4
     assert not leaves_after_lapse((100.0,), 100.0)
-    assert leaves_after_lapse((100.0, 101.5), 101.5)  # the kind livelock: every 1.5 s
-    assert leaves_after_lapse((100.0, 100.0 + LAPSE_WINDOW_S), 100.0 + LAPSE_WINDOW_S)
-    # an old lapse is forgotten: a node that blips once an hour always comes back
-    assert not leaves_after_lapse((100.0, 100.0 + LAPSE_WINDOW_S + 1), 100.0 + LAPSE_WINDOW_S + 1)
-    assert LAPSES_BEFORE_LEAVING == 2
+    assert not leaves_after_lapse((100.0, 104.0), 104.0)  # a network cut: two, then none
+    livelock = tuple(100.0 + 1.5 * i for i in range(4))  # the kind livelock: every 1.5 s
+    assert leaves_after_lapse(livelock, livelock[-1])
+    spread = (100.0, 120.0, 140.0, 100.0 + LAPSE_WINDOW_S)
+    assert leaves_after_lapse(spread, spread[-1])
+    # an old lapse is forgotten: a node that blips now and then always comes back
+    later = (100.0, 120.0, 140.0, 100.0 + LAPSE_WINDOW_S + 1)
+    assert not leaves_after_lapse(later, later[-1])
 
 
 def test_the_line_a_leaving_node_says_names_it_the_count_and_what_to_do() -> None:

@@ -319,6 +319,12 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
         self._finished = True
 
     def shutdown(self) -> bool:
+        """torch's launcher calls this when its agent fails, closing the run for every
+        node; not when this node gave its place up (its lease lapsed too often,
+        ``LeaseHolder.rejoin``): that failure is its own, and its peers train on."""
+        if self._leases.given_up is not None:
+            self._leave()
+            return False
         try:
             self.set_closed()
         except RendezvousError as exc:

@@ -88,6 +88,7 @@ class LeaseHolder:
         # When each member lease of this node lapsed, and why the node gave up its place
         # (None: it has not): see rejoin.
         self._lapsed_at: list[float] = []
+        self._lapsed_leases: set[int] = set()  # each lapse counts once, however found
         self.given_up: str | None = None
 
     def start(self) -> None:
@@ -184,7 +185,12 @@ class LeaseHolder:
             elif lapsed != self.member_lease:
                 return  # announced again meanwhile
             now = time.monotonic()
-            self._lapsed_at = [t for t in self._lapsed_at if now - t <= LAPSE_WINDOW_S] + [now]
+            # the same lapse found again (the keeper's next turn, the watch) after an
+            # announcement that failed (etcd still coming back) is not a second one
+            if self.member_lease not in self._lapsed_leases:
+                self._lapsed_leases.add(self.member_lease)
+                self._lapsed_at = [t for t in self._lapsed_at if now - t <= LAPSE_WINDOW_S]
+                self._lapsed_at.append(now)
             if leaves_after_lapse(tuple(self._lapsed_at), now):
                 self.given_up = lapses_message(self._node, len(self._lapsed_at), self._client.where)
                 log.error("etcd-v3: %s", self.given_up)
