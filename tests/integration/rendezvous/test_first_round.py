@@ -146,7 +146,7 @@ def test_torchruns_parameters_take_the_count_from_the_operators_variable(
     handler = get_rendezvous_handler(params)
     assert isinstance(handler, EtcdV3RendezvousHandler)
     try:
-        assert handler._joins.limits == Limits(1, 3, last_call=15, desired=2)
+        assert handler._joins.limits == Limits(1, 3, last_call=15, desired=2, first_round_wait=60)
     finally:
         handler._leave()
         handler._client.close()

@@ -352,9 +352,10 @@ def handler_from_params(params: RendezvousParameters) -> EtcdV3RendezvousHandler
     """Build the handler from torchrun's parameters (``--rdzv-conf`` keys below).
 
     ``join_timeout`` (600 s), ``last_call_timeout`` (15 s, from ``min`` joined; only
-    used while a live node has not joined, and in the first round while fewer than
-    ``ELASTICJOB_DESIRED_NODES`` have: the nodes the job asked for, which the operator
-    sets), ``job_ttl`` (3600 s: how long keys outlive the last agent),
+    used while a live node has not joined), ``first_round_timeout`` (60 s: the same for
+    the run's first round while fewer than ``ELASTICJOB_DESIRED_NODES`` have joined, the
+    nodes the job asked for, which the operator sets; a job's pods start further apart
+    than a regroup's nodes), ``job_ttl`` (3600 s: how long keys outlive the last agent),
     ``read_timeout`` (5 s), and ``lease_ttl`` (1 s): a node that dies or freezes is
     noticed within the TTL plus up to 0.5 s (etcd's expiry check). Smaller cannot be
     asked (etcd counts whole seconds); larger means slower detection but fewer
@@ -383,6 +384,7 @@ def handler_from_params(params: RendezvousParameters) -> EtcdV3RendezvousHandler
         params.max_nodes,
         _conf_seconds(params, "last_call_timeout", 15),
         desired=desired,
+        first_round_wait=_conf_seconds(params, "first_round_timeout", 60),
     )
     handler = EtcdV3RendezvousHandler(
         client,

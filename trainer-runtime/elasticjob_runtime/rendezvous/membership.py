@@ -97,8 +97,12 @@ class Limits:
     max_nodes: int
     last_call: float  # seconds to wait, once ``min`` have entered, for nodes that have not
     # the nodes the job asked for (ELASTICJOB_DESIRED_NODES; None: not said), which the
-    # run's first round waits for up to the last call (:func:`awaited`)
+    # run's first round waits for (:func:`awaited`) up to its own, longer, last call
     desired: int | None = None
+    # seconds the run's first round waits for them, from ``min`` entered (at least
+    # ``last_call``): a job's pods start tens of seconds apart on a real cluster (on kind,
+    # one pod reached etcd 21 s after its peer: its node admitted its traffic late)
+    first_round_wait: float = 0.0
 
 
 def desired_nodes(env: Mapping[str, str]) -> int | None:
@@ -113,6 +117,14 @@ def desired_nodes(env: Mapping[str, str]) -> int | None:
             "(how many the job asked for; unset, the first round waits only for live nodes)"
         )
     return int(raw)
+
+
+def last_call_of(limits: Limits, first_round: bool) -> float:
+    """How long a round waits, once ``min`` have entered, for those it awaits: the run's
+    first round, when the job said how many it asked for, as long as ``first_round_wait``."""
+    if first_round and limits.desired is not None:
+        return max(limits.last_call, limits.first_round_wait)
+    return limits.last_call
 
 
 def awaited(limits: Limits, first_round: bool) -> int:
@@ -374,7 +386,7 @@ def decide_seal(
     if len(members) < limits.min_nodes:
         return Wait(None, f"{len(members)} of at least {limits.min_nodes} nodes have joined")
     if deadline is None:
-        deadline = now + limits.last_call
+        deadline = now + last_call_of(limits, first_round)
     everyone_here = live <= set(members)
     wanted = awaited(limits, first_round)
     if (
@@ -396,9 +408,9 @@ def short_of_desired(limits: Limits, first_round: bool, sealed: int) -> str | No
         return None
     return (
         f"sealed the first round with {sealed} of the {wanted} nodes the job asked for: "
-        f"the others had not joined {limits.last_call:g}s after the first {limits.min_nodes}; "
-        "they join the next round when they come (raise --rdzv-conf last_call_timeout if "
-        "your nodes start further apart)"
+        f"the others had not joined {last_call_of(limits, first_round):g}s after the first "
+        f"{limits.min_nodes}; they join the next round when they come (raise --rdzv-conf "
+        "first_round_timeout if your nodes start further apart)"
     )
 
 
