@@ -26,7 +26,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench import phases, real_scripts
+from bench import groups, phases, real_scripts
 from bench.harness import REPO
 from bench.report import Figure, render
 
@@ -94,13 +94,8 @@ def train_args(workdir: Path) -> list[str]:
 
 
 def expand(scenarios: Iterable[str]) -> list[str]:
-    """``--scenarios`` with the group name replaced by its scenarios, duplicates dropped."""
-    out: list[str] = []
-    for name in scenarios:
-        for one in SCENARIOS if name == GROUP else (name,):
-            if one not in out:
-                out.append(one)
-    return out
+    """``--scenarios`` with ``{GROUP}`` replaced by its scenarios."""
+    return groups.expand(scenarios, GROUP, SCENARIOS)
 
 
 def figures(

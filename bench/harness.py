@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 from elasticjob_devcluster.procs import descendants, start_ticks
 from elasticjob_runtime import contract
@@ -30,11 +30,24 @@ REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "examples" / "train_regression.py"
 T = TypeVar("T")
 
-# launcher name -> (command prefix, rendezvous backend)
-LAUNCHERS: dict[str, tuple[list[str], str]] = {
-    "elasticjob-run": ([sys.executable, "-m", "elasticjob_runtime.launch.launcher"], "etcd-v3"),
-    "torchrun-c10d": ([sys.executable, "-m", "torch.distributed.run"], "c10d"),
-    "torchrun-etcd-v3": ([sys.executable, "-m", "torch.distributed.run"], "etcd-v3"),
+
+class Launcher(NamedTuple):
+    """How the bench starts one kind of agent: its command, its rendezvous backend, and
+    the environment it runs with besides the job's."""
+
+    prefix: list[str]
+    backend: str
+    env: dict[str, str]
+
+
+_OURS = [sys.executable, "-m", "elasticjob_runtime.launch.launcher"]
+_TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+LAUNCHERS: dict[str, Launcher] = {
+    "elasticjob-run": Launcher(_OURS, "etcd-v3", {}),
+    # ours with in-place recovery off: every worker restarts on a fault, from warm spares
+    "elasticjob-run-restart": Launcher(_OURS, "etcd-v3", {contract.IN_PLACE: "0"}),
+    "torchrun-c10d": Launcher(_TORCHRUN, "c10d", {}),
+    "torchrun-etcd-v3": Launcher(_TORCHRUN, "etcd-v3", {}),
 }
 
 _STEP_RE = re.compile(r"^step=(\d+) .*\bworld=(\d+) .*\bpid=(\d+) t=([0-9.]+)\s*$")
@@ -294,7 +307,7 @@ class Job:
     _started: dict[int, int] = field(default_factory=dict)  # pid -> start time
 
     def start_agent(self) -> Agent:
-        prefix, backend = LAUNCHERS[self.launcher]
+        prefix, backend, launcher_env = LAUNCHERS[self.launcher]
         name = f"agent{len(self.agents)}"
         log = self.workdir / f"{name}.log"
         cmd = [
@@ -325,6 +338,7 @@ class Job:
             # a pod's agent serves probes on 8090; agents sharing this host take any free port
             ELASTICJOB_HEALTH_PORT="0",
         )
+        env.update(launcher_env)
         proc = subprocess.Popen(
             cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env, start_new_session=True
         )

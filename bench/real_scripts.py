@@ -35,6 +35,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
+from bench import groups
 from bench.goodput import Goodput
 from bench.harness import (
     LAUNCHERS,
@@ -89,13 +90,8 @@ def script_for(launcher: str) -> Path:
 
 
 def expand(scenarios: Iterable[str]) -> list[str]:
-    """``--scenarios`` with the group name replaced by its scenarios, duplicates dropped."""
-    out: list[str] = []
-    for name in scenarios:
-        for one in GROUP_SCENARIOS if name == GROUP else (name,):
-            if one not in out:
-                out.append(one)
-    return out
+    """``--scenarios`` with ``{GROUP}`` replaced by its scenarios."""
+    return groups.expand(scenarios, GROUP, GROUP_SCENARIOS)
 
 
 # ---------------------------------------------------------------- throughput (pure)

@@ -88,6 +88,7 @@ from bench import (
     phases,
     rdzv_scale,
     real_scripts,
+    sharded,
 )
 from bench.goodput import Goodput, run_goodput, steady_step_time
 from bench.harness import (
@@ -423,6 +424,9 @@ LABELS = {
     "classic-worker-kill": "classic_imagenet: SIGKILL a worker -> next step",
     "classic-node-kill": "classic_imagenet: SIGKILL an agent (3->2) -> next step",
     "classic-scale-up": "classic_imagenet: agent joins (2->3) -> step at 3",
+    "fsdp-worker-kill": "train_gpt_fsdp / gpt_fsdp_plain: SIGKILL a worker -> next step",
+    "fsdp-node-kill": "train_gpt_fsdp / gpt_fsdp_plain: SIGKILL an agent (3->2) -> next step",
+    "fsdp-scale-up": "train_gpt_fsdp / gpt_fsdp_plain: agent joins (2->3) -> step at 3",
 }
 GOODPUT_LABELS = {
     "goodput": "goodput, a worker SIGKILLed every {:.0f} s",
@@ -439,7 +443,7 @@ PHASE_LABELS = {
 
 def phase_names(scenario: str) -> tuple[str, ...]:
     """The phases the table shows for ``scenario``'s script."""
-    if scenario in real_scripts.FAULTS:
+    if scenario in real_scripts.FAULTS or scenario in sharded.FAULTS:
         return phases.COARSE
     if scenario in classic.FAULTS:
         return phases.CLASSIC
@@ -452,7 +456,7 @@ def table(
     goodputs: Sequence[Goodput] = (),
 ) -> str:
     rows = [["scenario", *launchers]]
-    for scenario in (*SCENARIOS, *real_scripts.FAULTS, *classic.FAULTS):
+    for scenario in (*SCENARIOS, *real_scripts.FAULTS, *classic.FAULTS, *sharded.FAULTS):
         if scenario == "goodput":
             continue
         if any(scenario in summary.get(lch, {}) for lch in launchers):
@@ -526,6 +530,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             real_scripts.GROUP,
             *classic.SCENARIOS,
             classic.GROUP,
+            *sharded.SCENARIOS,
+            sharded.GROUP,
         ),
         help="node-freeze (a node that vanishes without closing its sockets) is not in the "
         "default set: torchrun sits in the collective until its timeout; "
@@ -533,7 +539,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         "script beside its plain-DDP original, and the agreement check's cost; gpt-goodput "
         "only when named); "
         f"{classic.GROUP} = {' '.join(classic.SCENARIOS)} (an unchanged classic torchelastic "
-        "script under both launchers, each recovery split into phases)",
+        "script under both launchers, each recovery split into phases); "
+        f"{sharded.GROUP} = {' '.join(sharded.SCENARIOS)} (an FSDP2 model in place, beside "
+        "the restart path (launcher elasticjob-run-restart) and torchrun)",
     )
     p.add_argument(
         "--full", action="store_true", help=f"every scale scenario at every size: {FULL}"
@@ -574,12 +582,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     if any(n < 2 for n in args.rdzv_sizes):
         p.error(f"--rdzv-sizes must all be at least 2 (got {args.rdzv_sizes})")
     limits = Limits(args.start_timeout, args.recover_timeout)
-    args.scenarios = classic.expand(real_scripts.expand(args.scenarios))
+    args.scenarios = sharded.expand(classic.expand(real_scripts.expand(args.scenarios)))
     recovery = [s for s in args.scenarios if s in SCENARIOS]
     scale = [s for s in args.scenarios if s in SCALE_SCENARIOS]
     real = [s for s in args.scenarios if s in real_scripts.SCENARIOS]
     unchanged = [s for s in args.scenarios if s in classic.FAULTS]
-    faults = [s for s in args.scenarios if s in (*SCENARIOS, *real_scripts.FAULTS, *classic.FAULTS)]
+    sharded_faults = [s for s in args.scenarios if s in sharded.FAULTS]
+    known = (*SCENARIOS, *real_scripts.FAULTS, *classic.FAULTS, *sharded.FAULTS)
+    faults = [s for s in args.scenarios if s in known]
 
     started = time.monotonic()
     info = machine()
@@ -589,7 +599,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     real_figures: list[Figure] = []
     throughputs: list[real_scripts.Throughput] = []
     figures: list[Figure] = []
-    needs_etcd = recovery or unchanged or [s for s in real if s != check_cost.SCENARIO]
+    needs_etcd = (
+        recovery or unchanged or sharded_faults or [s for s in real if s != check_cost.SCENARIO]
+    )
     etcd = Etcd.start(workdir / "etcd") if needs_etcd else None
     try:
         if "gpt-throughput" in real:
@@ -612,6 +624,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                     elif scenario in classic.FAULTS:
                         fault = classic.FAULTS[scenario]
                         script, train_args = classic.SCRIPT, classic.train_args(where)
+                    elif scenario in sharded.FAULTS:
+                        fault = sharded.FAULTS[scenario]
+                        script, train_args = sharded.script_for(launcher), list(sharded.ARGS)
                     r = run_scenario(
                         fault, launcher, rep, etcd, where, limits, script, train_args, scenario
                     )
@@ -667,11 +682,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         png = rdzv_scale.plot_round_times(figures, args.out / "scale-rdzv.png")
         print(f"\n{scale_json.with_suffix('.md').read_text()}")
         print(f"written: {scale_json}" + (f", {png}" if png else ""))
-    if not recovery and not real and not unchanged:
+    if not recovery and not real and not unchanged and not sharded_faults:
         return
     summary = summarize(results)
     real_figures += real_scripts.fault_figures(summary, args.launchers)
     classic_figures = classic.figures(summary, args.launchers) if unchanged else []
+    sharded_figures = sharded.figures(summary, args.launchers) if sharded_faults else []
     split = classic.breakdown_table(summary, args.launchers) if unchanged else ""
     real_figures += real_scripts.goodput_figures(goodputs, args.launchers)
     print()
@@ -687,6 +703,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         print("\n".join(notes))
     if split:
         print(f"\nWhere the seconds went (medians):\n{split}")
+    if sharded_figures:
+        print(f"\n{markdown_table(sharded_figures)}")
     doc = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": "python -m bench.run " + " ".join(sys.argv[1:] if argv is None else argv),
@@ -717,6 +735,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             "breakdown": split,
         }
         if unchanged
+        else None,
+        "sharded": {"args": sharded.ARGS, "figures": [f.to_json() for f in sharded_figures]}
+        if sharded_faults
         else None,
     }
     args.out.mkdir(parents=True, exist_ok=True)

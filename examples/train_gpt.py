@@ -45,7 +45,12 @@ RESULT_PREFIX = "ELASTICJOB_RESULT "
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    return arguments(__doc__.split("\n", 1)[0]).parse_args(argv)
+
+
+def arguments(description: str) -> argparse.ArgumentParser:
+    """The flags (train_gpt_fsdp.py adds its own to them)."""
+    p = argparse.ArgumentParser(description=description)
     p.add_argument("--steps", type=int, default=300, help="optimizer steps in all")
     p.add_argument("--epochs", type=int, default=100, help="passes over the data at most")
     p.add_argument("--samples", type=int, default=4096, help="sequences in the data set")
@@ -67,7 +72,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--log-samples", type=int, default=0, help="1: every rank logs its indices")
     p.add_argument("--threads", type=int, default=1, help="torch threads per process")
     p.add_argument("--sleep", type=float, default=0.0, help="seconds to sleep after each step")
-    return p.parse_args(argv)
+    return p
 
 
 class Sequences(Dataset[tuple[torch.Tensor, torch.Tensor, int]]):
@@ -94,12 +99,14 @@ class Sequences(Dataset[tuple[torch.Tensor, torch.Tensor, int]]):
 
 
 class GPT(nn.Module):
-    def __init__(self, vocab: int, seq: int, dim: int, layers: int, heads: int) -> None:
+    def __init__(
+        self, vocab: int, seq: int, dim: int, layers: int, heads: int, dropout: float = 0.1
+    ) -> None:
         super().__init__()
         self.tokens = nn.Embedding(vocab, dim)
         self.positions = nn.Parameter(torch.zeros(seq, dim))
         block = nn.TransformerEncoderLayer(
-            dim, heads, 4 * dim, dropout=0.1, batch_first=True, norm_first=True
+            dim, heads, 4 * dim, dropout=dropout, batch_first=True, norm_first=True
         )
         self.blocks = nn.TransformerEncoder(block, layers, enable_nested_tensor=False)
         self.norm = nn.LayerNorm(dim)

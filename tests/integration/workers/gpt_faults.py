@@ -1,10 +1,12 @@
 """examples/train_gpt.py with faults at exact steps, so a faulted run and an unfaulted run
-can have the same world history and be compared step by step.
+can have the same world history and be compared step by step (``GPT_SCRIPT=train_gpt_fsdp``:
+its FSDP2 form, examples/train_gpt_fsdp.py).
 
 After step N is committed and the script has logged it (environment variables, all
 optional):
 
-* ``CRASH_AT_STEP`` / ``CRASH_RANK``: that rank's worker SIGKILLs itself (first attempt);
+* ``CRASH_AT_STEP`` / ``CRASH_RANK``: that rank's worker SIGKILLs itself (first attempt,
+  never regrouped: a survivor that rolled back to a checkpoint trains step N again);
   ``CRASH_IN_STEP``: the same in the middle of that step, at its last micro-batch (its
   peers then hold the first micro-batches' gradients when the step fails);
 * ``HOLD_AT_STEP``: after step N - 1 every worker waits until its agent has a new round
@@ -30,6 +32,7 @@ optional):
 
 from __future__ import annotations
 
+import importlib
 import os
 import signal
 import sys
@@ -38,7 +41,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from elasticjob_examples import train_gpt
 
 from elasticjob_runtime import Run
 
@@ -48,6 +50,9 @@ def _at(name: str) -> int:
 
 
 def main() -> None:
+    train_gpt = importlib.import_module(
+        f"elasticjob_examples.{os.environ.get('GPT_SCRIPT', 'train_gpt')}"
+    )
     log_step, wrap, accumulate = train_gpt.log_step, Run.wrap, Run.accumulate
     init = Run.__init__
     first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
@@ -57,7 +62,8 @@ def main() -> None:
         """The step is committed and logged (its samples too): now the fault."""
         log_step(args, run, *rest)
         step, rank = run.global_step, str(run.rank)
-        if step == _at("CRASH_AT_STEP") and first_attempt and rank == os.environ["CRASH_RANK"]:
+        once = first_attempt and run.regroups == 0
+        if step == _at("CRASH_AT_STEP") and once and rank == os.environ["CRASH_RANK"]:
             os.kill(os.getpid(), signal.SIGKILL)
         if step == _at("LOSE_NODE_AT_STEP") and rank == os.environ["LOSE_NODE_RANK"]:
             os.kill(os.getppid(), signal.SIGKILL)

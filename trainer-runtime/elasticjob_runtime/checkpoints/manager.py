@@ -335,6 +335,11 @@ class CheckpointManager:
         """Register the live state (or a function returning it) to save on SIGTERM."""
         self._tracked = state
 
+    def untrack(self) -> None:
+        """Save nothing on SIGTERM: the state is not one rank's to write (sharded state
+        is saved by every rank together, checkpoints/sharded.py)."""
+        self._tracked = None
+
     @property
     def stop_requested(self) -> bool:
         """True once SIGTERM arrived (the next ``mark_step`` saves and exits)."""

@@ -14,6 +14,7 @@ import logging
 import os
 import socket
 import time
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -21,7 +22,6 @@ import torch.distributed as dist
 from elasticjob_runtime import contract
 from elasticjob_runtime.etcd.progress import divergence_reporter_from_env
 from elasticjob_runtime.etcd.records import DIVERGENCE_ACTIONS, Divergence
-from elasticjob_runtime.launch.channel import WorkerChannel
 from elasticjob_runtime.training.fingerprint import (
     DivergenceError,
     as_signed,
@@ -29,7 +29,10 @@ from elasticjob_runtime.training.fingerprint import (
     divergence_message,
     fingerprint,
 )
-from elasticjob_runtime.training.state import TrainingState
+
+if TYPE_CHECKING:
+    from elasticjob_runtime.training.replication import Replication
+    from elasticjob_runtime.training.worker_rounds import WorkerRounds
 
 log = logging.getLogger(__name__)
 
@@ -77,31 +80,25 @@ class Agreement:
         self.next_reason = None
         return when
 
-    def check(
-        self,
-        when: str,
-        state: TrainingState,
-        rank: int,
-        world_size: int,
-        device: torch.device,
-        channel: WorkerChannel | None,
-    ) -> bool:
-        """Compare every rank's fingerprints; stop (or resync) when they differ.
-        Returns whether the state was resynced (the round's plan must start anew)."""
-        if world_size < 2:
+    def check(self, when: str, step: int, replica: Replication, rounds: WorkerRounds) -> bool:
+        """Compare every rank's fingerprints of what ``replica`` says every rank holds
+        alike; stop (or resync) when they differ. Returns whether the state was resynced
+        (the round's plan must start anew)."""
+        if rounds.world_size < 2:
             return False
-        checked = state.checked()
+        checked = replica.checked()
         mine = [as_signed(fingerprint(obj)) for obj in checked.values()]
-        found = disagreements(list(checked), gather_rows(mine, device))
+        found = disagreements(list(checked), gather_rows(mine, rounds.device))
         if not found:
             return False
-        message = divergence_message(state.step, when, found)
-        report_divergence(state.step, self.on_divergence, message)
+        message = divergence_message(step, when, found)
+        report_divergence(step, self.on_divergence, message)
         if self.on_divergence == "resync":
             log.error("%s; copying rank 0's state to every rank (on_divergence='resync')", message)
-            state.copy_from(0, rank, device)
+            replica.resync(rounds)
             self.resyncs += 1
             return True
+        channel = rounds.channel
         if channel is not None:
             channel.say_fatal(message)  # the agent must not restart into the same bug
         raise DivergenceError(message)

@@ -44,6 +44,33 @@ def tensor_fingerprint(tensor: torch.Tensor) -> int:
     return mix(zlib.crc32(str(t.dtype).encode()), *t.shape, total)
 
 
+def sharded_fingerprint(obj: Any) -> int:
+    """:func:`fingerprint` of the whole of a sharded model or optimizer, the same at any
+    world size: each DTensor counts by its global shape and the sum of every rank's rows
+    (one all-reduce a tensor over the default group, so every rank calls it). For tests
+    and logs of small models: it is a collective per tensor."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    def whole(value: Any) -> Any:
+        if isinstance(value, DTensor):
+            local = value.to_local().detach()
+            as_int = local.view(_SIGNED_BY_SIZE[local.element_size()])
+            total = as_int.sum(dtype=torch.int64).reshape(1)
+            dist.all_reduce(total)
+            return ("dtensor", str(value.dtype), tuple(value.shape), int(total.item()))
+        if isinstance(value, Mapping):
+            return {k: whole(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [whole(v) for v in value]
+        return value
+
+    if isinstance(obj, nn.Module):
+        return value_fingerprint(whole(dict(obj.named_parameters())))
+    state_dict = getattr(obj, "state_dict", None)
+    return value_fingerprint(whole(state_dict() if callable(state_dict) else obj))
+
+
 def value_fingerprint(value: Any) -> int:
     """Fingerprint of a state_dict-like value: tensors, containers and plain values."""
     if isinstance(value, torch.Tensor):

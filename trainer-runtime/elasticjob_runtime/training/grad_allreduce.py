@@ -54,19 +54,28 @@ class StepAllreduce:
         self.shares: Shares | None = None
 
 
-def weigh(buffer: torch.Tensor, state: StepAllreduce) -> None:
-    """Scale this rank's gradients in place before the sum."""
-    shares = state.shares
+def batch_share(shares: Shares | None) -> float | None:
+    """This rank's share of the step's global batch; None: an equal share (the loader is
+    not in use, or the step's shares are unknown). Sharded models weigh by it too
+    (fsdp_reduce_scatter.py)."""
     if shares is None:
-        buffer.div_(dist.get_world_size())
-        return
+        return None
     samples = shares.weighted_samples
     if samples is None or shares.global_batch <= 0:
-        buffer.div_(shares.world_size)
-    elif samples == 0:
+        return None
+    return samples / shares.global_batch
+
+
+def weigh(buffer: torch.Tensor, state: StepAllreduce) -> None:
+    """Scale this rank's gradients in place before the sum."""
+    share = batch_share(state.shares)
+    if share is None:
+        world = state.shares.world_size if state.shares is not None else dist.get_world_size()
+        buffer.div_(world)
+    elif share == 0:
         buffer.zero_()  # not a multiplication: a filler's inf or NaN times 0 is NaN
     else:
-        buffer.mul_(samples / shares.global_batch)
+        buffer.mul_(share)
 
 
 # dist.GradBucket is public (torch's own hooks take it) but missing from torch's stubs.

@@ -33,6 +33,10 @@ What the lines buy:
   member joins a healthy group, or a node leaves it announced, the ranks agree within a
   step that the round ends (:mod:`elasticjob_runtime.training.switch_vote`) and every
   worker switches at that same step boundary.
+* **Sharded models**: ``run.shard(build, sampler)`` instead of ``run.wrap`` for a model
+  that FSDP2 shards: ``build(mesh)`` shards it on each round's mesh, the shards move
+  between the ranks' memory when the world changes, and checkpoints are DCP
+  (:mod:`elasticjob_runtime.training.fsdp_replication`).
 * Without ``elasticjob-run`` (plain torchrun, or no launcher) the same script runs and
   recovers by restarting, from its checkpoints.
 
@@ -48,6 +52,7 @@ import os
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
@@ -59,10 +64,15 @@ from torch.utils.data import Dataset
 
 from elasticjob_runtime.checkpoints.job_identity import current_job, directory_name
 from elasticjob_runtime.checkpoints.manager import CheckpointManager
+from elasticjob_runtime.checkpoints.sharded import ShardedCheckpoints
 from elasticjob_runtime.etcd.progress import reporter_for_rank, reporter_from_env
 from elasticjob_runtime.training.agreement import Agreement
+from elasticjob_runtime.training.current import Current, Sharded
 from elasticjob_runtime.training.current_ddp import CurrentDDP
+from elasticjob_runtime.training.ddp_replication import DDPReplication
+from elasticjob_runtime.training.fsdp_replication import Build, FSDPReplication
 from elasticjob_runtime.training.loader import ElasticLoader
+from elasticjob_runtime.training.replication import Replication
 from elasticjob_runtime.training.sampler import ElasticSampler
 from elasticjob_runtime.training.state import TrainingState, registered_state
 from elasticjob_runtime.training.step_loop import StepLoop, StepOutcome
@@ -71,6 +81,11 @@ from elasticjob_runtime.training.worker_rounds import WorkerRounds
 log = logging.getLogger(__name__)
 
 Batch = TypeVar("Batch")
+
+
+def registered_now(state: TrainingState, name: str) -> Any:
+    """The current round's registered object ``name`` (a sharded model's are rebuilt)."""
+    return state.registered[name]
 
 
 def default_checkpoint_dir() -> Path:
@@ -137,7 +152,8 @@ class Run:
             raise ValueError(f"checkpoint_interval must be at least 1 (got {checkpoint_interval})")
         self._agreement = Agreement(check_every, on_divergence)
         self._rounds = WorkerRounds(backend, timeout, in_place)
-        # Seconds of the last (re)grouping: wait (for the round), process_group, restore, ddp.
+        # Seconds of the last (re)grouping: wait (for the round), process_group, restore,
+        # ddp or build (the model laid out for the round), check.
         self.timings: dict[str, float] = {"wait": 0.0, "process_group": self._rounds.built_in}
         self._state = TrainingState()
         self.checkpoint_interval = checkpoint_interval
@@ -158,7 +174,7 @@ class Run:
             self._committed,
             self.timings,
         )
-        self._model: CurrentDDP | None = None
+        self._replica: Replication | None = None  # how the model is laid out, once wrapped
         self._on_regroup = on_regroup
 
     # -- who we are this round, and what we hold
@@ -202,9 +218,11 @@ class Run:
 
     @property
     def ddp(self) -> DistributedDataParallel:
-        if self._model is None:
-            raise RuntimeError("call run.wrap(model, optimizer, sampler) first")
-        return self._model.ddp
+        if isinstance(self._replica, DDPReplication):
+            return self._replica.model.ddp
+        if self._replica is not None:
+            raise RuntimeError("a sharded model has no DDP: use the model run.shard() returned")
+        raise RuntimeError("call run.wrap(model, optimizer, sampler) first")
 
     @property
     def sampler(self) -> ElasticSampler:
@@ -234,27 +252,68 @@ class Run:
         st.module, st.optimizer, st.sampler = model, optimizer, sampler
         for optim in (optimizer, *st.registered.values()):
             if isinstance(optim, torch.optim.Optimizer):
-                # the vote first: while it is read, no update has begun (a SIGTERM saves)
-                optim.register_step_pre_hook(self._loop.count_vote)
-                self.ckpt.guard_updates(optim)  # a SIGTERM save never catches it mid-update
-                optim.register_step_post_hook(self._loop.note_update)
-        self._model = CurrentDDP(model, ddp_kwargs, self._loop.vote)
-        sampler.reshard(self.rank, self.world_size)
-        self._restore_and_wrap()
-        self._rounds.watch()
-        return self._model
+                self._hook_optimizer(optim)
+        current = CurrentDDP(model, ddp_kwargs, self._loop.vote)
+        self._use(DDPReplication(st, self.ckpt, current))
+        return current
 
-    def _restore_and_wrap(self) -> None:
-        started = time.monotonic()
-        rounds = self._rounds
-        self.resumed_from = self._state.share_newest(
-            rounds.rank, rounds.world_size, rounds.device, self.ckpt
+    def shard(self, build: Build, sampler: ElasticSampler) -> Sharded:
+        """A model sharded with FSDP2, elastic in place: ``build(mesh)`` shards the model
+        on the round's device mesh and makes its optimizer (and schedulers), and is
+        called again for each round (on the meta device when the shards move from
+        peers' memory). Returns ``(model, optimizer, state)``: names for the current
+        round's objects, ``state`` the third value ``build`` returned, by name::
+
+            def build(mesh):
+                model = GPT(cfg)
+                for block in model.blocks:
+                    fully_shard(block, mesh=mesh)
+                fully_shard(model, mesh=mesh)
+                optim = torch.optim.AdamW(model.parameters(), lr=3e-4)
+                return model, optim, {"scheduler": LambdaLR(optim, warmup)}
+
+            model, optim, state = run.shard(build, sampler)
+
+        Each round is built under ``torch.manual_seed(seed)`` (the Run's seed), so every
+        rank starts from the same model. Checkpoints are DCP, every rank writing its own
+        shards to the checkpoint directory, which every rank must reach
+        (docs/training-loop.md, "Sharded models")."""
+        if self._replica is not None:
+            raise RuntimeError("the model is wrapped already: call run.wrap or run.shard once")
+        self._state.sampler = sampler
+        self.ckpt.untrack()  # sharded state is saved by every rank together, not on SIGTERM
+        checkpoints = ShardedCheckpoints(self.ckpt.directory, self.ckpt.keep)
+        replica = FSDPReplication(
+            build, self._state, checkpoints, self._hook_optimizer, self._loop.seed
         )
-        wrapped = time.monotonic()
-        assert self._model is not None
-        self._model.rewrap()
-        self.timings["restore"] = wrapped - started
-        self.timings["ddp"] = time.monotonic() - wrapped
+        self._use(replica)
+        registered = self._state.registered
+        return Sharded(
+            Current(lambda: replica.model, "model"),
+            Current(lambda: replica.optimizer, "optimizer"),
+            {
+                name: Current(partial(registered_now, self._state, name), name)
+                for name in registered
+            },
+        )
+
+    def _hook_optimizer(self, optim: torch.optim.Optimizer) -> None:
+        # the vote first: while it is read, no update has begun (a SIGTERM saves)
+        optim.register_step_pre_hook(self._loop.count_vote)
+        self.ckpt.guard_updates(optim)  # a SIGTERM save never catches it mid-update
+        optim.register_step_post_hook(self._loop.note_update)
+
+    def _use(self, replica: Replication) -> None:
+        """Form the first round with the model laid out as ``replica`` says."""
+        self._replica = self._loop.replica = replica
+        self.sampler.reshard(self.rank, self.world_size)
+        self._form()
+        self._rounds.watch()
+
+    def _form(self) -> None:
+        """Bring every rank to the newest step, with the model wrapped for this round."""
+        assert self._replica is not None
+        self.resumed_from = self._replica.form(self._rounds, self.timings)
         checked = time.monotonic()
         self._loop.check("after the group formed")
         # State that never went through the Run shows at the first step: check it there.
@@ -285,17 +344,20 @@ class Run:
         the one the sampler was made for."""
         seed = self.sampler.seed if self._loop.seed is None else self._loop.seed
         made = ElasticLoader(self._loop, dataset, batch_size, seed=seed, **options)
-        if self._model is not None:
-            self._model.weigh_by_samples(self._loop)
+        if self._replica is not None:
+            self._replica.weigh_by_samples(self._loop)
         return made
 
     def accumulate(self, micro_batches: Sequence[Batch]) -> Iterator[Batch]:
-        """The step's micro-batches, each trained under DDP's ``no_sync`` but the last, so
-        gradients are all-reduced once per step: ``for x, y in run.accumulate(batch):``."""
+        """The step's micro-batches, each trained without reducing its gradients but the
+        last (DDP's ``no_sync``, FSDP2's gradient sync off), so gradients are reduced once
+        per step: ``for x, y in run.accumulate(batch):``."""
+        if self._replica is None:
+            raise RuntimeError("call run.wrap(...) or run.shard(...) first")
         last = len(micro_batches) - 1
         for i, micro in enumerate(micro_batches):
             if i < last:
-                with self.ddp.no_sync():
+                with self._replica.accumulating():
                     yield micro
             else:
                 yield micro
@@ -325,7 +387,7 @@ class Run:
                 step,
                 self.global_batch,
                 epoch=self.sampler.epoch,
-                checkpoint_step=self.ckpt.saved_step,
+                checkpoint_step=self._replica.saved_step if self._replica else None,
                 world_size=self.world_size,
                 checkpoint_error=self.ckpt.save_error,
             )
@@ -335,8 +397,9 @@ class Run:
 
         A save that failed on a full or read-only directory is tried again at the next
         call (its error is in ``ckpt.save_error`` and the job's progress)."""
-        if self.global_step not in (self.ckpt.saved_step, self.ckpt.pending_step):
-            self.ckpt.save(self._state.objects(), self.global_step)
+        if self._replica is None:
+            raise RuntimeError("call run.wrap(...) or run.shard(...) first")
+        self._replica.save(self.global_step)
 
     # -- regrouping (worker_rounds.py)
 
@@ -345,14 +408,14 @@ class Run:
         # The old DDP (and through it the old group) is dropped only once the next round
         # stands: freeing it joins gloo's threads, and one of them may still be finishing
         # the aborted work, which needs the GIL this thread would hold while it waits.
-        assert self._model is not None
-        retired = [self._model.retire()]
+        assert self._replica is not None
+        retired = [self._replica.retire()]
 
         def rebuild(timings: dict[str, float]) -> None:
             self.timings.clear()  # the same dict the step loop writes into
             self.timings.update(timings)
             self.sampler.reshard(self.rank, self.world_size)
-            self._restore_and_wrap()
+            self._form()
 
         # while it waits, a SIGTERM saves this step and exits 143
         took = self._rounds.regroup(failed, lambda: self.ckpt.mark_step(self.global_step), rebuild)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from elasticjob_runtime.training.agreement import Agreement
+from elasticjob_runtime.training.replication import Replication
 from elasticjob_runtime.training.sampler import ElasticSampler
 from elasticjob_runtime.training.seeds import fetch_seed, seed_all, step_seed
 from elasticjob_runtime.training.state import TrainingState
@@ -86,6 +87,7 @@ class StepLoop:
         self._updated = False  # an optimizer stepped in the step under way
         self.vote = SwitchVote()  # whether the round ends after the step under way
         self._phase = "idle"  # idle -> fetched (a batch is out) -> running (in step())
+        self.replica: Replication | None = None  # the model's layout, once wrapped
 
     @property
     def reached_max_steps(self) -> bool:
@@ -249,6 +251,7 @@ class StepLoop:
 
     def check(self, when: str) -> None:
         """Compare every rank's state now (agreement.py); a resync plans the round anew."""
-        r = self._rounds
-        if self._agreement.check(when, self._state, r.rank, r.world_size, r.device, r.channel):
+        if self.replica is None:
+            raise RuntimeError("call run.wrap(...) or run.shard(...) first")
+        if self._agreement.check(when, self._state.step, self.replica, self._rounds):
             self.plan += 1  # the sampler's position may have moved

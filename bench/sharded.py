@@ -1,0 +1,91 @@
+"""A sharded model (FSDP2) through faults: in place beside the restart path and torchrun.
+
+examples/train_gpt_fsdp.py (``run.shard``) runs under ``elasticjob-run`` (in place: shards
+move from memory on a join, the newest DCP checkpoint is read in place when a rank took
+the only copy of its shard) and under ``elasticjob-run-restart`` (the same script with
+in-place recovery off: every worker restarts from a warm spare and reads the DCP
+checkpoint); bench/gpt_fsdp_plain.py, the same model written for torchrun with its own
+DCP checkpoint, runs under each torchrun launcher. Same flags, same seed.
+
+* ``fsdp-worker-kill``, ``fsdp-node-kill``, ``fsdp-scale-up``: ``bench.run``'s
+  worker-kill, node-kill and scale-up with these scripts.
+
+``--scenarios fsdp`` runs the three (not in the default set). The model (about 63M
+parameters: 8 blocks of width 768, a 4096-token vocabulary) makes a step of about a
+second on 2 cores; it is checkpointed every :data:`CHECKPOINT_INTERVAL` steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from bench import groups, real_scripts
+from bench.harness import REPO
+from bench.report import Figure
+
+OURS_SCRIPT = REPO / "examples" / "train_gpt_fsdp.py"
+PLAIN_SCRIPT = REPO / "bench" / "gpt_fsdp_plain.py"
+GROUP = "fsdp"  # --scenarios fsdp
+FAULTS = {  # -> bench.run's scenario
+    "fsdp-worker-kill": "worker-kill",
+    "fsdp-node-kill": "node-kill",
+    "fsdp-scale-up": "scale-up",
+}
+SCENARIOS = tuple(FAULTS)
+CHECKPOINT_INTERVAL = 10
+ARGS = [
+    "--epochs=1000",
+    "--steps=1000000",
+    "--samples=4096",
+    "--batch-size=2",
+    "--accumulate=2",
+    "--workers=1",
+    "--threads=1",
+    "--seq=64",
+    "--vocab=4096",
+    "--dim=768",
+    "--layers=8",
+    "--heads=12",
+    "--seed=0",
+    "--log-every=1",
+    f"--checkpoint-interval={CHECKPOINT_INTERVAL}",
+]
+# (scenario, summary key, metric, target in seconds or None): issue 35's targets
+TARGETS = (
+    ("fsdp-worker-kill", "seconds", "SIGKILL a worker -> next step", 2.0),
+    ("fsdp-worker-kill", "pause", "training paused (last step -> next step)", None),
+    ("fsdp-node-kill", "seconds", "SIGKILL an agent (3->2) -> next step", 3.0),
+    ("fsdp-node-kill", "pause", "training paused (last step -> next step)", None),
+    ("fsdp-scale-up", "seconds", "agent joins (2->3) -> step at 3", None),
+    ("fsdp-scale-up", "pause", "training paused (last step -> next step)", 1.5),
+)
+
+
+def script_for(launcher: str) -> Path:
+    """The converted script under ours (in place or not), the plain one under torchrun."""
+    return OURS_SCRIPT if launcher.startswith("elasticjob-run") else PLAIN_SCRIPT
+
+
+def expand(scenarios: Iterable[str]) -> list[str]:
+    """``--scenarios`` with ``{GROUP}`` replaced by its scenarios."""
+    return groups.expand(scenarios, GROUP, SCENARIOS)
+
+
+def figures(
+    summary: dict[str, dict[str, dict[str, Any]]], launchers: Sequence[str]
+) -> list[Figure]:
+    """Each target's figure, ours in place beside the restart path and each torchrun."""
+    return real_scripts.fault_figures(
+        summary,
+        launchers,
+        TARGETS,
+        "train_gpt_fsdp.py vs gpt_fsdp_plain.py",
+        baseline_name=lambda launcher: (
+            "train_gpt_fsdp.py, in place off"
+            if launcher.startswith("elasticjob-run")
+            else f"gpt_fsdp_plain.py, {launcher}"
+        ),
+        note_name=lambda launcher: launcher,
+    )

@@ -1,0 +1,142 @@
+"""Jobs of examples/train_gpt.py (and its FSDP2 form) under the real launcher, with faults
+at exact steps (workers/gpt_faults.py), and the comparisons that prove a faulted run
+trains what an unfaulted run with the same world history trains."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import uuid
+from collections import Counter
+from pathlib import Path
+
+from conftest import WORKERS, EtcdServer, result_of, start, wait_for
+
+from elasticjob_runtime import contract
+from elasticjob_runtime.etcd.client import EtcdClient
+from elasticjob_runtime.etcd.endpoints import parse_endpoints
+from elasticjob_runtime.etcd.records import Divergence, decode_divergence
+
+GPT_FAULTS = WORKERS / "gpt_faults.py"
+SAMPLES = 256
+STEPS = 40
+
+
+def gpt_args(tmp: Path, *extra: str) -> list[str]:
+    """A small model (the same code as the 3.3M default), so a run takes seconds."""
+    return [
+        str(GPT_FAULTS),
+        f"--steps={STEPS}",
+        f"--samples={SAMPLES}",
+        "--batch-size=4",
+        "--accumulate=2",
+        "--workers=2",
+        "--seq=16",
+        "--vocab=64",
+        "--dim=32",
+        "--layers=2",
+        "--heads=2",
+        "--warmup=10",
+        "--log-every=5",
+        "--log-state=1",
+        "--log-samples=1",
+        f"--checkpoint-dir={tmp / 'ckpt'}",
+        "--checkpoint-interval=10",
+        *extra,
+    ]
+
+
+def states(text: str) -> dict[int, set[str]]:
+    """Step -> the fingerprints every rank logged after it (one value when they agree)."""
+    found: dict[int, set[str]] = {}
+    for step, values in re.findall(r"^state step=(\d+) rank=\d+ world=\d+ (.*)$", text, re.M):
+        found.setdefault(int(step), set()).add(values)
+    return found
+
+
+def worlds(text: str) -> dict[int, int]:
+    """Step -> the world size it was trained at."""
+    return {
+        int(s): int(w) for s, w in re.findall(r"^state step=(\d+) rank=\d+ world=(\d+)", text, re.M)
+    }
+
+
+def assert_same_training(faulted: str, reference: str) -> None:
+    ours, theirs = states(faulted), states(reference)
+    assert sorted(ours) == list(range(1, STEPS + 1)), sorted(ours)
+    assert worlds(faulted) == worlds(reference)
+    split = {step: values for step, values in ours.items() if len(values) > 1}
+    assert not split, f"ranks disagree at steps {sorted(split)}"
+    differ = [step for step in ours if ours[step] != theirs.get(step)]
+    assert not differ, f"the faulted run differs from the unfaulted one at steps {differ}"
+    assert result_of(faulted) == result_of(reference)
+
+
+def assert_every_sample_once_per_epoch(text: str) -> None:
+    """Over the steps that stand: a step redone after a restart from a checkpoint logs
+    its samples again, with the same step number and rank (the last log of each counts)."""
+    stood: dict[tuple[int, str], tuple[int, str]] = {}
+    pattern = r"^samples step=(\d+) epoch=(\d+) world=\d+ rank=(\d+) idx=([\d,]*) t="
+    for step, epoch, rank, idx in re.findall(pattern, text, re.M):
+        stood[(int(step), rank)] = (int(epoch), idx)
+    by_epoch: dict[int, Counter[int]] = {}
+    for epoch, idx in stood.values():
+        by_epoch.setdefault(epoch, Counter()).update(int(i) for i in idx.split(",") if i)
+    assert len(by_epoch) >= 2, sorted(by_epoch)
+    for epoch, seen in by_epoch.items():
+        assert not [i for i, n in seen.items() if n > 1], f"epoch {epoch} repeated samples"
+    for epoch in sorted(by_epoch)[:-1]:
+        assert len(by_epoch[epoch]) == SAMPLES, f"epoch {epoch} skipped samples"
+
+
+def divergence_records(etcd: EtcdServer, run_id: str) -> list[Divergence]:
+    """What the run's workers recorded for the operator (its rule "Divergence")."""
+    client = EtcdClient(parse_endpoints(etcd.endpoint, 2379))
+    try:
+        items = client.snapshot(contract.divergence_prefix(run_id)).items
+    finally:
+        client.close()
+    return [decode_divergence(kv.value) for kv in items.values()]
+
+
+def run_job(
+    agents: list[subprocess.Popen[bytes]],
+    etcd: EtcdServer,
+    tmp: Path,
+    env: dict[str, str],
+    nodes: int,
+    nnodes: str,
+    joiner: str | None = None,
+    expect_ok: bool = True,
+    run_id: str | None = None,
+    extra: tuple[str, ...] = (),
+) -> str:
+    """``nodes`` agents of one nproc each; a ``joiner`` agent starts once the log shows
+    that line. Returns every agent's log, joined."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    run_id = run_id or f"gpt-{uuid.uuid4().hex[:8]}"
+    env = {"ELASTICJOB_CHECKPOINT_MEMORY_DIR": str(tmp / "shm"), **env}
+    logs = [tmp / f"agent-{n}.log" for n in range(nodes)]
+
+    def agent(log: Path) -> subprocess.Popen[bytes]:
+        args = gpt_args(tmp, *extra)
+        return start(
+            agents, etcd, log, args, nproc=1, nnodes=nnodes, max_restarts=2, run_id=run_id, env=env
+        )
+
+    procs = [agent(log) for log in logs]
+    if joiner is not None:
+        wait_for(
+            joiner,
+            lambda: True if any(joiner in log.read_text() for log in logs) else None,
+            240,
+            logs[0],
+        )
+        logs.append(tmp / "agent-joiner.log")
+        procs.append(agent(logs[-1]))
+    for proc, log in zip(procs, logs, strict=True):
+        wait_for("the job to end", lambda p=proc: p.poll(), 300, log)
+        if expect_ok:
+            ok = {0, 143} if "LEAVE_AT_STEP" in env else {0}  # a node that left exits 143
+            assert proc.returncode in ok or "LOSE_NODE_AT_STEP" in env, log.read_text()[-4000:]
+    return "\n".join(log.read_text() for log in logs)

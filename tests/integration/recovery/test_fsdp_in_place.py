@@ -1,0 +1,105 @@
+"""Sharded models elastic in place: FSDP2 (examples/train_gpt_fsdp.py) under the real
+launcher, real etcd and real torch workers over gloo.
+
+Proven by comparison, at every step, with fingerprints of the whole sharded model and
+optimizer that do not depend on the world size:
+
+* a join moves the shards from the survivors' memory to the new world, and trains what a
+  DCP save at world 2 and a load at world 3 train (the in-memory reshard is bitwise the
+  DCP reshard, and the run is bitwise the unfaulted run with the same world history);
+* a killed worker takes the only copy of its shard: the survivor keeps its process, every
+  rank reads the newest DCP checkpoint in place, and the run trains what the unfaulted
+  run trains;
+* FSDP2 at world 2 trains, within float tolerance, what one process trains on the same
+  global batch (the gradients are averaged, never summed: pytorch#162338).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import EtcdServer, result_of
+from gpt_jobs import (
+    GPT_FAULTS,
+    SAMPLES,
+    assert_every_sample_once_per_epoch,
+    assert_same_training,
+    gpt_args,
+    run_job,
+    worlds,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+FSDP = {"GPT_SCRIPT": "train_gpt_fsdp"}
+
+
+def test_an_fsdp_join_moves_the_shards_in_memory_and_trains_what_a_dcp_reshard_trains(
+    agents: list[subprocess.Popen[bytes]], etcd: EtcdServer, tmp_path: Path
+) -> None:
+    # In place: world 2 to step 12, a third node joins while the group holds, and the
+    # shards move from memory to world 3. Reference: world 2 saves step 12 (DCP) and
+    # stops; three nodes resume from it, DCP resharding to world 3.
+    join = {**FSDP, "HOLD_AT_STEP": "12", "HOLD_WORLD": "2"}
+    joined = run_job(agents, etcd, tmp_path / "joined", join, 2, "1:3", "held before step 12")
+    first = run_job(agents, etcd, tmp_path / "reference", {**FSDP, "STOP_AT_STEP": "12"}, 2, "2")
+    second = run_job(agents, etcd, tmp_path / "reference", FSDP, 3, "3")
+
+    assert len(re.findall(r"^regrouped at step 12 \(own memory at step 12\)", joined, re.M)) == 2
+    assert re.search(r"^started \(rank \d at step 12\) .* world=3 ", joined, re.M), joined[-3000:]
+    assert re.search(r"^started \(checkpoint step 12\) .* world=3 ", second, re.M), second[-3000:]
+    assert {w for w in worlds(joined).values()} == {2, 3}
+    assert_same_training(joined, first + second)
+    assert_every_sample_once_per_epoch(joined)
+
+
+def test_a_killed_fsdp_worker_costs_a_rollback_in_place_and_trains_what_an_unfaulted_run_trains(
+    agents: list[subprocess.Popen[bytes]], etcd: EtcdServer, tmp_path: Path
+) -> None:
+    # Rank 1 dies after step 13 with the only copy of its shard; its agent restarts it.
+    # The survivor keeps its process; every rank reads the step-10 checkpoint (in place
+    # for the survivor) and steps 11-13 are trained again, to the same state.
+    crash = {**FSDP, "CRASH_AT_STEP": "13", "CRASH_RANK": "1"}
+    faulted = run_job(agents, etcd, tmp_path / "faulted", crash, 2, "2")
+    reference = run_job(agents, etcd, tmp_path / "reference", FSDP, 2, "2")
+
+    assert "were lost with their process; every rank reads the newest checkpoint" in faulted
+    assert re.search(r"^regrouped at step 10 \(checkpoint step 10\)", faulted, re.M), faulted[
+        -3000:
+    ]
+    assert re.search(r"^started \(checkpoint step 10\)", faulted, re.M), faulted[-3000:]
+    assert_same_training(faulted, reference)
+    assert_every_sample_once_per_epoch(faulted)
+
+
+def test_fsdp_at_world_2_trains_what_one_process_trains_on_the_same_global_batch(
+    agents: list[subprocess.Popen[bytes]], etcd: EtcdServer, tmp_path: Path
+) -> None:
+    # Plain SGD, no clipping, no dropout: an update is the learning rate times the
+    # averaged gradient, so a sum where an average belongs shows at once.
+    same = ("--dropout=0", "--optimizer=sgd", "--clip=0", "--lr=0.5")
+    sharded = tmp_path / "sharded.pt"
+    run_job(agents, etcd, tmp_path / "two", FSDP, 2, "2", extra=(*same, f"--dump={sharded}"))
+    alone = tmp_path / "alone.pt"
+    args = gpt_args(tmp_path / "one", *same, "--batch-size=8", f"--dump={alone}")
+    assert args[0] == str(GPT_FAULTS)
+    out = subprocess.run(
+        [sys.executable, *args],
+        env={**os.environ, **FSDP},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert result_of(out.stdout)["samples"] == result_of(out.stdout)["steps"] * 16
+    ours, theirs = torch.load(sharded), torch.load(alone)
+    assert sorted(ours) == sorted(theirs)
+    worst = max(float((ours[k] - theirs[k]).abs().max()) for k in ours)
+    assert worst < 1e-5, f"the sharded run is {worst} away from one process (at most 1e-5)"
+    assert SAMPLES % 16 == 0  # every step a full global batch in both runs

@@ -1,0 +1,157 @@
+"""Moving dim-0 shards between world sizes (training/reshard.py): the plan against
+``torch.chunk``, and the exchange over real gloo processes against the rows each new rank
+must hold; and each round's mesh of its own (fsdp_replication.round_dim)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import socket
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from elasticjob_runtime.training.reshard import (
+    chunk_rows,
+    complete_holders,
+    exchange,
+    old_world_of,
+    transfers,
+)
+
+
+@pytest.mark.parametrize("rows", [0, 1, 2, 3, 7, 16, 17])
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 5])
+def test_a_rank_holds_the_rows_torch_chunk_gives_it(rows: int, world: int) -> None:
+    chunks = torch.arange(rows).chunk(world) if rows else ()
+    for rank in range(world):
+        start, stop = chunk_rows(rows, world, rank)
+        expected = chunks[rank].tolist() if rank < len(chunks) else []
+        assert list(range(start, stop)) == expected
+
+
+@pytest.mark.parametrize(
+    ("rows", "old", "new", "holders"),
+    [
+        (17, 2, 3, {0: 1, 1: 2}),  # a joiner at rank 0
+        (17, 3, 3, {0: 2, 1: 0, 2: 1}),  # every rank renumbered
+        (5, 2, 4, {0: 3, 1: 0}),  # two joiners
+        (3, 2, 5, {0: 0, 1: 4}),  # more ranks than rows: some hold nothing
+    ],
+)
+def test_every_new_row_comes_once_from_the_rank_that_held_it(
+    rows: int, old: int, new: int, holders: dict[int, int]
+) -> None:
+    received: dict[int, list[int]] = {dest: [] for dest in range(new)}
+    for move in transfers(rows, old, new, holders):
+        assert move.source == holders[move.old_rank]
+        held = range(*chunk_rows(rows, old, move.old_rank))
+        assert move.start in held and move.stop - 1 in held
+        received[move.dest].extend(range(move.start, move.stop))
+    for dest, got in received.items():
+        assert sorted(got) == list(range(*chunk_rows(rows, new, dest)))
+
+
+def test_a_shard_with_no_holder_cannot_be_moved() -> None:
+    with pytest.raises(ValueError, match=r"old ranks \[1\] have no holder"):
+        transfers(8, 2, 2, {0: 0})
+    # an old rank that held no row needs no holder (3 rows over 4 ranks: rank 3 is empty)
+    assert transfers(3, 4, 1, {0: 0, 1: 0, 2: 0})
+
+
+def test_the_survivors_rebuild_only_a_complete_step() -> None:
+    # (step, old rank, old world) by new rank; a joiner holds nothing
+    assert complete_holders([(12, 1, 2), (-1, -1, 0), (12, 0, 2)], 12) == {1: 0, 0: 2}
+    assert old_world_of([(12, 1, 2), (-1, -1, 0), (12, 0, 2)], 12) == 2
+    # old rank 1's shard went with its process
+    assert complete_holders([(12, 0, 2), (-1, -1, 0)], 12) is None
+    # a rank one step behind holds another step's shard
+    assert complete_holders([(12, 0, 2), (11, 1, 2)], 12) is None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+ROWS, COLS = 11, 3
+WHOLE = torch.arange(ROWS * COLS, dtype=torch.float64).reshape(ROWS, COLS)
+
+
+def _exchange(rank: int, port: int, holders: dict[int, int], old: int, out: Any) -> None:
+    """New rank ``rank`` of 3: it held old rank ``holders^-1[rank]``'s rows, if any."""
+    store = dist.TCPStore(  # type: ignore[attr-defined]
+        "127.0.0.1", port, 3, is_master=rank == 0, timeout=timedelta(seconds=60)
+    )
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=3)
+    was = [r for r, n in holders.items() if n == rank]
+    local = WHOLE[slice(*chunk_rows(ROWS, old, was[0]))].clone() if was else None
+    start, stop = chunk_rows(ROWS, 3, rank)
+    mine = torch.full((stop - start, COLS), float("nan"), dtype=torch.float64)
+    exchange(local, mine, ROWS, old, holders, rank, 3)
+    out.put((rank, mine.tolist()))
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize(
+    ("old", "holders"),
+    [(2, {0: 2, 1: 0}), (3, {0: 1, 1: 2, 2: 0})],
+    ids=["a joiner at rank 1, survivors renumbered", "same world, every rank moved"],
+)
+def test_the_exchange_leaves_each_rank_exactly_its_new_rows(
+    old: int, holders: dict[int, int]
+) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_exchange, args=(r, port, holders, old, out)) for r in range(3)]
+    for proc in procs:
+        proc.start()
+    got = dict(out.get(timeout=120) for _ in procs)
+    for proc in procs:
+        proc.join(timeout=60)
+        assert proc.exitcode == 0
+    for rank in range(3):
+        assert got[rank] == WHOLE[slice(*chunk_rows(ROWS, 3, rank))].tolist()
+
+
+def _coordinates(index: int, ports: list[int], out: Any) -> None:
+    """Two rounds in one process, its rank 0 then 1 (or 1 then 0): the mesh and the
+    shards of each round's model say this round's rank."""
+    from torch import nn
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from elasticjob_runtime.training.fsdp_replication import round_dim
+
+    for generation, port in enumerate(ports):
+        rank = index if generation == 0 else 1 - index
+        store = dist.TCPStore(  # type: ignore[attr-defined]
+            "127.0.0.1", port, 2, is_master=rank == 0, timeout=timedelta(seconds=60)
+        )
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
+        mesh = init_device_mesh("cpu", (2,), mesh_dim_names=(round_dim(generation),))
+        model = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 4))
+        fully_shard(model[0], mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        weight = next(model.parameters())
+        out.put((index, generation, rank, weight.device_mesh.get_coordinate()))  # type: ignore[attr-defined]
+        dist.destroy_process_group()
+
+
+def test_a_rank_that_moves_between_rounds_holds_its_new_ranks_rows() -> None:
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    ports = [_free_port(), _free_port()]
+    procs = [ctx.Process(target=_coordinates, args=(i, ports, out)) for i in range(2)]
+    for proc in procs:
+        proc.start()
+    seen = [out.get(timeout=120) for _ in range(4)]
+    for proc in procs:
+        proc.join(timeout=60)
+        assert proc.exitcode == 0
+    for _index, _generation, rank, coordinate in seen:
+        assert coordinate == [rank] or coordinate == (rank,)

@@ -1,0 +1,41 @@
+"""bench.sharded: the FSDP2 group, ours in place beside the restart path and torchrun."""
+
+from __future__ import annotations
+
+from bench import sharded
+from bench.harness import LAUNCHERS
+from bench.run import Result, summarize
+
+
+def test_each_launcher_runs_the_script_written_for_it() -> None:
+    assert sharded.script_for("elasticjob-run") == sharded.OURS_SCRIPT
+    assert sharded.script_for("elasticjob-run-restart") == sharded.OURS_SCRIPT
+    assert sharded.script_for("torchrun-c10d") == sharded.PLAIN_SCRIPT
+    # the restart path is ours with in-place recovery off, and nothing else differs
+    ours, restart = LAUNCHERS["elasticjob-run"], LAUNCHERS["elasticjob-run-restart"]
+    assert (ours.prefix, ours.backend) == (restart.prefix, restart.backend)
+    assert restart.env == {"ELASTICJOB_IN_PLACE": "0"} and ours.env == {}
+
+
+def test_the_group_expands_to_its_three_faults() -> None:
+    assert sharded.expand(["worker-kill", "fsdp", "fsdp-scale-up"]) == [
+        "worker-kill",
+        "fsdp-worker-kill",
+        "fsdp-node-kill",
+        "fsdp-scale-up",
+    ]
+
+
+def test_in_place_is_held_to_the_targets_beside_the_restart_path() -> None:
+    results = [
+        Result("elasticjob-run", "fsdp-worker-kill", 0, 1.5, 3, pause=2.0, step_time=0.9),
+        Result("elasticjob-run-restart", "fsdp-worker-kill", 0, 6.0, 3, pause=6.5),
+        Result("elasticjob-run", "fsdp-scale-up", 0, 9.0, 0, pause=1.2, step_time=0.9),
+    ]
+    launchers = ["elasticjob-run", "elasticjob-run-restart"]
+    figs = {(f.scenario, f.metric): f for f in sharded.figures(summarize(results), launchers)}
+    kill = figs[("fsdp-worker-kill", "SIGKILL a worker -> next step")]
+    assert (kill.ours, kill.baseline, kill.target, kill.met) == ([1.5], [6.0], "<= 2 s", True)
+    assert kill.baseline_name == "train_gpt_fsdp.py, in place off"
+    join = figs[("fsdp-scale-up", "training paused (last step -> next step)")]
+    assert (join.ours, join.target, join.met) == ([1.2], "<= 1.5 s", True)

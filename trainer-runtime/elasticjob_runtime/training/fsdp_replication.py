@@ -1,0 +1,409 @@
+"""FSDP2 shards: the model rebuilt on each round's mesh, its shards moved between ranks' memory.
+
+FSDP2 binds a module to a device mesh, and the mesh is the round's world, so every round
+builds the model anew through the script's ``build(mesh)`` (which calls ``fully_shard``
+and makes the optimizer and schedulers): on the ``meta`` device when the survivors hold
+every shard of the newest step, so no rank allocates more than its new shard. Then:
+
+* **in memory** (a join, a planned resize: every old rank's shard is held by a survivor
+  at the newest step): each parameter and each piece of optimizer state moves row by
+  row to the ranks that own it now (reshard.py), one tensor at a time; what is replicated
+  (sampler position, step counters, schedulers, the optimizer's hyper-parameters and
+  step counts, the module's buffers) comes from the lowest rank at the newest step;
+* **from the newest DCP checkpoint** (checkpoints/sharded.py) when a shard was lost with
+  its rank (a killed worker or a lost node: pure FSDP keeps one copy of each shard), in
+  place all the same: the survivors keep their processes;
+* **fresh** when nobody holds a step and there is no checkpoint: every rank builds the
+  model under the same seed, so every rank starts from the same model.
+
+What the ranks compare (agreement.py) is what is replicated; each rank's shards differ
+by design. Checkpoints are DCP, every rank writing its own shards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from elasticjob_runtime.checkpoints.format import deserialize, serialize
+from elasticjob_runtime.checkpoints.sharded import ShardedCheckpoints
+from elasticjob_runtime.checkpoints.state_transfer import broadcast_bytes
+from elasticjob_runtime.training.agreement import gather_rows
+from elasticjob_runtime.training.fsdp_reduce_scatter import (
+    WeighedReduceScatter,
+    fsdp_modules,
+    install,
+)
+from elasticjob_runtime.training.grad_allreduce import Shares
+from elasticjob_runtime.training.reshard import complete_holders, exchange, old_world_of
+from elasticjob_runtime.training.sampler import ElasticSampler
+from elasticjob_runtime.training.state import TrainingState, registered_state, sampler_position
+from elasticjob_runtime.training.worker_rounds import WorkerRounds
+
+log = logging.getLogger(__name__)
+
+# build(mesh) -> (model, optimizer) or (model, optimizer, {name: Stateful})
+Build = Callable[[Any], tuple[Any, ...]]
+
+
+@dataclass
+class HeldShards:
+    """What a rank keeps of a round it leaves: its shards and the replicated state."""
+
+    step: int
+    old_rank: int
+    old_world: int
+    model: dict[str, torch.Tensor] = field(default_factory=dict)  # fqn -> local rows
+    optim: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
+    replicated: bytes = b""
+
+
+def round_dim(generation: int) -> str:
+    """The name of a round's mesh dimension, its own each round. torch's DTensor caches
+    its sharding decisions by mesh, and two meshes of one shape are equal whatever rank
+    this process has in them (torch 2.13): a rank that moved from 0 to 1 got its old
+    round's mesh, and its shards claimed rank 0's rows. A name per round tells them apart."""
+    return f"shard_round{generation}"
+
+
+def why_not_in_memory(held: list[tuple[int, int, int]], newest: int) -> str:
+    """Why the survivors cannot rebuild step ``newest`` from memory, in one clause."""
+    world = old_world_of(held, newest)
+    at_newest = {old for step, old, _ in held if step == newest}
+    behind = sorted({old for step, old, w in held if w == world and old >= 0} - at_newest)
+    lost = sorted(set(range(world)) - at_newest - set(behind))
+    if lost:
+        return (
+            f"the shards of step {newest} held by old rank(s) {lost} were lost with their process"
+        )
+    return f"old rank(s) {behind} hold their shards of an older step than {newest}"
+
+
+def is_sharded(value: Any) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(value, DTensor)
+
+
+def model_state(model: nn.Module) -> dict[str, Any]:
+    """The model's state dict by name: DTensors for its shards, tensors for its buffers."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    return dict(get_model_state_dict(model))
+
+
+def made_optimizer_state(model: nn.Module, optim: torch.optim.Optimizer) -> dict[str, Any]:
+    """The optimizer's state dict by parameter name, its state made first if it has none
+    (torch steps it once with zero gradients and no learning rate): a target to fill."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    return dict(get_optimizer_state_dict(model, optim))
+
+
+def optimizer_state(model: nn.Module, optim: torch.optim.Optimizer) -> dict[str, Any]:
+    """The optimizer's state dict by parameter name; one that never stepped has no
+    state, and stays so (torch's ``get_optimizer_state_dict`` would step it to make one,
+    which changes its step count)."""
+    if optim.state:
+        return made_optimizer_state(model, optim)
+    groups = [{k: v for k, v in g.items() if k != "params"} for g in optim.param_groups]
+    return {"state": {}, "param_groups": groups}
+
+
+def built_parts(built: Any) -> tuple[nn.Module, torch.optim.Optimizer, Mapping[str, Any]]:
+    """``build(mesh)``'s result, checked: one clear line for each mistake."""
+    if not isinstance(built, tuple) or len(built) not in (2, 3):
+        raise TypeError(
+            f"build(mesh) returned a {type(built).__name__}; return (model, optimizer) or "
+            "(model, optimizer, {'name': stateful, ...}) for the schedulers and the like"
+        )
+    model, optimizer = built[0], built[1]
+    extra: Mapping[str, Any] = built[2] if len(built) == 3 else {}
+    if not isinstance(model, nn.Module) or not fsdp_modules(model):
+        raise TypeError(
+            "build(mesh) must return a model that fully_shard(..., mesh=mesh) was applied "
+            f"to (got a {type(model).__name__} with no FSDP2 module in it); for a model "
+            "replicated whole, use run.wrap(model, optimizer, sampler)"
+        )
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(
+            f"build(mesh)'s second value is a {type(optimizer).__name__}, not a "
+            "torch.optim.Optimizer built over the sharded model's parameters"
+        )
+    return model, optimizer, extra
+
+
+class FSDPReplication:
+    """:class:`~elasticjob_runtime.training.replication.Replication` for FSDP2."""
+
+    def __init__(
+        self,
+        build: Build,
+        state: TrainingState,
+        checkpoints: ShardedCheckpoints,
+        on_optimizer: Callable[[torch.optim.Optimizer], None],
+        seed: int | None,
+    ) -> None:
+        self._build, self._state, self.checkpoints = build, state, checkpoints
+        self._on_optimizer, self._seed = on_optimizer, seed
+        self._comm = WeighedReduceScatter()
+        self._held: HeldShards | None = None
+        self._rank, self._world = 0, 1
+        self.mesh: Any = None
+
+    # -- the round's model
+
+    @property
+    def model(self) -> nn.Module:
+        if self._state.module is None:
+            raise RuntimeError("call run.shard(build, sampler) first")
+        return self._state.module
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        if self._state.optimizer is None:
+            raise RuntimeError("call run.shard(build, sampler) first")
+        return self._state.optimizer
+
+    def _make(self, rounds: WorkerRounds, on_meta: bool) -> None:
+        """Build the model, optimizer and registered state on this round's mesh."""
+        from torch.distributed.device_mesh import init_device_mesh
+
+        self._state.module = self._state.optimizer = None  # the old round's go first
+        self._state.registered = {}
+        self.mesh = init_device_mesh(
+            rounds.device.type, (rounds.world_size,), mesh_dim_names=(round_dim(rounds.generation),)
+        )
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0 if self._seed is None else self._seed)
+            if on_meta:
+                with torch.device("meta"):
+                    model, optimizer, extra = built_parts(self._build(self.mesh))
+                model.to_empty(device=rounds.device)
+            else:
+                model, optimizer, extra = built_parts(self._build(self.mesh))
+        install(model, self._comm)
+        st = self._state
+        st.module, st.optimizer, st.registered = model, optimizer, registered_state(extra)
+        for optim in (optimizer, *st.registered.values()):
+            if isinstance(optim, torch.optim.Optimizer):
+                self._on_optimizer(optim)
+
+    # -- Replication
+
+    def form(self, rounds: WorkerRounds, timings: dict[str, float]) -> str:
+        started = time.monotonic()
+        held = self._held
+        mine = [held.step, held.old_rank, held.old_world] if held else [-1, -1, 0]
+        holdings = [(r[0], r[1], r[2]) for r in gather_rows(mine, rounds.device)]
+        newest = max(step for step, _, _ in holdings)
+        holders = complete_holders(holdings, newest) if newest >= 0 else None
+        self._make(rounds, on_meta=holders is not None)
+        built = time.monotonic()
+        if holders is not None:
+            src = min(holders.values())
+            self._reshard(holders, old_world_of(holdings, newest), rounds, src)
+            resumed = (
+                f"own memory at step {newest}"
+                if held and held.step == newest
+                else f"rank {src} at step {newest}"
+            )
+        else:
+            if newest >= 0:
+                log.warning(
+                    "%s; every rank reads the newest checkpoint",
+                    why_not_in_memory(holdings, newest),
+                )
+            resumed = self._restore(rounds)
+        self._held = None
+        self._rank, self._world = rounds.rank, rounds.world_size
+        self._state.live = True
+        timings["build"] = built - started
+        timings["restore"] = time.monotonic() - built
+        return resumed
+
+    def retire(self) -> object | None:
+        """Keep this rank's shards and the replicated state; drop the model."""
+        st = self._state
+        if st.module is None or not st.live:
+            return None
+        model, optim = self.model, self.optimizer
+        for module in fsdp_modules(model):
+            module.reshard()  # type: ignore[operator]  # a step dropped mid-forward
+        msd = model_state(model)
+        osd = optimizer_state(model, optim)
+        held = HeldShards(st.step, self._rank, self._world)
+        held.model = {fqn: v.to_local() for fqn, v in msd.items() if is_sharded(v)}
+        for fqn, entries in osd["state"].items():
+            held.optim[fqn] = {k: v.to_local() for k, v in entries.items() if is_sharded(v)}
+        held.replicated = serialize(self._replicated(model, osd))
+        self._held = held
+        st.module = st.optimizer = None
+        st.registered = {}
+        return (model, optim)
+
+    def checked(self) -> dict[str, Any]:
+        st = self._state
+        assert st.sampler is not None
+        groups = [
+            {k: v for k, v in group.items() if k != "params"}
+            for group in self.optimizer.param_groups
+        ]
+        return {
+            "optim.param_groups": groups,
+            "sampler": sampler_position(st.sampler),
+            "run": {"step": st.step, "samples": st.samples},
+            **st.registered,
+        }
+
+    def resync(self, rounds: WorkerRounds) -> None:
+        """Every rank takes rank 0's replicated state (its shards are its own)."""
+        model, optim = self.model, self.optimizer
+        data = (
+            serialize(self._replicated(model, optimizer_state(model, optim)))
+            if rounds.rank == 0
+            else b""
+        )
+        replicated = deserialize(broadcast_bytes(data, 0, rounds.device), source="rank 0")
+        if rounds.rank != 0:
+            self._load_replicated(replicated, optimizer_state(model, optim))
+
+    def weigh_by_samples(self, shares: Shares) -> None:
+        self._comm.shares = shares
+
+    @contextlib.contextmanager
+    def accumulating(self) -> Iterator[None]:
+        roots = fsdp_modules(self.model)
+        for module in roots:
+            module.set_requires_gradient_sync(False)  # type: ignore[operator]
+        try:
+            yield
+        finally:
+            for module in roots:
+                module.set_requires_gradient_sync(True)  # type: ignore[operator]
+
+    @property
+    def saved_step(self) -> int | None:
+        return self.checkpoints.saved_step
+
+    def save(self, step: int) -> None:
+        if step == self.checkpoints.saved_step:
+            return
+        model, optim = self.model, self.optimizer
+        msd = model_state(model)
+        osd = made_optimizer_state(model, optim)
+        sharded = {
+            "model": {k: v for k, v in msd.items() if is_sharded(v)},
+            "optim": {
+                fqn: {k: v for k, v in entries.items() if is_sharded(v)}
+                for fqn, entries in osd["state"].items()
+            },
+        }
+        self.checkpoints.save(step, sharded, serialize(self._replicated(model, osd)))
+
+    # -- moving state
+
+    def _replicated(self, model: nn.Module, osd: Mapping[str, Any]) -> dict[str, Any]:
+        """Everything every rank holds the same: what a joiner copies, what a sharded
+        checkpoint keeps beside the shards."""
+        st = self._state
+        assert st.sampler is not None
+        return {
+            "run": {"step": st.step, "samples": st.samples, "meta": dict(st.meta)},
+            "sampler": st.sampler.state_dict(),
+            "registered": {name: obj.state_dict() for name, obj in st.registered.items()},
+            "param_groups": osd["param_groups"],
+            "optim_scalars": {
+                fqn: {k: v for k, v in entries.items() if not is_sharded(v)}
+                for fqn, entries in osd["state"].items()
+            },
+            "buffers": {name: b.detach().clone() for name, b in model.named_buffers()},
+        }
+
+    def _load_replicated(self, replicated: Mapping[str, Any], osd: dict[str, Any]) -> None:
+        """Take the replicated state in; ``osd`` (the optimizer's, sharded entries filled)
+        gets its hyper-parameters and step counts from it and is loaded."""
+        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+        st, model = self._state, self.model
+        if replicated["optim_scalars"]:
+            osd["param_groups"] = replicated["param_groups"]
+            for fqn, scalars in replicated["optim_scalars"].items():
+                osd["state"].setdefault(fqn, {}).update(scalars)
+            set_optimizer_state_dict(model, self.optimizer, osd)
+        else:  # it never stepped: its hyper-parameters only (torch's loader would step it)
+            for group, saved in zip(
+                self.optimizer.param_groups, replicated["param_groups"], strict=True
+            ):
+                group.update({k: v for k, v in saved.items() if k != "params"})
+        buffers = dict(model.named_buffers())
+        with torch.no_grad():
+            for name, value in replicated["buffers"].items():
+                buffers[name].copy_(value)
+        for name, obj in st.registered.items():
+            obj.load_state_dict(replicated["registered"][name])
+        sampler: ElasticSampler | None = st.sampler
+        assert sampler is not None
+        sampler.load_state_dict(replicated["sampler"])
+        st.step = int(replicated["run"]["step"])
+        st.samples = int(replicated["run"]["samples"])
+        st.meta.clear()
+        st.meta.update(replicated["run"]["meta"])
+
+    def _reshard(
+        self, holders: Mapping[int, int], old_world: int, rounds: WorkerRounds, src: int
+    ) -> None:
+        """The replicated state from rank ``src``, then every shard from the survivors'
+        memory to its new owner, one tensor at a time. The old shards stay whole until the
+        round stands: a group that breaks while forming tries again from them."""
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+        held = self._held
+        model, rank, world = self.model, rounds.rank, rounds.world_size
+        data = held.replicated if held and rank == src else b""
+        replicated = deserialize(broadcast_bytes(data, src, rounds.device), source=f"rank {src}")
+
+        def move(local: torch.Tensor | None, target: Any) -> None:
+            exchange(local, target.to_local(), target.shape[0], old_world, holders, rank, world)
+
+        msd = model_state(model)
+        for fqn in sorted(k for k, v in msd.items() if is_sharded(v)):
+            move(held.model.get(fqn) if held else None, msd[fqn])
+        set_model_state_dict(model, msd)
+        osd: dict[str, Any] = {"state": {}, "param_groups": []}
+        if replicated["optim_scalars"]:  # an optimizer that has stepped has state to move
+            osd = made_optimizer_state(model, self.optimizer)  # state made, then filled
+            for fqn in sorted(osd["state"]):
+                entries = osd["state"][fqn]
+                for key in sorted(k for k, v in entries.items() if is_sharded(v)):
+                    move(held.optim.get(fqn, {}).get(key) if held else None, entries[key])
+        self._load_replicated(replicated, osd)
+
+    def _restore(self, rounds: WorkerRounds) -> str:
+        """The newest sharded checkpoint, or a fresh start."""
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+        step = self.checkpoints.newest_step(rounds.device)
+        if step < 0:
+            return "fresh"  # the optimizer stays without state, as a fresh one is
+        model = self.model
+        msd = model_state(model)
+        osd = made_optimizer_state(model, self.optimizer)
+        sharded = {
+            "model": {k: v for k, v in msd.items() if is_sharded(v)},
+            "optim": {
+                fqn: {k: v for k, v in entries.items() if is_sharded(v)}
+                for fqn, entries in osd["state"].items()
+            },
+        }
+        replicated = self.checkpoints.load(step, sharded)
+        set_model_state_dict(model, msd)
+        self._load_replicated(replicated, osd)
+        return f"checkpoint step {step}"
