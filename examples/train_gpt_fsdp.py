@@ -113,7 +113,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     started = time.monotonic()
     total = 0.0
     for epoch in run.epochs(args.epochs, max_steps=args.steps):  # elastic
-        for micro_batches in loader:  # elastic
+        for batch in loader:  # elastic
+            micro_batches = batch if args.accumulate > 1 else [batch]  # one: not a list
             with run.step() as step:  # elastic
                 total = 0.0
                 for inputs, targets, _ in run.accumulate(micro_batches):  # elastic
