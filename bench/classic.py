@@ -94,7 +94,7 @@ def train_args(workdir: Path) -> list[str]:
 
 
 def expand(scenarios: Iterable[str]) -> list[str]:
-    """``--scenarios`` with ``{GROUP}`` replaced by its scenarios."""
+    """``--scenarios`` with this group's name replaced by its scenarios."""
     return groups.expand(scenarios, GROUP, SCENARIOS)
 
 

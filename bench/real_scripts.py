@@ -90,7 +90,7 @@ def script_for(launcher: str) -> Path:
 
 
 def expand(scenarios: Iterable[str]) -> list[str]:
-    """``--scenarios`` with ``{GROUP}`` replaced by its scenarios."""
+    """``--scenarios`` with this group's name replaced by its scenarios."""
     return groups.expand(scenarios, GROUP, GROUP_SCENARIOS)
 
 

@@ -219,20 +219,35 @@ def log_step(
     model: nn.Module,
     optim: torch.optim.Optimizer,
 ) -> None:
-    step_no, now = run.global_step, time.time()
-    if args.log_samples and run.rank_samples:
-        indices = [int(i) for _, _, idx in micro_batches for i in idx]
-        say(
-            f"samples step={step_no} epoch={epoch} world={run.world_size} rank={run.rank} "
-            f"idx={','.join(map(str, indices))} t={now:.3f}"
-        )
+    now = time.time()
+    say_samples(args, run, epoch, micro_batches, now)
     if args.log_state:
         say(
-            f"state step={step_no} rank={run.rank} world={run.world_size} "
+            f"state step={run.global_step} rank={run.rank} world={run.world_size} "
             f"model={fingerprint(model)} optim={fingerprint(optim)} "
             f"scheduler={fingerprint(sched)} scaler={fingerprint(scaler)} "
             f"ema={fingerprint(ema)}"
         )
+    say_progress(args, run, epoch, loss, sched, now)
+
+
+def say_samples(
+    args: argparse.Namespace, run: Run, epoch: int, micro_batches: Any, now: float
+) -> None:
+    """With ``--log-samples 1``: this rank's sample indices in the step just committed."""
+    if args.log_samples and run.rank_samples:
+        indices = [int(i) for _, _, idx in micro_batches for i in idx]
+        say(
+            f"samples step={run.global_step} epoch={epoch} world={run.world_size} "
+            f"rank={run.rank} idx={','.join(map(str, indices))} t={now:.3f}"
+        )
+
+
+def say_progress(
+    args: argparse.Namespace, run: Run, epoch: int, loss: float, sched: Any, now: float
+) -> None:
+    """Rank 0's step line every ``--log-every`` steps and at the last (the bench reads it)."""
+    step_no = run.global_step
     if run.rank == 0 and (step_no % args.log_every == 0 or step_no == args.steps):
         say(
             f"step={step_no} epoch={epoch} loss={loss:.4f} lr={sched.get_last_lr()[0]:.3e} "

@@ -46,6 +46,8 @@ from elasticjob_examples.train_gpt import (  # type: ignore[import-not-found]  #
     Sequences,
     arguments,
     say,
+    say_progress,
+    say_samples,
     warmup_cosine,
 )
 
@@ -169,25 +171,15 @@ def log_step(
     optim: Any,
     sched: Any,
 ) -> None:
-    step_no, now = run.global_step, time.time()
-    if args.log_samples and run.rank_samples:
-        indices = [int(i) for _, _, idx in micro_batches for i in idx]
-        say(
-            f"samples step={step_no} epoch={epoch} world={run.world_size} rank={run.rank} "
-            f"idx={','.join(map(str, indices))} t={now:.3f}"
-        )
+    now = time.time()
+    say_samples(args, run, epoch, micro_batches, now)
     if args.log_state:
         say(
-            f"state step={step_no} rank={run.rank} world={run.world_size} "
+            f"state step={run.global_step} rank={run.rank} world={run.world_size} "
             f"model={sharded_fingerprint(model)} optim={sharded_fingerprint(optim)} "
             f"scheduler={fingerprint(sched)}"
         )
-    if run.rank == 0 and (step_no % args.log_every == 0 or step_no == args.steps):
-        say(
-            f"step={step_no} epoch={epoch} loss={loss:.4f} lr={sched.get_last_lr()[0]:.3e} "
-            f"world={run.world_size} rank={run.rank} samples={run.samples} "
-            f"pid={os.getpid()} t={now:.3f}"
-        )
+    say_progress(args, run, epoch, loss, sched, now)
 
 
 if __name__ == "__main__":

@@ -34,13 +34,21 @@ _SIGNED_BY_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int6
 _NONE = 0x4E4F_4E45  # "NONE"
 
 
+def bit_sum(tensor: torch.Tensor) -> torch.Tensor:
+    """The exact sum of the tensor's elements read as integers of their width (int64, one
+    element): the part of a fingerprint that adds up across shards."""
+    t = tensor.detach()
+    if t.is_complex():
+        t = torch.view_as_real(t)
+    return t.view(_SIGNED_BY_SIZE[t.element_size()]).sum(dtype=torch.int64).reshape(1)
+
+
 def tensor_fingerprint(tensor: torch.Tensor) -> int:
     """Exact integer sum of the tensor's bits, mixed with its dtype and shape."""
     t = tensor.detach()
     if t.is_complex():
         t = torch.view_as_real(t)
-    as_int = t.view(_SIGNED_BY_SIZE[t.element_size()])
-    total = int(as_int.sum(dtype=torch.int64).item()) if t.numel() else 0
+    total = int(bit_sum(t).item()) if t.numel() else 0
     return mix(zlib.crc32(str(t.dtype).encode()), *t.shape, total)
 
 
@@ -54,9 +62,7 @@ def sharded_fingerprint(obj: Any) -> int:
 
     def whole(value: Any) -> Any:
         if isinstance(value, DTensor):
-            local = value.to_local().detach()
-            as_int = local.view(_SIGNED_BY_SIZE[local.element_size()])
-            total = as_int.sum(dtype=torch.int64).reshape(1)
+            total = bit_sum(value.to_local())
             dist.all_reduce(total)
             return ("dtensor", str(value.dtype), tuple(value.shape), int(total.item()))
         if isinstance(value, Mapping):

@@ -107,14 +107,30 @@ def made_optimizer_state(model: nn.Module, optim: torch.optim.Optimizer) -> dict
     return dict(get_optimizer_state_dict(model, optim))
 
 
+def hyper_parameters(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """An optimizer's param groups without their parameters: what every rank holds alike."""
+    return [{k: v for k, v in group.items() if k != "params"} for group in groups]
+
+
+def sharded_entries(msd: Mapping[str, Any], osd: Mapping[str, Any]) -> dict[str, Any]:
+    """The DTensors of a model's and its optimizer's state dicts, by name: what each rank
+    holds of its own (``optim`` also has each parameter's replicated step count)."""
+    return {
+        "model": {fqn: v for fqn, v in msd.items() if is_sharded(v)},
+        "optim": {
+            fqn: {k: v for k, v in entries.items() if is_sharded(v)}
+            for fqn, entries in osd["state"].items()
+        },
+    }
+
+
 def optimizer_state(model: nn.Module, optim: torch.optim.Optimizer) -> dict[str, Any]:
     """The optimizer's state dict by parameter name; one that never stepped has no
     state, and stays so (torch's ``get_optimizer_state_dict`` would step it to make one,
     which changes its step count)."""
     if optim.state:
         return made_optimizer_state(model, optim)
-    groups = [{k: v for k, v in g.items() if k != "params"} for g in optim.param_groups]
-    return {"state": {}, "param_groups": groups}
+    return {"state": {}, "param_groups": hyper_parameters(optim.param_groups)}
 
 
 def built_parts(built: Any) -> tuple[nn.Module, torch.optim.Optimizer, Mapping[str, Any]]:
@@ -156,7 +172,6 @@ class FSDPReplication:
         self._comm = WeighedReduceScatter()
         self._held: HeldShards | None = None
         self._rank, self._world = 0, 1
-        self.mesh: Any = None
 
     # -- the round's model
 
@@ -178,17 +193,17 @@ class FSDPReplication:
 
         self._state.module = self._state.optimizer = None  # the old round's go first
         self._state.registered = {}
-        self.mesh = init_device_mesh(
+        mesh = init_device_mesh(
             rounds.device.type, (rounds.world_size,), mesh_dim_names=(round_dim(rounds.generation),)
         )
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0 if self._seed is None else self._seed)
             if on_meta:
                 with torch.device("meta"):
-                    model, optimizer, extra = built_parts(self._build(self.mesh))
+                    model, optimizer, extra = built_parts(self._build(mesh))
                 model.to_empty(device=rounds.device)
             else:
-                model, optimizer, extra = built_parts(self._build(self.mesh))
+                model, optimizer, extra = built_parts(self._build(mesh))
         install(model, self._comm)
         st = self._state
         st.module, st.optimizer, st.registered = model, optimizer, registered_state(extra)
@@ -240,9 +255,10 @@ class FSDPReplication:
         msd = model_state(model)
         osd = optimizer_state(model, optim)
         held = HeldShards(st.step, self._rank, self._world)
-        held.model = {fqn: v.to_local() for fqn, v in msd.items() if is_sharded(v)}
-        for fqn, entries in osd["state"].items():
-            held.optim[fqn] = {k: v.to_local() for k, v in entries.items() if is_sharded(v)}
+        mine = sharded_entries(msd, osd)
+        held.model = {fqn: v.to_local() for fqn, v in mine["model"].items()}
+        for fqn, entries in mine["optim"].items():
+            held.optim[fqn] = {k: v.to_local() for k, v in entries.items()}
         held.replicated = serialize(self._replicated(model, osd))
         self._held = held
         st.module = st.optimizer = None
@@ -252,12 +268,8 @@ class FSDPReplication:
     def checked(self) -> dict[str, Any]:
         st = self._state
         assert st.sampler is not None
-        groups = [
-            {k: v for k, v in group.items() if k != "params"}
-            for group in self.optimizer.param_groups
-        ]
         return {
-            "optim.param_groups": groups,
+            "optim.param_groups": hyper_parameters(self.optimizer.param_groups),
             "sampler": sampler_position(st.sampler),
             "run": {"step": st.step, "samples": st.samples},
             **st.registered,
@@ -299,14 +311,8 @@ class FSDPReplication:
         model, optim = self.model, self.optimizer
         msd = model_state(model)
         osd = made_optimizer_state(model, optim)
-        sharded = {
-            "model": {k: v for k, v in msd.items() if is_sharded(v)},
-            "optim": {
-                fqn: {k: v for k, v in entries.items() if is_sharded(v)}
-                for fqn, entries in osd["state"].items()
-            },
-        }
-        self.checkpoints.save(step, sharded, serialize(self._replicated(model, osd)))
+        replicated = serialize(self._replicated(model, osd))
+        self.checkpoints.save(step, sharded_entries(msd, osd), replicated)
 
     # -- moving state
 
@@ -339,10 +345,9 @@ class FSDPReplication:
                 osd["state"].setdefault(fqn, {}).update(scalars)
             set_optimizer_state_dict(model, self.optimizer, osd)
         else:  # it never stepped: its hyper-parameters only (torch's loader would step it)
-            for group, saved in zip(
-                self.optimizer.param_groups, replicated["param_groups"], strict=True
-            ):
-                group.update({k: v for k, v in saved.items() if k != "params"})
+            saved = hyper_parameters(replicated["param_groups"])
+            for group, values in zip(self.optimizer.param_groups, saved, strict=True):
+                group.update(values)
         buffers = dict(model.named_buffers())
         with torch.no_grad():
             for name, value in replicated["buffers"].items():
@@ -396,14 +401,7 @@ class FSDPReplication:
         model = self.model
         msd = model_state(model)
         osd = made_optimizer_state(model, self.optimizer)
-        sharded = {
-            "model": {k: v for k, v in msd.items() if is_sharded(v)},
-            "optim": {
-                fqn: {k: v for k, v in entries.items() if is_sharded(v)}
-                for fqn, entries in osd["state"].items()
-            },
-        }
-        replicated = self.checkpoints.load(step, sharded)
+        replicated = self.checkpoints.load(step, sharded_entries(msd, osd))
         set_model_state_dict(model, msd)
         self._load_replicated(replicated, osd)
         return f"checkpoint step {step}"
