@@ -1,9 +1,20 @@
-"""Reads the example's ``samples step= ... idx=`` lines back and says whether a run saw
+"""Reads the examples' ``samples`` and ``committed`` lines back and says whether a run saw
 every sample exactly once per epoch across its faults and resizes.
 
-``train_regression.py --log-samples 1`` makes every rank log the sample indices of every
-step; the e2e tests and the soak (``bench/soak.py``) feed those lines here. Pure: lines in,
-findings out, so the rule is written once and a unit test can break it on purpose.
+With ``--log-samples 1`` every rank logs, for every step, two lines:
+
+- ``samples step=N epoch=E world=W rank=R round=K idx=i,j,... t=T`` as the step starts,
+  before any collective: a rank killed inside the step has already said what it trained
+  on, and its peers can only commit the step if it got as far as its collective;
+- ``committed step=N round=K rank=R t=T`` once the step committed on that rank.
+
+``round=K`` is ``Run.round_id``, the rendezvous round the group formed in: an attempt at a
+step is the ``samples`` lines of one step and one round, and it counted when any of its
+ranks logged ``committed``. A dropped attempt (no ``committed``) is redone in a later
+round; a step redone after a restart from a checkpoint counts again, and its last attempt
+stands. The e2e tests, the soak (``bench/soak.py``) and the integration tests feed their
+lines here. Pure: lines in, findings out, so the rule is written once and a unit test
+can break it on purpose.
 """
 
 from __future__ import annotations
@@ -12,34 +23,67 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 SAMPLES_PREFIX = "samples step="
-# The ranks of one attempt at a step log within moments of each other (they have just
-# met in an allreduce); a redone attempt comes a restart later.
-ATTEMPT_WINDOW_S = 1.0
+COMMITTED_PREFIX = "committed step="
 
 
 @dataclass(frozen=True)
 class Samples:
-    """``samples step=N epoch=E world=W rank=R idx=i,j,... t=T`` (one rank, one step)."""
+    """One rank's batch in one attempt at a step."""
 
     step: int
     epoch: int
     world: int
     rank: int
+    round: str
     idx: tuple[int, ...]
     t: float
 
 
-def parse(line: str) -> Samples | None:
-    """The record a ``samples`` line carries; None for any other (or a torn) line."""
-    if not line.startswith(SAMPLES_PREFIX):
+@dataclass(frozen=True)
+class Committed:
+    """One rank committed the step it ran in ``round``."""
+
+    step: int
+    round: str
+    rank: int
+    t: float
+
+
+Record = Samples | Committed
+
+
+def samples_line(
+    step: int, epoch: int, world: int, rank: int, round_id: str, idx: Iterable[int], t: float
+) -> str:
+    """The line a rank logs as a step starts (the examples write it with this)."""
+    ids = ",".join(str(i) for i in idx)
+    return (
+        f"samples step={step} epoch={epoch} world={world} rank={rank} round={round_id} "
+        f"idx={ids} t={t:.3f}"
+    )
+
+
+def committed_line(step: int, round_id: str, rank: int, t: float) -> str:
+    """The line a rank logs once the step committed."""
+    return f"committed step={step} round={round_id} rank={rank} t={t:.3f}"
+
+
+def parse(line: str) -> Record | None:
+    """The record a line carries; None for any other (or a torn) line."""
+    if not line.startswith((SAMPLES_PREFIX, COMMITTED_PREFIX)):
         return None
     fields = dict(tok.split("=", 1) for tok in line.split() if "=" in tok)
     try:
+        if line.startswith(COMMITTED_PREFIX):
+            return Committed(
+                int(fields["step"]), fields["round"], int(fields["rank"]), float(fields["t"])
+            )
         return Samples(
             int(fields["step"]),
             int(fields["epoch"]),
             int(fields["world"]),
             int(fields["rank"]),
+            fields["round"],
             tuple(int(i) for i in fields["idx"].split(",") if i),
             float(fields["t"]),
         )
@@ -47,28 +91,31 @@ def parse(line: str) -> Samples | None:
         return None
 
 
-def parse_all(lines: Iterable[str]) -> list[Samples]:
+def parse_all(lines: Iterable[str]) -> list[Record]:
     """Every record among ``lines``, oldest first."""
     return sorted((r for r in map(parse, lines) if r is not None), key=lambda r: r.t)
 
 
-def final_attempts(records: Iterable[Samples]) -> dict[int, list[Samples]]:
-    """Per step, the records of the attempt that counted: a step redone after a restart
-    from a checkpoint replaces the earlier attempt."""
-    by_step: dict[int, list[Samples]] = {}
+def committed_attempts(records: Iterable[Record]) -> dict[int, list[list[Samples]]]:
+    """Per step, the ``samples`` records of each attempt that committed, oldest first (a
+    step trained twice, after a restart from an older checkpoint, has two)."""
+    records = list(records)
+    stood = {(r.step, r.round): r.t for r in records if isinstance(r, Committed)}
+    by_attempt: dict[tuple[int, str], list[Samples]] = {}
     for r in records:
-        by_step.setdefault(r.step, []).append(r)
-    final = {}
-    for step, recs in by_step.items():
-        last = max(r.t for r in recs)
-        final[step] = [r for r in recs if r.t > last - ATTEMPT_WINDOW_S]
-    return final
+        if isinstance(r, Samples) and (r.step, r.round) in stood:
+            by_attempt.setdefault((r.step, r.round), []).append(r)
+    out: dict[int, list[list[Samples]]] = {}
+    for (step, _), recs in sorted(by_attempt.items(), key=lambda kv: stood[kv[0]]):
+        out.setdefault(step, []).append(sorted(recs, key=lambda r: r.rank))
+    return out
 
 
 @dataclass(frozen=True)
 class Audit:
     """What the records show: ``problems`` is empty when every step 1..steps has one
-    complete attempt and no epoch repeats a sample (or, once over, skips one)."""
+    complete attempt that committed and no epoch repeats a sample (or, once over, skips
+    one)."""
 
     problems: list[str] = field(default_factory=list)
     epochs: int = 0
@@ -76,13 +123,13 @@ class Audit:
     resized_in_epoch: frozenset[int] = frozenset()  # epochs with a resize inside them
 
 
-def audit(records: Iterable[Samples], samples: int, steps: int) -> Audit:
+def audit(records: Iterable[Record], samples: int, steps: int) -> Audit:
     """Check a finished run of ``steps`` steps over a data set of ``samples`` samples."""
-    final = final_attempts(records)
+    final = {step: tries[-1] for step, tries in committed_attempts(records).items()}
     problems = []
     missing = sorted(set(range(1, steps + 1)) - set(final))
     if missing:
-        problems.append(f"{len(missing)} steps have no record (first {missing[:5]})")
+        problems.append(f"{len(missing)} steps have no committed record (first {missing[:5]})")
     extra = sorted(set(final) - set(range(1, steps + 1)))
     if extra:
         problems.append(f"records of steps beyond {steps}: {extra[:5]}")
@@ -94,8 +141,8 @@ def audit(records: Iterable[Samples], samples: int, steps: int) -> Audit:
         recs = final[step]
         world, epoch = recs[0].world, recs[0].epoch
         worlds.append(world)
-        if sorted(r.rank for r in recs) != list(range(world)) or {r.world for r in recs} != {world}:
-            ranks = sorted((r.rank, r.world) for r in recs)
+        if [r.rank for r in recs] != list(range(world)) or {r.world for r in recs} != {world}:
+            ranks = [(r.rank, r.world) for r in recs]
             problems.append(f"step {step}: ranks (rank, world) {ranks} are not one full group")
         if {r.epoch for r in recs} != {epoch}:
             problems.append(f"step {step}: ranks disagree on the epoch")

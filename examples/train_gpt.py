@@ -41,6 +41,12 @@ from torch.utils.data import Dataset
 from elasticjob_runtime import ElasticSampler, Run  # elastic
 from elasticjob_runtime.training.fingerprint import fingerprint
 
+# the installed name of examples/ (this file runs as a script or a module of it)
+from elasticjob_examples.sample_audit import (  # type: ignore[import-not-found]  # isort: skip
+    committed_line,
+    samples_line,
+)
+
 RESULT_PREFIX = "ELASTICJOB_RESULT "
 
 
@@ -174,6 +180,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     for epoch in run.epochs(args.epochs, max_steps=args.steps):  # elastic
         for micro_batches in loader:  # elastic
             with run.step() as step:  # elastic
+                say_samples(args, run, epoch, micro_batches)
                 total = 0.0
                 for inputs, targets, _ in run.accumulate(micro_batches):  # elastic
                     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -190,7 +197,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 ema.update_parameters(model)
             if not step.committed:
                 continue
-            log_step(args, run, epoch, micro_batches, total, sched, scaler, ema, model, optim)
+            log_step(args, run, epoch, total, sched, scaler, ema, model, optim)
             if args.sleep:
                 time.sleep(args.sleep)
     run.finish()  # elastic
@@ -211,7 +218,6 @@ def log_step(
     args: argparse.Namespace,
     run: Run,
     epoch: int,
-    micro_batches: Any,
     loss: float,
     sched: Any,
     scaler: Any,
@@ -220,7 +226,7 @@ def log_step(
     optim: torch.optim.Optimizer,
 ) -> None:
     now = time.time()
-    say_samples(args, run, epoch, micro_batches, now)
+    say_committed(args, run, now)
     if args.log_state:
         say(
             f"state step={run.global_step} rank={run.rank} world={run.world_size} "
@@ -231,16 +237,21 @@ def log_step(
     say_progress(args, run, epoch, loss, sched, now)
 
 
-def say_samples(
-    args: argparse.Namespace, run: Run, epoch: int, micro_batches: Any, now: float
-) -> None:
-    """With ``--log-samples 1``: this rank's sample indices in the step just committed."""
-    if args.log_samples and run.rank_samples:
-        indices = [int(i) for _, _, idx in micro_batches for i in idx]
-        say(
-            f"samples step={run.global_step} epoch={epoch} world={run.world_size} "
-            f"rank={run.rank} idx={','.join(map(str, indices))} t={now:.3f}"
-        )
+def say_samples(args: argparse.Namespace, run: Run, epoch: int, micro_batches: Any) -> None:
+    """With ``--log-samples 1``: this rank's sample indices as the step starts, before
+    any collective (sample_audit.py)."""
+    if args.log_samples:
+        # a filler batch (an epoch's uneven end) trains on nothing: it logs no index
+        fillers = run.rank_samples == 0
+        indices = [] if fillers else [int(i) for _, _, idx in micro_batches for i in idx]
+        step, world, rank = run.global_step + 1, run.world_size, run.rank
+        say(samples_line(step, epoch, world, rank, run.round_id, indices, time.time()))
+
+
+def say_committed(args: argparse.Namespace, run: Run, now: float) -> None:
+    """With ``--log-samples 1``: the step this rank just committed (sample_audit.py)."""
+    if args.log_samples:
+        say(committed_line(run.global_step, run.round_id, run.rank, now))
 
 
 def say_progress(

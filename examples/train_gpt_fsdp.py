@@ -46,6 +46,7 @@ from elasticjob_examples.train_gpt import (  # type: ignore[import-not-found]  #
     Sequences,
     arguments,
     say,
+    say_committed,
     say_progress,
     say_samples,
     warmup_cosine,
@@ -118,6 +119,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         for batch in loader:  # elastic
             micro_batches = batch if args.accumulate > 1 else [batch]  # one: not a list
             with run.step() as step:  # elastic
+                say_samples(args, run, epoch, micro_batches)
                 total = 0.0
                 for inputs, targets, _ in run.accumulate(micro_batches):  # elastic
                     logits = model(inputs)
@@ -132,7 +134,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             if not step.committed:
                 continue
             steady_peak[0] = peak_rss_mb()
-            log_step(args, run, epoch, micro_batches, total, model, optim, sched)
+            log_step(args, run, epoch, total, model, optim, sched)
             if args.sleep:
                 time.sleep(args.sleep)
     whole_model = sharded_fingerprint(model)  # a collective: before the group is gone
@@ -165,14 +167,13 @@ def log_step(
     args: argparse.Namespace,
     run: Run,
     epoch: int,
-    micro_batches: Any,
     loss: float,
     model: Any,
     optim: Any,
     sched: Any,
 ) -> None:
     now = time.time()
-    say_samples(args, run, epoch, micro_batches, now)
+    say_committed(args, run, now)
     if args.log_state:
         say(
             f"state step={run.global_step} rank={run.rank} world={run.world_size} "

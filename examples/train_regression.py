@@ -45,6 +45,12 @@ from torch import nn
 
 from elasticjob_runtime import ElasticSampler, Run, contract
 
+# the installed name of examples/ (this file runs as a script or a module of it)
+from elasticjob_examples.sample_audit import (  # type: ignore[import-not-found]  # isort: skip
+    committed_line,
+    samples_line,
+)
+
 IMPORTED_AT = time.time()
 RESULT_PREFIX = "ELASTICJOB_RESULT "
 INPUT_DIM = 16
@@ -284,20 +290,28 @@ def train(config: Config) -> dict[str, Any] | None:
         for idx in run.batches(torch.tensor, config.batch_size):
             xb, yb = x_train[idx.long()], y_train[idx.long()]
             with run.step() as step:
+                if config.log_samples:  # before the gradient's allreduce (sample_audit.py)
+                    log(
+                        samples_line(
+                            run.global_step + 1,
+                            epoch,
+                            run.world_size,
+                            run.rank,
+                            run.round_id,
+                            idx.tolist(),
+                            time.time(),
+                        )
+                    )
                 # DDP averages gradients over ranks; scaling the sum by world/global_batch
                 # makes it the gradient of the mean over the whole global batch.
                 sse = ((ddp(xb) - yb) ** 2).sum()
                 optim.zero_grad(set_to_none=True)
                 (sse * (run.world_size / run.global_batch)).backward()
                 optim.step()
-                if config.log_samples:  # here, not after the block: a dropped step logs none
-                    log(
-                        f"samples step={run.global_step + 1} epoch={epoch} "
-                        f"world={run.world_size} rank={run.rank} "
-                        f"idx={','.join(str(i) for i in idx.tolist())} t={time.time():.3f}"
-                    )
             if not step.committed:
                 continue
+            if config.log_samples:
+                log(committed_line(run.global_step, run.round_id, run.rank, time.time()))
             if len(idx):
                 window_loss += float(sse.item()) / len(idx)
                 window_n += 1

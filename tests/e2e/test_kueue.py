@@ -10,7 +10,6 @@ pods, the job's status and events, the example's own log lines.
 
 from __future__ import annotations
 
-import itertools
 import json
 import uuid
 from collections.abc import Iterator
@@ -244,18 +243,9 @@ def on_claim(doc: Obj, claim: str) -> Obj:
     return doc
 
 
-def attempts(records: list[sample_audit.Samples]) -> dict[int, int]:
-    """Per step, how many times it was trained (records a restart apart)."""
-    seen: dict[int, list[float]] = {}
-    for r in records:
-        seen.setdefault(r.step, []).append(r.t)
-
-    def count(ts: list[float]) -> int:
-        ts = sorted(ts)
-        gaps = (b - a for a, b in itertools.pairwise(ts))
-        return 1 + sum(1 for gap in gaps if gap > sample_audit.ATTEMPT_WINDOW_S)
-
-    return {step: count(ts) for step, ts in seen.items()}
+def attempts(records: list[sample_audit.Record]) -> dict[int, int]:
+    """Per step, how many times it was trained and committed."""
+    return {step: len(tries) for step, tries in sample_audit.committed_attempts(records).items()}
 
 
 def test_a_preempted_job_saves_waits_and_resumes_with_every_sample_once(

@@ -77,7 +77,7 @@ class Logs(PodLogs):
                 out.append(Resume(step, int(f["world"]), float(f["t"])))
         return sorted(out, key=lambda r: r.t)
 
-    def samples(self) -> list[sample_audit.Samples]:
+    def samples(self) -> list[sample_audit.Record]:
         return sample_audit.parse_all(self.text())
 
     def last_step(self) -> int:

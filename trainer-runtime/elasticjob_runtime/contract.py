@@ -57,6 +57,9 @@ HANG_TIMEOUT: Final = "ELASTICJOB_HANG_TIMEOUT"
 DESIRED_NODES: Final = "ELASTICJOB_DESIRED_NODES"
 # set in a worker that a warm spare became: when it got its round (unix seconds)
 WORKER_ASSIGNED_AT: Final = "ELASTICJOB_WORKER_ASSIGNED_AT"
+# set per worker and round by elasticjob-run: "<run id>/<rendezvous round>", unique within
+# a job, so a line a worker logs can say which attempt at a step it belongs to (Run.round_id)
+ROUND_ID: Final = "ELASTICJOB_ROUND_ID"
 
 DEFAULT_RDZV_BACKEND: Final = "etcd-v3"
 RDZV_BACKENDS: Final = ("etcd-v3", "c10d", "etcd")

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from elasticjob_runtime import contract
 from elasticjob_runtime.launch.spare import (
     Target,
     WorkerLaunch,
@@ -72,6 +73,7 @@ raise SystemExit("the script must not run")
 def test_only_a_changed_non_round_variable_forces_a_cold_start() -> None:
     spare = {"PATH": "/bin", "OMP_NUM_THREADS": "1", "HOME": "/root"}
     worker = {**spare, "RANK": "3", "MASTER_PORT": "1234", "TORCHELASTIC_ERROR_FILE": "/e"}
+    worker[contract.ROUND_ID] = "job/3"  # the agent's, per round: a spare takes any
     assert env_differences(spare, worker) == []
     assert env_differences(spare, {**worker, "OMP_NUM_THREADS": "4"}) == ["OMP_NUM_THREADS"]
     assert env_differences(spare, {**worker, "NEW_FLAG": "1"}) == ["NEW_FLAG"]

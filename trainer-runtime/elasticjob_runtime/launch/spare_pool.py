@@ -43,6 +43,7 @@ from torch.distributed.elastic.multiprocessing.subprocess_handler import (
     get_subprocess_handler,
 )
 
+from elasticjob_runtime import contract
 from elasticjob_runtime.launch.spare import WARM, Target, WorkerLaunch, send_launch, spare_env
 from elasticjob_runtime.launch.torch_internals import AdoptedProcess, HandlerChoosingContext
 
@@ -65,6 +66,7 @@ ROUND_VARIABLES = frozenset(
         "MASTER_PORT",
         "CUDA_VISIBLE_DEVICES",
         "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+        contract.ROUND_ID,
     }
 )
 ROUND_PREFIXES = ("TORCHELASTIC_",)

@@ -192,6 +192,13 @@ class Run:
         return self._rounds.local_rank
 
     @property
+    def round_id(self) -> str:
+        """Names the rendezvous round this rank's group formed in, unique within a job
+        (``<run id>/<round>``): a line logged in a step with it says which attempt at the
+        step it belongs to, since a dropped step is redone only in a later round."""
+        return self._rounds.round_id
+
+    @property
     def global_step(self) -> int:
         """Optimizer steps completed by the whole group."""
         return self._state.step

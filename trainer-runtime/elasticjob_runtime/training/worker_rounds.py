@@ -40,6 +40,7 @@ ASSIGNED = (
     "LOCAL_WORLD_SIZE",
     "MASTER_ADDR",
     "MASTER_PORT",
+    contract.ROUND_ID,
 )
 # How often the watcher thread looks for an abandoned round: 100 looks a second cost
 # about 2 % of a training step in CPU (measured, bench/README.md); 50 ms more to abandon a
@@ -124,6 +125,16 @@ class WorkerRounds:
     @property
     def local_rank(self) -> int:
         return int(self.assignment.env.get("LOCAL_RANK", "0"))
+
+    @property
+    def round_id(self) -> str:
+        """The round this group formed in (``contract.ROUND_ID``); outside elasticjob-run,
+        the launcher's run id and restart count."""
+        found = self.assignment.env.get(contract.ROUND_ID)
+        if found:
+            return found
+        run_id = os.environ.get("TORCHELASTIC_RUN_ID", "local")
+        return f"{run_id}/restart{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
 
     @property
     def device(self) -> torch.device:
