@@ -89,6 +89,31 @@ def script_for(launcher: str) -> Path:
     return OURS_SCRIPT if launcher == OURS else PLAIN_SCRIPT
 
 
+@dataclass(frozen=True)
+class Steady:
+    """One steady-state comparison: a converted script under ours beside its plain
+    original under each other launcher, samples/s over the steps of ``window``."""
+
+    scenario: str
+    case: str  # the figure's case: which scripts
+    script_for: Callable[[str], Path]
+    args: tuple[str, ...]
+    window: tuple[int, int]
+    target: float  # ours / baseline at least
+    baseline_name: Callable[[str], str]  # a baseline launcher -> what it ran, in words
+
+
+GPT_STEADY = Steady(
+    "gpt-throughput",
+    f"train_gpt.py vs gpt_plain.py, steps {WINDOW[0]}-{WINDOW[1]}",
+    script_for,
+    tuple(THROUGHPUT_ARGS),
+    WINDOW,
+    THROUGHPUT_TARGET,
+    lambda launcher: f"gpt_plain.py, {launcher}",
+)
+
+
 def expand(scenarios: Iterable[str]) -> list[str]:
     """``--scenarios`` with this group's name replaced by its scenarios."""
     return groups.expand(scenarios, GROUP, GROUP_SCENARIOS)
@@ -210,9 +235,9 @@ class Throughput:
 
 
 def throughput_once(
-    launcher: str, rep: int, etcd: Etcd | None, workdir: Path, limits: Limits
+    steady: Steady, launcher: str, rep: int, etcd: Etcd | None, workdir: Path, limits: Limits
 ) -> Throughput:
-    """One job of 2 agents to step WINDOW[1]; its samples/s over the window."""
+    """One job of 2 agents to the window's last step; its samples/s over the window."""
     result = Throughput(launcher, rep)
     backend = LAUNCHERS[launcher][1]
     if backend != "c10d" and etcd is None:
@@ -224,12 +249,12 @@ def throughput_once(
         workdir,
         endpoint,
         "2:2",
-        list(THROUGHPUT_ARGS),
+        list(steady.args),
         run_id,
-        script=script_for(launcher),
+        script=steady.script_for(launcher),
     )
     workdir.mkdir(parents=True)
-    first, last = WINDOW
+    first, last = steady.window
 
     def reached(step: int) -> Progress | None:
         found = [p for lines in job.logs() for p in parse_progress(lines) if p.step >= step]
@@ -261,46 +286,52 @@ def throughput_once(
 
 
 def throughput(
-    launchers: Sequence[str], etcd: Etcd | None, workdir: Path, limits: Limits, reps: int
+    steady: Steady,
+    launchers: Sequence[str],
+    etcd: Etcd | None,
+    workdir: Path,
+    limits: Limits,
+    reps: int,
 ) -> tuple[list[Figure], list[Throughput]]:
-    """Ours beside each torchrun launcher, one job at a time; the order alternates."""
+    """Ours beside each other launcher, one job at a time; the order alternates."""
     runs: list[Throughput] = []
     baselines = [lch for lch in launchers if lch != OURS]
+    name = steady.scenario
     if OURS not in launchers or not baselines:
-        print(f"gpt-throughput: skipped, it needs {OURS} and a torchrun launcher", flush=True)
+        print(f"{name}: skipped, it needs {OURS} and another launcher", flush=True)
         return [], runs
     for rep in range(reps):
         order = [OURS, *baselines] if rep % 2 == 0 else [*baselines, OURS]
         for launcher in order:
-            where = workdir / f"gpt-throughput-{launcher}-{rep}"
-            r = throughput_once(launcher, rep, etcd, where, limits)
+            where = workdir / f"{name}-{launcher}-{rep}"
+            r = throughput_once(steady, launcher, rep, etcd, where, limits)
             shown = (
                 f"{r.samples_per_s:.1f} samples/s ({r.step_seconds:.3f} s/step mean, "
                 f"{r.median_step_seconds or 0:.3f} median, load {r.load}; CPU s {r.cpu})"
                 if r.samples_per_s is not None
                 else f"FAILED: {r.error}"
             )
-            print(f"{'gpt-throughput':<15} {launcher:<17} rep {rep}: {shown}", flush=True)
+            print(f"{name:<15} {launcher:<17} rep {rep}: {shown}", flush=True)
             runs.append(r)
-    return [throughput_figure(runs, b) for b in baselines], runs
+    return [throughput_figure(steady, runs, b) for b in baselines], runs
 
 
-def throughput_figure(runs: Sequence[Throughput], baseline: str) -> Figure:
+def throughput_figure(steady: Steady, runs: Sequence[Throughput], baseline: str) -> Figure:
     ours = [r for r in runs if r.launcher == OURS]
     base = [r for r in runs if r.launcher == baseline]
     fig = Figure(
-        "gpt-throughput",
-        f"train_gpt.py vs gpt_plain.py, steps {WINDOW[0]}-{WINDOW[1]}",
+        steady.scenario,
+        steady.case,
         "samples/s at world 2 (higher is better)",
         "samples/s",
         ours=[round(r.samples_per_s, 2) for r in ours if r.samples_per_s is not None],
         baseline=[round(r.samples_per_s, 2) for r in base if r.samples_per_s is not None],
-        baseline_name=f"gpt_plain.py, {baseline}",
-        target=f"ours/baseline >= {THROUGHPUT_TARGET:g}",
+        baseline_name=steady.baseline_name(baseline),
+        target=f"ours/baseline >= {steady.target:g}",
         failures=[f"{r.launcher}: {r.error}" for r in (*ours, *base) if r.error],
     )
     ratio = fig.ratio
-    fig.met = None if ratio is None else ratio >= THROUGHPUT_TARGET
+    fig.met = None if ratio is None else ratio >= steady.target
     per_rep = [
         f"{a.samples_per_s / b.samples_per_s:.3f}"
         for a, b in zip(ours, base, strict=False)
@@ -319,7 +350,7 @@ def throughput_figure(runs: Sequence[Throughput], baseline: str) -> Figure:
             f"; median step {typical[0]:.3f} s vs {typical[1]:.3f} s "
             f"(baseline/ours {typical[1] / typical[0]:.3f})"
         )
-    cpu = [cpu_per_step(rs) for rs in (ours, base)]
+    cpu = [cpu_per_step(rs, steady.window) for rs in (ours, base)]
     if cpu[0] and cpu[1]:
         shown = [
             f"{what} {cpu[0].get(what, 0.0) * 1000:.0f} vs {cpu[1].get(what, 0.0) * 1000:.0f}"
@@ -329,10 +360,10 @@ def throughput_figure(runs: Sequence[Throughput], baseline: str) -> Figure:
     return fig
 
 
-def cpu_per_step(runs: Sequence[Throughput]) -> dict[str, float]:
+def cpu_per_step(runs: Sequence[Throughput], window: tuple[int, int]) -> dict[str, float]:
     """Median CPU seconds per step of the window, by role (:func:`cpu_by_role`): less
     moved by a neighbour's load than the wall clock is, on a shared host."""
-    steps = WINDOW[1] - WINDOW[0]
+    steps = window[1] - window[0]
     by: dict[str, list[float]] = {}
     for r in runs:
         for what, seconds in (r.cpu or {}).items():

@@ -588,6 +588,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     real = [s for s in args.scenarios if s in real_scripts.SCENARIOS]
     unchanged = [s for s in args.scenarios if s in classic.FAULTS]
     sharded_faults = [s for s in args.scenarios if s in sharded.FAULTS]
+    sharded_steady = sharded.THROUGHPUT in args.scenarios
     known = (*SCENARIOS, *real_scripts.FAULTS, *classic.FAULTS, *sharded.FAULTS)
     faults = [s for s in args.scenarios if s in known]
 
@@ -599,16 +600,27 @@ def main(argv: Sequence[str] | None = None) -> None:
     real_figures: list[Figure] = []
     throughputs: list[real_scripts.Throughput] = []
     figures: list[Figure] = []
+    sharded_figures: list[Figure] = []
+    sharded_runs: list[real_scripts.Throughput] = []
     needs_etcd = (
-        recovery or unchanged or sharded_faults or [s for s in real if s != check_cost.SCENARIO]
+        recovery
+        or unchanged
+        or sharded_faults
+        or sharded_steady
+        or [s for s in real if s != check_cost.SCENARIO]
     )
     etcd = Etcd.start(workdir / "etcd") if needs_etcd else None
     try:
         if "gpt-throughput" in real:
             found, throughputs = real_scripts.throughput(
-                args.launchers, etcd, workdir, limits, reps
+                real_scripts.GPT_STEADY, args.launchers, etcd, workdir, limits, reps
             )
             real_figures += found
+        if sharded_steady:
+            found, sharded_runs = real_scripts.throughput(
+                sharded.STEADY, args.launchers, etcd, workdir, limits, reps
+            )
+            sharded_figures += found
         for rep in range(reps):
             for scenario in faults:
                 if scenario == "goodput" or etcd is None:
@@ -682,12 +694,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         png = rdzv_scale.plot_round_times(figures, args.out / "scale-rdzv.png")
         print(f"\n{scale_json.with_suffix('.md').read_text()}")
         print(f"written: {scale_json}" + (f", {png}" if png else ""))
-    if not recovery and not real and not unchanged and not sharded_faults:
+    if not recovery and not real and not unchanged and not sharded_faults and not sharded_steady:
         return
     summary = summarize(results)
     real_figures += real_scripts.fault_figures(summary, args.launchers)
     classic_figures = classic.figures(summary, args.launchers) if unchanged else []
-    sharded_figures = sharded.figures(summary, args.launchers) if sharded_faults else []
+    sharded_figures += sharded.figures(summary, args.launchers) if sharded_faults else []
     split = classic.breakdown_table(summary, args.launchers) if unchanged else ""
     real_figures += real_scripts.goodput_figures(goodputs, args.launchers)
     print()
@@ -736,8 +748,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         }
         if unchanged
         else None,
-        "sharded": {"args": sharded.ARGS, "figures": [f.to_json() for f in sharded_figures]}
-        if sharded_faults
+        "sharded": {
+            "args": {"faults": sharded.ARGS, "throughput": sharded.THROUGHPUT_ARGS},
+            "window": sharded.WINDOW,
+            "figures": [f.to_json() for f in sharded_figures],
+            "throughput_runs": [asdict(t) for t in sharded_runs],
+        }
+        if sharded_faults or sharded_steady
         else None,
     }
     args.out.mkdir(parents=True, exist_ok=True)

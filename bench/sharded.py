@@ -7,10 +7,12 @@ in-place recovery off: every worker restarts from a warm spare and reads the DCP
 checkpoint); bench/gpt_fsdp_plain.py, the same model written for torchrun with its own
 DCP checkpoint, runs under each torchrun launcher. Same flags, same seed.
 
+* ``fsdp-throughput``: samples/s at world 2 over the steps of :data:`WINDOW` (no save
+  inside it), ours beside each other launcher (``bench.real_scripts``' steady state).
 * ``fsdp-worker-kill``, ``fsdp-node-kill``, ``fsdp-scale-up``: ``bench.run``'s
   worker-kill, node-kill and scale-up with these scripts.
 
-``--scenarios fsdp`` runs the three (not in the default set). The model (29M parameters:
+``--scenarios fsdp`` runs the four (not in the default set). The model (29M parameters:
 8 blocks of width 512, a 4096-token vocabulary) makes a step of about half a second at
 world 2 on 2 cores (63M, width 768, took 1.4 s: too slow for a bench that trains 40 steps
 before each fault); it is checkpointed every :data:`CHECKPOINT_INTERVAL` steps.
@@ -34,8 +36,10 @@ FAULTS = {  # -> bench.run's scenario
     "fsdp-node-kill": "node-kill",
     "fsdp-scale-up": "scale-up",
 }
-SCENARIOS = tuple(FAULTS)
+THROUGHPUT = "fsdp-throughput"
+SCENARIOS = (THROUGHPUT, *FAULTS)
 CHECKPOINT_INTERVAL = 10
+WINDOW = (10, 60)  # steps whose samples/s is the steady state
 ARGS = [
     "--epochs=1000",
     "--steps=1000000",
@@ -53,6 +57,11 @@ ARGS = [
     "--log-every=1",
     f"--checkpoint-interval={CHECKPOINT_INTERVAL}",
 ]
+THROUGHPUT_ARGS = [
+    *(a for a in ARGS if not a.startswith(("--steps=", "--checkpoint-interval="))),
+    f"--steps={WINDOW[1] + 10}",
+    f"--checkpoint-interval={WINDOW[1] + 10}",  # no save inside the window
+]
 # (scenario, summary key, metric, target in seconds or None): issue 35's targets
 TARGETS = (
     ("fsdp-worker-kill", "seconds", "SIGKILL a worker -> next step", 2.0),
@@ -67,6 +76,21 @@ TARGETS = (
 def script_for(launcher: str) -> Path:
     """The converted script under ours (in place or not), the plain one under torchrun."""
     return OURS_SCRIPT if launcher.startswith("elasticjob-run") else PLAIN_SCRIPT
+
+
+STEADY = real_scripts.Steady(
+    THROUGHPUT,
+    f"train_gpt_fsdp.py vs gpt_fsdp_plain.py, steps {WINDOW[0]}-{WINDOW[1]}",
+    script_for,
+    tuple(THROUGHPUT_ARGS),
+    WINDOW,
+    0.98,
+    lambda launcher: (
+        "train_gpt_fsdp.py, in place off"
+        if launcher.startswith("elasticjob-run")
+        else f"gpt_fsdp_plain.py, {launcher}"
+    ),
+)
 
 
 def expand(scenarios: Iterable[str]) -> list[str]:

@@ -38,6 +38,7 @@ def test_the_issue_asks_for_these_manifests() -> None:
         "c10d.yaml",
         "torchelastic-classic.yaml",
         "kueue.yaml",
+        "fsdp.yaml",
     }
 
 
@@ -71,6 +72,21 @@ def test_train_variables_in_manifests_are_ones_the_example_reads(name: str) -> N
     env = [e.name for e in trainer.env or []]
     unknown = [n for n in env if n.startswith("TRAIN_") and n not in known]
     assert not unknown, f"{name} sets variables the example ignores: {unknown}"
+
+
+def test_the_fsdp_manifest_checkpoints_on_one_claim_every_worker_can_read() -> None:
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in documents("fsdp.yaml")}
+    _, job = load("fsdp.yaml")
+    trainer = job.spec.worker.template.spec.containers[0]
+    assert "elasticjob_examples.train_gpt_fsdp" in (trainer.model_extra or {})["args"]
+    env = {e.name: e.value for e in trainer.env or []}
+    mounts = {m["name"]: m["mountPath"] for m in trainer.volume_mounts or []}
+    assert env["ELASTICJOB_CHECKPOINT_DIR"] == mounts["checkpoints"]
+    volumes = job.spec.worker.template.spec.volumes or []
+    claim = next(v for v in volumes if v["name"] == "checkpoints")["persistentVolumeClaim"]
+    pvc = docs[("PersistentVolumeClaim", claim["claimName"])]
+    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]  # a restore reads every rank's
+    assert job.spec.min_replicas < job.spec.desired_replicas < job.spec.effective_max_replicas
 
 
 def test_elastic_manifest_scales_between_one_and_four_with_a_provisioned_etcd() -> None:

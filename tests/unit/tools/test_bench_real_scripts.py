@@ -72,7 +72,7 @@ def test_a_throughput_figure_is_ours_over_the_baseline_against_its_target() -> N
         Throughput("torchrun-c10d", 1, 100.0),
         Throughput("elasticjob-run", 2, error="timed out"),
     ]
-    fig = real_scripts.throughput_figure(runs, "torchrun-c10d")
+    fig = real_scripts.throughput_figure(real_scripts.GPT_STEADY, runs, "torchrun-c10d")
     assert fig.ours == [99.5, 98.0] and fig.baseline == [100.0, 100.0]
     assert fig.ratio == pytest.approx(0.9875) and fig.met is False
     assert fig.failures == ["elasticjob-run: timed out"]

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from bench import sharded
+from bench import real_scripts, sharded
 from bench.harness import LAUNCHERS
+from bench.real_scripts import Throughput
 from bench.run import Result, summarize
 
 
@@ -17,9 +18,10 @@ def test_each_launcher_runs_the_script_written_for_it() -> None:
     assert restart.env == {"ELASTICJOB_IN_PLACE": "0"} and ours.env == {}
 
 
-def test_the_group_expands_to_its_three_faults() -> None:
+def test_the_group_expands_to_its_steady_state_and_its_three_faults() -> None:
     assert sharded.expand(["worker-kill", "fsdp", "fsdp-scale-up"]) == [
         "worker-kill",
+        "fsdp-throughput",
         "fsdp-worker-kill",
         "fsdp-node-kill",
         "fsdp-scale-up",
@@ -39,3 +41,20 @@ def test_in_place_is_held_to_the_targets_beside_the_restart_path() -> None:
     assert kill.baseline_name == "train_gpt_fsdp.py, in place off"
     join = figs[("fsdp-scale-up", "training paused (last step -> next step)")]
     assert (join.ours, join.target, join.met) == ([1.2], "<= 1.5 s", True)
+
+
+def test_the_steady_state_window_holds_no_save_and_ends_before_the_run_does() -> None:
+    args = dict(a.removeprefix("--").split("=", 1) for a in sharded.THROUGHPUT_ARGS)
+    first, last = sharded.WINDOW
+    assert int(args["checkpoint-interval"]) > last and int(args["steps"]) > last > first
+    assert args["dim"] == "512" and args["log-every"] == "1"  # the faults' model, every step
+    runs = [
+        Throughput("elasticjob-run", 0, 9.9),
+        Throughput("torchrun-c10d", 0, 10.0),
+        Throughput("elasticjob-run-restart", 0, 10.0),
+    ]
+    fig = real_scripts.throughput_figure(sharded.STEADY, runs, "torchrun-c10d")
+    assert (fig.scenario, fig.ratio, fig.met) == ("fsdp-throughput", 0.99, True)
+    assert fig.baseline_name == "gpt_fsdp_plain.py, torchrun-c10d"
+    restart = real_scripts.throughput_figure(sharded.STEADY, runs, "elasticjob-run-restart")
+    assert restart.baseline_name == "train_gpt_fsdp.py, in place off"
