@@ -101,6 +101,7 @@ class Steady:
     window: tuple[int, int]
     target: float  # ours / baseline at least
     baseline_name: Callable[[str], str]  # a baseline launcher -> what it ran, in words
+    ours_args: tuple[str, ...] = ()  # added under our launchers only (a setting of the Run)
 
 
 GPT_STEADY = Steady(
@@ -232,13 +233,14 @@ class Throughput:
     load: float | None = None  # 1-minute load average at the window's end
     cpu: dict[str, float] | None = None  # CPU seconds in the window by role (cpu_by_role)
     error: str | None = None
+    scenario: str = ""  # which steady-state run (Steady.scenario)
 
 
 def throughput_once(
     steady: Steady, launcher: str, rep: int, etcd: Etcd | None, workdir: Path, limits: Limits
 ) -> Throughput:
     """One job of 2 agents to the window's last step; its samples/s over the window."""
-    result = Throughput(launcher, rep)
+    result = Throughput(launcher, rep, scenario=steady.scenario)
     backend = LAUNCHERS[launcher][1]
     if backend != "c10d" and etcd is None:
         raise ValueError(f"{launcher} needs the bench's etcd")
@@ -249,7 +251,7 @@ def throughput_once(
         workdir,
         endpoint,
         "2:2",
-        list(steady.args),
+        [*steady.args, *(steady.ours_args if launcher.startswith(OURS) else ())],
         run_id,
         script=steady.script_for(launcher),
     )

@@ -588,7 +588,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     real = [s for s in args.scenarios if s in real_scripts.SCENARIOS]
     unchanged = [s for s in args.scenarios if s in classic.FAULTS]
     sharded_faults = [s for s in args.scenarios if s in sharded.FAULTS]
-    sharded_steady = sharded.THROUGHPUT in args.scenarios
+    sharded_steady = [st for st in sharded.STEADIES if st.scenario in args.scenarios]
     known = (*SCENARIOS, *real_scripts.FAULTS, *classic.FAULTS, *sharded.FAULTS)
     faults = [s for s in args.scenarios if s in known]
 
@@ -616,11 +616,12 @@ def main(argv: Sequence[str] | None = None) -> None:
                 real_scripts.GPT_STEADY, args.launchers, etcd, workdir, limits, reps
             )
             real_figures += found
-        if sharded_steady:
-            found, sharded_runs = real_scripts.throughput(
-                sharded.STEADY, args.launchers, etcd, workdir, limits, reps
+        for steady in sharded_steady:
+            found, steady_runs = real_scripts.throughput(
+                steady, args.launchers, etcd, workdir, limits, reps
             )
             sharded_figures += found
+            sharded_runs += steady_runs
         for rep in range(reps):
             for scenario in faults:
                 if scenario == "goodput" or etcd is None:

@@ -8,11 +8,13 @@ checkpoint); bench/gpt_fsdp_plain.py, the same model written for torchrun with i
 DCP checkpoint, runs under each torchrun launcher. Same flags, same seed.
 
 * ``fsdp-throughput``: samples/s at world 2 over the steps of :data:`WINDOW` (no save
-  inside it), ours beside each other launcher (``bench.real_scripts``' steady state).
+  inside it), ours (shard copies every 10 steps, the default) beside each other launcher
+  (``bench.real_scripts``' steady state); ``fsdp-throughput-no-copies``: the same with
+  ``--copy-every=0`` under ours.
 * ``fsdp-worker-kill``, ``fsdp-node-kill``, ``fsdp-scale-up``: ``bench.run``'s
   worker-kill, node-kill and scale-up with these scripts.
 
-``--scenarios fsdp`` runs the four (not in the default set). The model (29M parameters:
+``--scenarios fsdp`` runs the five (not in the default set). The model (29M parameters:
 8 blocks of width 512, a 4096-token vocabulary) makes a step of about half a second at
 world 2 on 2 cores (63M, width 768, took 1.4 s: too slow for a bench that trains 40 steps
 before each fault); it is checkpointed every :data:`CHECKPOINT_INTERVAL` steps.
@@ -37,7 +39,8 @@ FAULTS = {  # -> bench.run's scenario
     "fsdp-scale-up": "scale-up",
 }
 THROUGHPUT = "fsdp-throughput"
-SCENARIOS = (THROUGHPUT, *FAULTS)
+THROUGHPUT_NO_COPIES = "fsdp-throughput-no-copies"
+SCENARIOS = (THROUGHPUT, THROUGHPUT_NO_COPIES, *FAULTS)
 CHECKPOINT_INTERVAL = 10
 WINDOW = (10, 60)  # steps whose samples/s is the steady state
 ARGS = [
@@ -78,19 +81,28 @@ def script_for(launcher: str) -> Path:
     return OURS_SCRIPT if launcher.startswith("elasticjob-run") else PLAIN_SCRIPT
 
 
+def _baseline_name(launcher: str) -> str:
+    if launcher.startswith("elasticjob-run"):
+        return "train_gpt_fsdp.py, in place off"
+    return f"gpt_fsdp_plain.py, {launcher}"
+
+
+CASE = f"train_gpt_fsdp.py vs gpt_fsdp_plain.py, steps {WINDOW[0]}-{WINDOW[1]}"
+# ours with its shard copies (every 10 steps, run.shard's default), and without them
 STEADY = real_scripts.Steady(
-    THROUGHPUT,
-    f"train_gpt_fsdp.py vs gpt_fsdp_plain.py, steps {WINDOW[0]}-{WINDOW[1]}",
+    THROUGHPUT, CASE, script_for, tuple(THROUGHPUT_ARGS), WINDOW, 0.98, _baseline_name
+)
+STEADY_NO_COPIES = real_scripts.Steady(
+    THROUGHPUT_NO_COPIES,
+    CASE + ", no shard copies",
     script_for,
     tuple(THROUGHPUT_ARGS),
     WINDOW,
     0.98,
-    lambda launcher: (
-        "train_gpt_fsdp.py, in place off"
-        if launcher.startswith("elasticjob-run")
-        else f"gpt_fsdp_plain.py, {launcher}"
-    ),
+    _baseline_name,
+    ours_args=("--copy-every=0",),
 )
+STEADIES = (STEADY, STEADY_NO_COPIES)
 
 
 def expand(scenarios: Iterable[str]) -> list[str]:

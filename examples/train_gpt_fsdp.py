@@ -38,6 +38,7 @@ from torch.distributed.fsdp import fully_shard
 
 from elasticjob_runtime import ElasticSampler, Run  # elastic
 from elasticjob_runtime.training.fingerprint import fingerprint, sharded_fingerprint
+from elasticjob_runtime.training.run import DEFAULT_COPY_EVERY
 
 # the installed name of examples/ (this file runs as a script or a module of it)
 from elasticjob_examples.train_gpt import (  # type: ignore[import-not-found]  # isort: skip
@@ -60,6 +61,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw")
     p.add_argument("--clip", type=float, default=1.0, help="gradient norm clipping (0: off)")
     p.add_argument("--dump", default="", help="rank 0 saves the whole model there at the end")
+    p.add_argument(
+        "--copy-every",
+        type=int,
+        default=DEFAULT_COPY_EVERY,
+        help="steps between copies of each rank's shards to a peer's memory (0: none)",
+    )
     return p.parse_args(argv)
 
 
@@ -103,7 +110,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     dataset = Sequences(args.samples, args.seq, args.vocab)
     sampler = ElasticSampler(len(dataset), seed=args.seed)  # elastic
-    model, optim, state = run.shard(sharded_builder(args), sampler)  # elastic
+    model, optim, state = run.shard(  # elastic
+        sharded_builder(args), sampler, copy_every=args.copy_every
+    )
     sched = state["scheduler"]  # elastic
     loader = run.loader(  # elastic
         dataset, args.batch_size, accumulate=args.accumulate, num_workers=args.workers

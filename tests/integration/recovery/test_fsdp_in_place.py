@@ -7,8 +7,9 @@ optimizer that do not depend on the world size:
 * a join moves the shards from the survivors' memory to the new world, and trains what a
   DCP save at world 2 and a load at world 3 train (the in-memory reshard is bitwise the
   DCP reshard, and the run is bitwise the unfaulted run with the same world history);
-* a killed worker takes the only copy of its shard: the survivor keeps its process, every
-  rank reads the newest DCP checkpoint in place, and the run trains what the unfaulted
+* a killed worker takes its shard with it: with shard copies the survivor holds a copy
+  of it and the group goes back to the copies' step from memory; without them every rank
+  reads the newest DCP checkpoint in place; either way the run trains what the unfaulted
   run trains;
 * FSDP2 at world 2 trains, within float tolerance, what one process trains on the same
   global batch (the gradients are averaged, never summed: pytorch#162338).
@@ -66,14 +67,37 @@ def test_a_killed_fsdp_worker_costs_a_rollback_in_place_and_trains_what_an_unfau
     # The survivor keeps its process; every rank reads the step-10 checkpoint (in place
     # for the survivor) and steps 11-13 are trained again, to the same state.
     crash = {**FSDP, "CRASH_AT_STEP": "13", "CRASH_RANK": "1"}
-    faulted = run_job(agents, etcd, tmp_path / "faulted", crash, 2, "2")
-    reference = run_job(agents, etcd, tmp_path / "reference", FSDP, 2, "2")
+    no_copies = ("--copy-every=0",)
+    faulted = run_job(agents, etcd, tmp_path / "faulted", crash, 2, "2", extra=no_copies)
+    reference = run_job(agents, etcd, tmp_path / "reference", FSDP, 2, "2", extra=no_copies)
 
     assert "were lost with their process; every rank reads the newest checkpoint" in faulted
     assert re.search(r"^regrouped at step 10 \(checkpoint step 10\)", faulted, re.M), faulted[
         -3000:
     ]
     assert re.search(r"^started \(checkpoint step 10\)", faulted, re.M), faulted[-3000:]
+    assert_same_training(faulted, reference)
+    assert_every_sample_once_per_epoch(faulted)
+
+
+def test_a_killed_fsdp_worker_goes_back_to_the_shard_copies_not_to_the_disk(
+    agents: list[subprocess.Popen[bytes]], etcd: EtcdServer, tmp_path: Path
+) -> None:
+    # Copies every 4 steps and no checkpoint before the end: rank 1 dies after step 14
+    # with its shard. Rank 0 holds its own snapshot of step 12 and rank 1's copy, so the
+    # group goes back to step 12 from memory and trains 13 and 14 again, to the state
+    # the unfaulted run reaches.
+    copies = ("--copy-every=4", "--checkpoint-interval=1000")
+    crash = {**FSDP, "CRASH_AT_STEP": "14", "CRASH_RANK": "1"}
+    faulted = run_job(agents, etcd, tmp_path / "faulted", crash, 2, "2", extra=copies)
+    reference = run_job(agents, etcd, tmp_path / "reference", FSDP, 2, "2", extra=copies)
+
+    assert "the group goes back to step 12, whose every shard a survivor holds" in faulted
+    assert re.search(r"^regrouped at step 12 \(shard copies at step 12\)", faulted, re.M), faulted[
+        -3000:
+    ]
+    assert re.search(r"^started \(shard copies at step 12\)", faulted, re.M), faulted[-3000:]
+    assert not list((tmp_path / "faulted" / "ckpt").glob("sharded-1[0-9]")), "read from disk"
     assert_same_training(faulted, reference)
     assert_every_sample_once_per_epoch(faulted)
 

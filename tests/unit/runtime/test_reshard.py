@@ -82,24 +82,28 @@ WHOLE = torch.arange(ROWS * COLS, dtype=torch.float64).reshape(ROWS, COLS)
 
 
 def _exchange(rank: int, port: int, holders: dict[int, int], old: int, out: Any) -> None:
-    """New rank ``rank`` of 3: it held old rank ``holders^-1[rank]``'s rows, if any."""
+    """New rank ``rank`` of 3: it holds the rows of each old rank ``holders`` maps to it."""
     store = dist.TCPStore(  # type: ignore[attr-defined]
         "127.0.0.1", port, 3, is_master=rank == 0, timeout=timedelta(seconds=60)
     )
     dist.init_process_group("gloo", store=store, rank=rank, world_size=3)
-    was = [r for r, n in holders.items() if n == rank]
-    local = WHOLE[slice(*chunk_rows(ROWS, old, was[0]))].clone() if was else None
+    mine_old = [r for r, n in holders.items() if n == rank]
+    held = {r: WHOLE[slice(*chunk_rows(ROWS, old, r))].clone() for r in mine_old}
     start, stop = chunk_rows(ROWS, 3, rank)
     mine = torch.full((stop - start, COLS), float("nan"), dtype=torch.float64)
-    exchange(local, mine, ROWS, old, holders, rank, 3)
+    exchange(held, mine, ROWS, old, holders, rank, 3)
     out.put((rank, mine.tolist()))
     dist.destroy_process_group()
 
 
 @pytest.mark.parametrize(
     ("old", "holders"),
-    [(2, {0: 2, 1: 0}), (3, {0: 1, 1: 2, 2: 0})],
-    ids=["a joiner at rank 1, survivors renumbered", "same world, every rank moved"],
+    [(2, {0: 2, 1: 0}), (3, {0: 1, 1: 2, 2: 0}), (4, {0: 0, 1: 0, 2: 1, 3: 2})],
+    ids=[
+        "a joiner at rank 1, survivors renumbered",
+        "same world, every rank moved",
+        "a rank sends its own rows and a copy of a lost peer's",
+    ],
 )
 def test_the_exchange_leaves_each_rank_exactly_its_new_rows(
     old: int, holders: dict[int, int]

@@ -22,6 +22,7 @@ def test_the_group_expands_to_its_steady_state_and_its_three_faults() -> None:
     assert sharded.expand(["worker-kill", "fsdp", "fsdp-scale-up"]) == [
         "worker-kill",
         "fsdp-throughput",
+        "fsdp-throughput-no-copies",
         "fsdp-worker-kill",
         "fsdp-node-kill",
         "fsdp-scale-up",
@@ -58,3 +59,6 @@ def test_the_steady_state_window_holds_no_save_and_ends_before_the_run_does() ->
     assert fig.baseline_name == "gpt_fsdp_plain.py, torchrun-c10d"
     restart = real_scripts.throughput_figure(sharded.STEADY, runs, "elasticjob-run-restart")
     assert restart.baseline_name == "train_gpt_fsdp.py, in place off"
+    # the figure without copies turns them off under ours only (the plain script has none)
+    assert sharded.STEADY_NO_COPIES.ours_args == ("--copy-every=0",)
+    assert not sharded.STEADY.ours_args

@@ -58,3 +58,6 @@ class DDPReplication:
     def save(self, step: int) -> None:
         if step not in (self._ckpt.saved_step, self._ckpt.pending_step):
             self._ckpt.save(self._state.objects(), step)
+
+    def committed(self, step: int, rounds: WorkerRounds) -> None:
+        """Nothing: every rank holds the whole state, and a peer's copy is one away."""

@@ -10,9 +10,14 @@ every shard of the newest step, so no rank allocates more than its new shard. Th
   row to the ranks that own it now (reshard.py), one tensor at a time; what is replicated
   (sampler position, step counters, schedulers, the optimizer's hyper-parameters and
   step counts, the module's buffers) comes from the lowest rank at the newest step;
-* **from the newest DCP checkpoint** (checkpoints/sharded.py) when a shard was lost with
-  its rank (a killed worker or a lost node: pure FSDP keeps one copy of each shard), in
-  place all the same: the survivors keep their processes;
+* **from the shard copies** (shard_copies.py) when a shard was lost with its rank (a
+  killed worker or a lost node: pure FSDP keeps one copy of each shard): every
+  ``copy_every`` steps each rank keeps a snapshot of its shards and a copy of its
+  predecessor's, so the group goes back to the newest step whose every shard a survivor
+  holds, and the shards move from there as above;
+* **from the newest DCP checkpoint** (checkpoints/sharded.py) when the copies cannot
+  rebuild a step (two neighbours lost, or no copies) or the checkpoint is newer, in place
+  all the same: the survivors keep their processes;
 * **fresh** when nobody holds a step and there is no checkpoint: every rank builds the
   model under the same seed, so every rank starts from the same model.
 
@@ -44,6 +49,14 @@ from elasticjob_runtime.training.fsdp_reduce_scatter import (
 from elasticjob_runtime.training.grad_allreduce import Shares
 from elasticjob_runtime.training.reshard import complete_holders, exchange, old_world_of
 from elasticjob_runtime.training.sampler import ElasticSampler
+from elasticjob_runtime.training.shard_copies import (
+    NO_COPIES,
+    CopyHolding,
+    Snapshot,
+    copy_holders,
+    swap_with_buddy,
+    take,
+)
 from elasticjob_runtime.training.state import TrainingState, registered_state, sampler_position
 from elasticjob_runtime.training.worker_rounds import WorkerRounds
 
@@ -60,9 +73,22 @@ class HeldShards:
     step: int
     old_rank: int
     old_world: int
-    model: dict[str, torch.Tensor] = field(default_factory=dict)  # fqn -> local rows
-    optim: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
+    pieces: dict[str, torch.Tensor] = field(default_factory=dict)  # piece_name -> local rows
     replicated: bytes = b""
+
+
+def piece_name(*parts: str) -> str:
+    """One sharded tensor's name: ``model/<fqn>`` or ``optim/<fqn>/<state key>``."""
+    return "/".join(parts)
+
+
+def sharded_pieces(msd: Mapping[str, Any], osd: Mapping[str, Any]) -> dict[str, Any]:
+    """Every DTensor of a model's and its optimizer's state dicts, by :func:`piece_name`."""
+    mine = sharded_entries(msd, osd)
+    out = {piece_name("model", fqn): v for fqn, v in mine["model"].items()}
+    for fqn, entries in mine["optim"].items():
+        out.update({piece_name("optim", fqn, key): v for key, v in entries.items()})
+    return out
 
 
 def round_dim(generation: int) -> str:
@@ -166,12 +192,17 @@ class FSDPReplication:
         checkpoints: ShardedCheckpoints,
         on_optimizer: Callable[[torch.optim.Optimizer], None],
         seed: int | None,
+        copy_every: int = 0,
     ) -> None:
         self._build, self._state, self.checkpoints = build, state, checkpoints
         self._on_optimizer, self._seed = on_optimizer, seed
         self._comm = WeighedReduceScatter()
         self._held: HeldShards | None = None
         self._rank, self._world = 0, 1
+        self.copy_every = copy_every  # shard_copies.py; 0: no copies
+        self._own: Snapshot | None = None  # this rank's shards at the last copy
+        self._buddy: Snapshot | None = None  # its predecessor's, at the same step
+        self._copied_in = -1  # the round (generation) of the last copy
 
     # -- the round's model
 
@@ -217,19 +248,42 @@ class FSDPReplication:
         started = time.monotonic()
         held = self._held
         mine = [held.step, held.old_rank, held.old_world] if held else [-1, -1, 0]
-        holdings = [(r[0], r[1], r[2]) for r in gather_rows(mine, rounds.device)]
+        rows = gather_rows([*mine, *self._copies().row()], rounds.device)
+        holdings = [(r[0], r[1], r[2]) for r in rows]
         newest = max(step for step, _, _ in holdings)
         holders = complete_holders(holdings, newest) if newest >= 0 else None
-        self._make(rounds, on_meta=holders is not None)
+        rollback = None
+        if holders is None and newest >= 0:
+            rollback = copy_holders([CopyHolding(*r[3:]) for r in rows])
+            if rollback is not None and rollback.step < self.checkpoints.newest_step(rounds.device):
+                rollback = None  # the checkpoint is newer than the copies
+        if rollback is not None:
+            self._held = None  # a step nobody can rebuild: its memory goes to the new shards
+        self._make(rounds, on_meta=holders is not None or rollback is not None)
         built = time.monotonic()
         if holders is not None:
             src = min(holders.values())
-            self._reshard(holders, old_world_of(holdings, newest), rounds, src)
+            pieces = {held.old_rank: held.pieces} if held else {}
+            data = held.replicated if held and rounds.rank == src else b""
+            self._reshard(pieces, data, holders, old_world_of(holdings, newest), rounds, src)
             resumed = (
                 f"own memory at step {newest}"
                 if held and held.step == newest
                 else f"rank {src} at step {newest}"
             )
+        elif rollback is not None:
+            log.warning(
+                "%s; the group goes back to step %d, whose every shard a survivor holds "
+                "(shard copies)",
+                why_not_in_memory(holdings, newest),
+                rollback.step,
+            )
+            own, buddy = self._own, self._buddy
+            pieces = {s.rank: s.tensors() for s in (own, buddy) if s is not None}
+            src = rollback.source
+            data = own.replicated if own is not None and rounds.rank == src else b""
+            self._reshard(pieces, data, rollback.holders, rollback.world, rounds, src)
+            resumed = f"shard copies at step {rollback.step}"
         else:
             if newest >= 0:
                 log.warning(
@@ -255,10 +309,7 @@ class FSDPReplication:
         msd = model_state(model)
         osd = optimizer_state(model, optim)
         held = HeldShards(st.step, self._rank, self._world)
-        mine = sharded_entries(msd, osd)
-        held.model = {fqn: v.to_local() for fqn, v in mine["model"].items()}
-        for fqn, entries in mine["optim"].items():
-            held.optim[fqn] = {k: v.to_local() for k, v in entries.items()}
+        held.pieces = {name: v.to_local() for name, v in sharded_pieces(msd, osd).items()}
         held.replicated = serialize(self._replicated(model, osd))
         self._held = held
         st.module = st.optimizer = None
@@ -314,6 +365,30 @@ class FSDPReplication:
         replicated = serialize(self._replicated(model, osd))
         self.checkpoints.save(step, sharded_entries(msd, osd), replicated)
 
+    def committed(self, step: int, rounds: WorkerRounds) -> None:
+        """Every ``copy_every`` steps and at a round's first: a snapshot of this rank's
+        shards, and a copy of them to its buddy (shard_copies.py)."""
+        if self.copy_every < 1 or rounds.world_size < 2:
+            return
+        if step % self.copy_every and self._copied_in == rounds.generation:
+            return
+        self._own = self._buddy = None  # a copy that breaks leaves none (not a mixed one)
+        model, optim = self.model, self.optimizer
+        msd, osd = model_state(model), optimizer_state(model, optim)
+        local = {
+            name: (v.to_local(), int(v.shape[0])) for name, v in sharded_pieces(msd, osd).items()
+        }
+        replicated = serialize(self._replicated(model, osd))
+        own = take(step, rounds.rank, rounds.world_size, local, replicated)
+        buddy = swap_with_buddy(own, rounds.device)
+        self._own, self._buddy, self._copied_in = own, buddy, rounds.generation
+
+    def _copies(self) -> CopyHolding:
+        own, buddy = self._own, self._buddy
+        if own is None or buddy is None:
+            return NO_COPIES
+        return CopyHolding(own.step, own.world, own.rank, buddy.rank)
+
     # -- moving state
 
     def _replicated(self, model: nn.Module, osd: Mapping[str, Any]) -> dict[str, Any]:
@@ -363,24 +438,30 @@ class FSDPReplication:
         st.meta.update(replicated["run"]["meta"])
 
     def _reshard(
-        self, holders: Mapping[int, int], old_world: int, rounds: WorkerRounds, src: int
+        self,
+        pieces: Mapping[int, Mapping[str, torch.Tensor]],
+        data: bytes,
+        holders: Mapping[int, int],
+        old_world: int,
+        rounds: WorkerRounds,
+        src: int,
     ) -> None:
-        """The replicated state from rank ``src``, then every shard from the survivors'
-        memory to its new owner, one tensor at a time. The old shards stay whole until the
-        round stands: a group that breaks while forming tries again from them."""
+        """The replicated state (``data``) from rank ``src``, then every shard to its new
+        owner, one tensor at a time: ``pieces`` are the rows this rank holds, by old rank
+        (its own shards, or snapshots of its and its predecessor's). What it holds stays
+        whole until the round stands: a group that breaks while forming tries again."""
         from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
-        held = self._held
         model, rank, world = self.model, rounds.rank, rounds.world_size
-        data = held.replicated if held and rank == src else b""
         replicated = deserialize(broadcast_bytes(data, src, rounds.device), source=f"rank {src}")
 
-        def move(local: torch.Tensor | None, target: Any) -> None:
-            exchange(local, target.to_local(), target.shape[0], old_world, holders, rank, world)
+        def move(name: str, target: Any) -> None:
+            held = {old: rows[name] for old, rows in pieces.items() if holders.get(old) == rank}
+            exchange(held, target.to_local(), target.shape[0], old_world, holders, rank, world)
 
         msd = model_state(model)
         for fqn in sorted(k for k, v in msd.items() if is_sharded(v)):
-            move(held.model.get(fqn) if held else None, msd[fqn])
+            move(piece_name("model", fqn), msd[fqn])
         set_model_state_dict(model, msd)
         osd: dict[str, Any] = {"state": {}, "param_groups": []}
         if replicated["optim_scalars"]:  # an optimizer that has stepped has state to move
@@ -388,7 +469,7 @@ class FSDPReplication:
             for fqn in sorted(osd["state"]):
                 entries = osd["state"][fqn]
                 for key in sorted(k for k, v in entries.items() if is_sharded(v)):
-                    move(held.optim.get(fqn, {}).get(key) if held else None, entries[key])
+                    move(piece_name("optim", fqn, key), entries[key])
         self._load_replicated(replicated, osd)
 
     def _restore(self, rounds: WorkerRounds) -> str:

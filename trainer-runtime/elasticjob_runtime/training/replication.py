@@ -63,3 +63,8 @@ class Replication(Protocol):
     def save(self, step: int) -> None:
         """Checkpoint ``step`` unless it is saved or being saved; every rank calls it."""
         ...
+
+    def committed(self, step: int, rounds: WorkerRounds) -> None:
+        """After ``step`` committed, on every rank: keep what a lost rank's peers would
+        need (FSDP2's shard copies); a collective that fails here means the group broke."""
+        ...

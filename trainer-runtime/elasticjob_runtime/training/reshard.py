@@ -16,7 +16,7 @@ checks bitwise.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -100,7 +100,7 @@ def old_world_of(held: Sequence[tuple[int, int, int]], newest: int) -> int:
 
 
 def exchange(
-    local: torch.Tensor | None,
+    held: Mapping[int, torch.Tensor],
     out: torch.Tensor,
     rows: int,
     old_world: int,
@@ -111,26 +111,29 @@ def exchange(
     """Fill ``out``, this rank's new shard of one tensor of ``rows`` rows; every rank
     calls it for the same tensor, in the same order.
 
-    ``local`` is the shard this rank held as an old rank (None for a joiner); the rows
-    it sends and receives go in one ``all_to_all_single`` over the default group."""
-    row_numel = out[0].numel() if out.shape[0] else _row_numel(local)
+    ``held`` maps each old rank this rank holds the rows of (its own, or a copy of a
+    peer's: shard_copies.py) to those rows; ``holders`` says which new rank sends each
+    old rank's rows. The rows it sends and receives go in one ``all_to_all_single`` over
+    the default group."""
+    row_numel = out[0].numel() if out.shape[0] else _row_numel(held.values())
     plan = transfers(rows, old_world, new_world, holders)
-    old_rank = next((old for old, new in holders.items() if new == rank), None)
-    held_from = chunk_rows(rows, old_world, old_rank)[0] if old_rank is not None else 0
     send_counts, recv_counts = [0] * new_world, [0] * new_world
     pieces: list[torch.Tensor] = []
-    for move in sorted((m for m in plan if m.source == rank), key=lambda m: m.dest):
-        assert local is not None, "a rank with rows to send holds a shard"
-        send_counts[move.dest] = (move.stop - move.start) * row_numel
+    # to each destination in old-rank order, as the receiver reads them
+    for move in sorted((m for m in plan if m.source == rank), key=lambda m: (m.dest, m.old_rank)):
+        local = held.get(move.old_rank)
+        assert local is not None, "a rank with rows to send holds them"
+        held_from = chunk_rows(rows, old_world, move.old_rank)[0]
+        send_counts[move.dest] += (move.stop - move.start) * row_numel
         pieces.append(local[move.start - held_from : move.stop - held_from].reshape(-1))
-    receiving = sorted((m for m in plan if m.dest == rank), key=lambda m: m.source)
+    receiving = sorted((m for m in plan if m.dest == rank), key=lambda m: (m.source, m.old_rank))
     for move in receiving:
-        recv_counts[move.source] = (move.stop - move.start) * row_numel
+        recv_counts[move.source] += (move.stop - move.start) * row_numel
     send = torch.cat(pieces) if pieces else out.new_empty(0)
     received = out.new_empty(sum(recv_counts))
     dist.all_to_all_single(received, send, recv_counts, send_counts)
     del send, pieces
-    # pieces arrive in source-rank order; each lands at its rows
+    # pieces arrive in source-rank order, and from one source in old-rank order
     flat, offset = out.view(-1), 0
     first = chunk_rows(rows, new_world, rank)[0]
     for move in receiving:
@@ -140,8 +143,9 @@ def exchange(
         offset += count
 
 
-def _row_numel(local: torch.Tensor | None) -> int:
+def _row_numel(held: Iterable[torch.Tensor]) -> int:
     """Elements per row when this rank's new shard is empty (what it sends decides)."""
-    if local is None or local.dim() == 0 or local.shape[0] == 0:
-        return 0
-    return local[0].numel()
+    for local in held:
+        if local.dim() > 0 and local.shape[0] > 0:
+            return local[0].numel()
+    return 0

@@ -80,6 +80,9 @@ from elasticjob_runtime.training.worker_rounds import WorkerRounds
 
 log = logging.getLogger(__name__)
 
+# run.shard's default: a copy of each rank's shards in a peer's memory every 10 steps
+DEFAULT_COPY_EVERY = 10
+
 Batch = TypeVar("Batch")
 
 
@@ -264,7 +267,9 @@ class Run:
         self._use(DDPReplication(st, self.ckpt, current))
         return current
 
-    def shard(self, build: Build, sampler: ElasticSampler) -> Sharded:
+    def shard(
+        self, build: Build, sampler: ElasticSampler, copy_every: int = DEFAULT_COPY_EVERY
+    ) -> Sharded:
         """A model sharded with FSDP2, elastic in place: ``build(mesh)`` shards the model
         on the round's device mesh and makes its optimizer (and schedulers), and is
         called again for each round (on the meta device when the shards move from
@@ -282,16 +287,20 @@ class Run:
             model, optim, state = run.shard(build, sampler)
 
         Each round is built under ``torch.manual_seed(seed)`` (the Run's seed), so every
-        rank starts from the same model. Checkpoints are DCP, every rank writing its own
-        shards to the checkpoint directory, which every rank must reach
+        rank starts from the same model. Every ``copy_every`` steps each rank copies its
+        shards to a peer's memory, so a lost rank sends the group back to that step, not
+        to the disk (0: no copies; shard_copies.py). Checkpoints are DCP, every rank
+        writing its own shards to the checkpoint directory, which every rank must reach
         (docs/training-loop.md, "Sharded models")."""
+        if copy_every < 0:
+            raise ValueError(f"copy_every must be 0 (no shard copies) or more (got {copy_every})")
         if self._replica is not None:
             raise RuntimeError("the model is wrapped already: call run.wrap or run.shard once")
         self._state.sampler = sampler
         self.ckpt.untrack()  # sharded state is saved by every rank together, not on SIGTERM
         checkpoints = ShardedCheckpoints(self.ckpt.directory, self.ckpt.keep)
         replica = FSDPReplication(
-            build, self._state, checkpoints, self._hook_optimizer, self._loop.seed
+            build, self._state, checkpoints, self._hook_optimizer, self._loop.seed, copy_every
         )
         self._use(replica)
         registered = self._state.registered
@@ -384,7 +393,7 @@ class Run:
 
     def _committed(self) -> None:
         """After each commit: a SIGTERM saves this step and exits 143; the interval's
-        checkpoint; rank 0's progress record."""
+        checkpoint; rank 0's progress record; what the replication keeps (shard copies)."""
         step = self.global_step
         self.ckpt.mark_step(step)
         if step % self.checkpoint_interval == 0:
@@ -398,6 +407,14 @@ class Run:
                 world_size=self.world_size,
                 checkpoint_error=self.ckpt.save_error,
             )
+        assert self._replica is not None
+        try:
+            self._replica.committed(step, self._rounds)
+        except Exception as exc:
+            if not self._rounds.group_broke(exc):
+                raise
+            log.warning("after step %d the group broke: %s", step, str(exc).splitlines()[0])
+            self._regroup(True)  # the step stands: peers without it get it
 
     def save(self) -> None:
         """Checkpoint the current step now (e.g. at an epoch's end), besides the interval.
