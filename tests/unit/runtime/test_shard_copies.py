@@ -72,6 +72,18 @@ def test_a_snapshot_copies_its_rows_into_one_buffer_per_dtype() -> None:
     assert numel_by_dtype(snap.layout, 3, 2) == {torch.float32: 6, torch.int64: 2}
 
 
+def test_the_next_snapshot_goes_into_the_last_ones_buffers_when_they_fit() -> None:
+    rows = torch.ones(4, 3)
+    first = take(10, 1, 2, {"model/w": (rows, 8)}, b"")
+    rows.fill_(2.0)
+    second = take(20, 1, 2, {"model/w": (rows, 8)}, b"", reuse=first)
+    assert second.flats[torch.float32].data_ptr() == first.flats[torch.float32].data_ptr()
+    assert second.step == 20 and second.tensors()["model/w"].eq(2.0).all()
+    # another world (a new round) cuts other rows: new buffers
+    third = take(30, 0, 3, {"model/w": (rows[:3], 8)}, b"", reuse=second)
+    assert third.flats[torch.float32].data_ptr() != second.flats[torch.float32].data_ptr()
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -92,8 +104,12 @@ def _swap(rank: int, port: int, out: Any) -> None:
     dist.init_process_group("gloo", store=store, rank=rank, world_size=3)
     mine = _whole()[slice(*chunk_rows(ROWS, 3, rank))]
     own = take(5, rank, 3, {"model/w": (mine, ROWS)}, b"")
-    theirs = swap_with_buddy(own, torch.device("cpu"))
-    out.put((rank, theirs.rank, theirs.step, theirs.tensors()["model/w"].tolist()))
+    first = swap_with_buddy(own, torch.device("cpu"))
+    again = take(6, rank, 3, {"model/w": (mine * 2, ROWS)}, b"", reuse=own)
+    theirs = swap_with_buddy(again, torch.device("cpu"), reuse=first)  # into first's buffer
+    assert theirs.flats[torch.float64].data_ptr() == first.flats[torch.float64].data_ptr()
+    rows = (theirs.tensors()["model/w"] / 2).tolist()
+    out.put((rank, theirs.rank, theirs.step, rows))
     dist.destroy_process_group()
 
 
@@ -111,7 +127,7 @@ def test_each_rank_keeps_exactly_its_predecessors_rows() -> None:
     for rank in range(3):
         before = (rank - 1) % 3
         expected = _whole()[slice(*chunk_rows(ROWS, 3, before))].tolist()
-        assert got[rank] == [before, 5, expected]
+        assert got[rank] == [before, 6, expected]
 
 
 @pytest.mark.parametrize("world", [2, 3])

@@ -372,15 +372,19 @@ class FSDPReplication:
             return
         if step % self.copy_every and self._copied_in == rounds.generation:
             return
-        self._own = self._buddy = None  # a copy that breaks leaves none (not a mixed one)
+        # The last copy's buffers take the new one; until it is whole this rank reports
+        # none: a copy that breaks leaves none, never a mix of two steps.
+        old_own, old_buddy = self._own, self._buddy
+        self._own = self._buddy = None
         model, optim = self.model, self.optimizer
         msd, osd = model_state(model), optimizer_state(model, optim)
         local = {
             name: (v.to_local(), int(v.shape[0])) for name, v in sharded_pieces(msd, osd).items()
         }
         replicated = serialize(self._replicated(model, osd))
-        own = take(step, rounds.rank, rounds.world_size, local, replicated)
-        buddy = swap_with_buddy(own, rounds.device)
+        own = take(step, rounds.rank, rounds.world_size, local, replicated, old_own)
+        del old_own
+        buddy = swap_with_buddy(own, rounds.device, old_buddy)
         self._own, self._buddy, self._copied_in = own, buddy, rounds.generation
 
     def _copies(self) -> CopyHolding:

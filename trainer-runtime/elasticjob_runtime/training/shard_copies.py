@@ -76,25 +76,34 @@ def numel_by_dtype(layout: Sequence[Piece], world: int, rank: int) -> dict[torch
     return out
 
 
+def reusable(old: Snapshot | None, layout: tuple[Piece, ...], world: int, rank: int) -> bool:
+    """Can ``old``'s buffers take a snapshot of ``layout`` held by ``rank`` of ``world``?
+    Reusing them spares a shard-sized allocation (and its page faults) at every copy."""
+    return old is not None and (old.layout, old.world, old.rank) == (layout, world, rank)
+
+
 def take(
     step: int,
     rank: int,
     world: int,
     pieces: Mapping[str, tuple[torch.Tensor, int]],
     replicated: bytes,
+    reuse: Snapshot | None = None,
 ) -> Snapshot:
     """A snapshot of ``pieces`` (name -> (this rank's rows, rows over the world)), copied
-    into one new buffer per dtype: the training that goes on does not touch it."""
+    into one buffer per dtype, ``reuse``'s when its layout fits: the training that goes
+    on does not touch it."""
     layout = tuple(
         Piece(name, local.dtype, rows, tuple(local.shape[1:]))
         for name, (local, rows) in sorted(pieces.items())
     )
-    flats = {  # cat copies; on a GPU, .cpu() then moves the copy to host memory
-        dtype: torch.cat(
-            [pieces[p.name][0].detach().reshape(-1) for p in layout if p.dtype == dtype]
-        ).cpu()
-        for dtype in dict.fromkeys(p.dtype for p in layout)
-    }
+    flats = {}
+    for dtype in dict.fromkeys(p.dtype for p in layout):
+        parts = [pieces[p.name][0].detach().reshape(-1) for p in layout if p.dtype == dtype]
+        if reuse is not None and reusable(reuse, layout, world, rank) and parts[0].is_cpu:
+            flats[dtype] = torch.cat(parts, out=reuse.flats[dtype])
+        else:  # cat copies; on a GPU, .cpu() then moves the copy to host memory
+            flats[dtype] = torch.cat(parts).cpu()
     return Snapshot(step, rank, world, layout, flats, replicated)
 
 
@@ -103,19 +112,25 @@ def buddy_of(rank: int, world: int) -> int:
     return (rank + 1) % world
 
 
-def swap_with_buddy(own: Snapshot, device: torch.device) -> Snapshot:
-    """Send ``own``'s shards to this rank's buddy and receive its predecessor's; every rank
-    of the round calls it. Returns the predecessor's snapshot (its rows, no replicated
-    state). The layout is the same on every rank, so only the rows travel."""
+def swap_with_buddy(own: Snapshot, device: torch.device, reuse: Snapshot | None = None) -> Snapshot:
+    """Send ``own``'s shards to this rank's buddy and receive its predecessor's (into
+    ``reuse``'s buffers when they fit); every rank of the round calls it. Returns the
+    predecessor's snapshot (its rows, no replicated state). The layout is the same on
+    every rank, so only the rows travel."""
     rank, world = own.rank, own.world
     before = (rank - 1) % world
     theirs = numel_by_dtype(own.layout, world, before)
+    into = reuse if reusable(reuse, own.layout, world, before) and device.type == "cpu" else None
     flats = {}
     for dtype, flat in own.flats.items():
         send_counts, recv_counts = [0] * world, [0] * world
         send_counts[buddy_of(rank, world)] = flat.numel()
         recv_counts[before] = theirs[dtype]
-        received = torch.empty(theirs[dtype], dtype=dtype, device=device)
+        received = (
+            into.flats[dtype]
+            if into is not None
+            else torch.empty(theirs[dtype], dtype=dtype, device=device)
+        )
         dist.all_to_all_single(received, flat.to(device), recv_counts, send_counts)
         flats[dtype] = received.to("cpu")
     return Snapshot(own.step, before, world, own.layout, flats)
