@@ -60,46 +60,37 @@ def test_an_fsdp_join_moves_the_shards_in_memory_and_trains_what_a_dcp_reshard_t
     assert_every_sample_once_per_epoch(joined)
 
 
-def test_a_killed_fsdp_worker_costs_a_rollback_in_place_and_trains_what_an_unfaulted_run_trains(
+def test_a_killed_fsdp_worker_goes_back_to_the_shard_copies_or_the_checkpoint_in_place(
     agents: list[subprocess.Popen[bytes]], etcd: EtcdServer, tmp_path: Path
 ) -> None:
-    # Rank 1 dies after step 13 with the only copy of its shard; its agent restarts it.
-    # The survivor keeps its process; every rank reads the step-10 checkpoint (in place
-    # for the survivor) and steps 11-13 are trained again, to the same state.
-    crash = {**FSDP, "CRASH_AT_STEP": "13", "CRASH_RANK": "1"}
-    no_copies = ("--copy-every=0",)
-    faulted = run_job(agents, etcd, tmp_path / "faulted", crash, 2, "2", extra=no_copies)
-    reference = run_job(agents, etcd, tmp_path / "reference", FSDP, 2, "2", extra=no_copies)
-
-    assert "were lost with their process; every rank reads the newest checkpoint" in faulted
-    assert re.search(r"^regrouped at step 10 \(checkpoint step 10\)", faulted, re.M), faulted[
-        -3000:
-    ]
-    assert re.search(r"^started \(checkpoint step 10\)", faulted, re.M), faulted[-3000:]
-    assert_same_training(faulted, reference)
-    assert_every_sample_once_per_epoch(faulted)
-
-
-def test_a_killed_fsdp_worker_goes_back_to_the_shard_copies_not_to_the_disk(
-    agents: list[subprocess.Popen[bytes]], etcd: EtcdServer, tmp_path: Path
-) -> None:
-    # Copies every 4 steps and no checkpoint before the end: rank 1 dies after step 14
-    # with its shard. Rank 0 holds its own snapshot of step 12 and rank 1's copy, so the
-    # group goes back to step 12 from memory and trains 13 and 14 again, to the state
-    # the unfaulted run reaches.
+    # Rank 1 dies with its shard; its agent restarts it, the survivor keeps its process.
+    # With copies every 4 steps and no checkpoint before the end (it dies after step 14),
+    # rank 0 holds its own snapshot of step 12 and rank 1's copy: the group goes back to
+    # step 12 from memory. With no copies (it dies after step 13) every rank reads the
+    # step-10 checkpoint. Either way the steps since are trained again, to the state the
+    # unfaulted run reaches (copies and checkpoints change no state: one reference).
     copies = ("--copy-every=4", "--checkpoint-interval=1000")
     crash = {**FSDP, "CRASH_AT_STEP": "14", "CRASH_RANK": "1"}
-    faulted = run_job(agents, etcd, tmp_path / "faulted", crash, 2, "2", extra=copies)
+    from_copies = run_job(agents, etcd, tmp_path / "copies", crash, 2, "2", extra=copies)
+    crash = {**FSDP, "CRASH_AT_STEP": "13", "CRASH_RANK": "1"}
+    no_copies = ("--copy-every=0",)
+    from_disk = run_job(agents, etcd, tmp_path / "disk", crash, 2, "2", extra=no_copies)
     reference = run_job(agents, etcd, tmp_path / "reference", FSDP, 2, "2", extra=copies)
 
-    assert "the group goes back to step 12, whose every shard a survivor holds" in faulted
-    assert re.search(r"^regrouped at step 12 \(shard copies at step 12\)", faulted, re.M), faulted[
-        -3000:
-    ]
-    assert re.search(r"^started \(shard copies at step 12\)", faulted, re.M), faulted[-3000:]
-    assert not list((tmp_path / "faulted" / "ckpt").glob("sharded-1[0-9]")), "read from disk"
-    assert_same_training(faulted, reference)
-    assert_every_sample_once_per_epoch(faulted)
+    assert "the group goes back to step 12, whose every shard a survivor holds" in from_copies
+    found = re.search(r"^regrouped at step 12 \(shard copies at step 12\)", from_copies, re.M)
+    assert found, from_copies[-3000:]
+    assert re.search(r"^started \(shard copies at step 12\)", from_copies, re.M)
+    assert not list((tmp_path / "copies" / "ckpt").glob("sharded-1[0-9]")), "read from disk"
+    assert_same_training(from_copies, reference)
+    assert_every_sample_once_per_epoch(from_copies)
+
+    assert "were lost with their process; every rank reads the newest checkpoint" in from_disk
+    found = re.search(r"^regrouped at step 10 \(checkpoint step 10\)", from_disk, re.M)
+    assert found, from_disk[-3000:]
+    assert re.search(r"^started \(checkpoint step 10\)", from_disk, re.M), from_disk[-3000:]
+    assert_same_training(from_disk, reference)
+    assert_every_sample_once_per_epoch(from_disk)
 
 
 def test_fsdp_at_world_2_trains_what_one_process_trains_on_the_same_global_batch(
