@@ -197,7 +197,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 ema.update_parameters(model)
             if not step.committed:
                 continue
-            log_step(args, run, epoch, total, sched, scaler, ema, model, optim)
+            log_step(args, run, step.round_id, epoch, total, sched, scaler, ema, model, optim)
             if args.sleep:
                 time.sleep(args.sleep)
     run.finish()  # elastic
@@ -217,6 +217,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 def log_step(
     args: argparse.Namespace,
     run: Run,
+    round_id: str,
     epoch: int,
     loss: float,
     sched: Any,
@@ -226,7 +227,7 @@ def log_step(
     optim: torch.optim.Optimizer,
 ) -> None:
     now = time.time()
-    say_committed(args, run, now)
+    say_committed(args, run, round_id, now)
     if args.log_state:
         say(
             f"state step={run.global_step} rank={run.rank} world={run.world_size} "
@@ -248,10 +249,11 @@ def say_samples(args: argparse.Namespace, run: Run, epoch: int, micro_batches: A
         say(samples_line(step, epoch, world, rank, run.round_id, indices, time.time()))
 
 
-def say_committed(args: argparse.Namespace, run: Run, now: float) -> None:
-    """With ``--log-samples 1``: the step this rank just committed (sample_audit.py)."""
+def say_committed(args: argparse.Namespace, run: Run, round_id: str, now: float) -> None:
+    """With ``--log-samples 1``: the step this rank just committed in ``round_id`` (the
+    step's own: a regroup right after the commit has a new one; sample_audit.py)."""
     if args.log_samples:
-        say(committed_line(run.global_step, run.round_id, run.rank, now))
+        say(committed_line(run.global_step, round_id, run.rank, now))
 
 
 def say_progress(

@@ -143,7 +143,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             if not step.committed:
                 continue
             steady_peak[0] = peak_rss_mb()
-            log_step(args, run, epoch, total, model, optim, sched)
+            log_step(args, run, step.round_id, epoch, total, model, optim, sched)
             if args.sleep:
                 time.sleep(args.sleep)
     whole_model = sharded_fingerprint(model)  # a collective: before the group is gone
@@ -175,6 +175,7 @@ def dump_whole_model(model: Any, path: str, rank: int) -> None:
 def log_step(
     args: argparse.Namespace,
     run: Run,
+    round_id: str,
     epoch: int,
     loss: float,
     model: Any,
@@ -182,7 +183,7 @@ def log_step(
     sched: Any,
 ) -> None:
     now = time.time()
-    say_committed(args, run, now)
+    say_committed(args, run, round_id, now)
     if args.log_state:
         say(
             f"state step={run.global_step} rank={run.rank} world={run.world_size} "

@@ -311,7 +311,7 @@ def train(config: Config) -> dict[str, Any] | None:
             if not step.committed:
                 continue
             if config.log_samples:
-                log(committed_line(run.global_step, run.round_id, run.rank, time.time()))
+                log(committed_line(run.global_step, step.round_id, run.rank, time.time()))
             if len(idx):
                 window_loss += float(sse.item()) / len(idx)
                 window_n += 1

@@ -57,8 +57,8 @@ HANG_TIMEOUT: Final = "ELASTICJOB_HANG_TIMEOUT"
 DESIRED_NODES: Final = "ELASTICJOB_DESIRED_NODES"
 # set in a worker that a warm spare became: when it got its round (unix seconds)
 WORKER_ASSIGNED_AT: Final = "ELASTICJOB_WORKER_ASSIGNED_AT"
-# set per worker and round by elasticjob-run: "<run id>/<rendezvous round>", unique within
-# a job, so a line a worker logs can say which attempt at a step it belongs to (Run.round_id)
+# set per worker and round by elasticjob-run's etcd-v3 rendezvous: "<run id>/<round>", the
+# round every node of the group shares; Run.round_id adds the token rank 0 draws for it
 ROUND_ID: Final = "ELASTICJOB_ROUND_ID"
 
 DEFAULT_RDZV_BACKEND: Final = "etcd-v3"

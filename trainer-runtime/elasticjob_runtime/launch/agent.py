@@ -302,25 +302,21 @@ class MembershipAwareAgent(TorchAgent):
         self._channel.forget_workers()
         super().stop_workers(worker_group)
 
-    def _round_id(self, worker_group: WorkerGroup, generation: int) -> str:
-        """``<run id>/<round>``: the rendezvous round every node of the group shares, or
-        with torch's own backends this agent's count of rounds."""
-        run_id = worker_group.spec.rdzv_handler.get_run_id()
-        if self._membership is not None:
-            return f"{run_id}/{self._membership.round_number}"
-        return f"{run_id}/g{generation}"
-
     def start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
         self._channel.clear_group_broken()
         self._generation += 1
         generation, kind, running = self._generation, self._next_start, self.workers_context
         spares = self._spares
 
-        round_id = self._round_id(worker_group, generation)
+        # the etcd-v3 rendezvous round every node of the group shares (torch's own
+        # backends have none: the workers' Run then names its group by the run id alone)
+        membership, run_id = self._membership, worker_group.spec.rdzv_handler.get_run_id()
+        round_id = f"{run_id}/{membership.round_number}" if membership is not None else ""
 
         def start(**kwargs: Any) -> PContext:
             for env in kwargs["envs"].values():
-                env[contract.ROUND_ID] = round_id
+                if round_id:
+                    env[contract.ROUND_ID] = round_id
             self._channel.deliver(generation, kwargs["envs"], kind.abort)
             if kind.in_place and running is not None:
                 return running

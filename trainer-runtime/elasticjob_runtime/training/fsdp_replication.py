@@ -253,7 +253,7 @@ class FSDPReplication:
         newest = max(step for step, _, _ in holdings)
         holders = complete_holders(holdings, newest) if newest >= 0 else None
         rollback = None
-        if holders is None and newest >= 0:
+        if holders is None:  # also when a rollback broke while forming: nobody holds a step
             rollback = copy_holders([CopyHolding(*r[3:]) for r in rows])
             if rollback is not None and rollback.step < self.checkpoints.newest_step(rounds.device):
                 rollback = None  # the checkpoint is newer than the copies
@@ -275,7 +275,9 @@ class FSDPReplication:
             log.warning(
                 "%s; the group goes back to step %d, whose every shard a survivor holds "
                 "(shard copies)",
-                why_not_in_memory(holdings, newest),
+                why_not_in_memory(holdings, newest)
+                if newest >= 0
+                else "the last round broke while it formed",
                 rollback.step,
             )
             own, buddy = self._own, self._buddy

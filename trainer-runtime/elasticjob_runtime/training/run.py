@@ -196,9 +196,10 @@ class Run:
 
     @property
     def round_id(self) -> str:
-        """Names the rendezvous round this rank's group formed in, unique within a job
-        (``<run id>/<round>``): a line logged in a step with it says which attempt at the
-        step it belongs to, since a dropped step is redone only in a later round."""
+        """Names the group this rank is in, the same on every rank of it and new each
+        time a group forms (``<run id>/<rendezvous round>.<token>``): a line logged in a
+        step with it says which attempt at the step it belongs to, since a dropped step
+        is redone only in a later group. ``outcome.round_id`` keeps the step's own."""
         return self._rounds.round_id
 
     @property
@@ -329,6 +330,7 @@ class Run:
     def _form(self) -> None:
         """Bring every rank to the newest step, with the model wrapped for this round."""
         assert self._replica is not None
+        self._rounds.agree_round_id()
         self.resumed_from = self._replica.form(self._rounds, self.timings)
         checked = time.monotonic()
         self._loop.check("after the group formed")

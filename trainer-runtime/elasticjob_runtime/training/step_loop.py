@@ -59,6 +59,7 @@ class StepOutcome:
     """What ``with run.step() as outcome:`` tells the code after the block."""
 
     committed: bool = False  # False: the step was dropped (the group broke in it)
+    round_id: str = ""  # the round the step ran in (Run.round_id as it began)
 
 
 class StepLoop:
@@ -207,7 +208,7 @@ class StepLoop:
         next_step = self._state.step + 1
         if self.seed is not None:
             seed_all(step_seed(self.seed, next_step, self._rounds.rank))
-        outcome = StepOutcome()
+        outcome = StepOutcome(round_id=self._rounds.round_id)
         self._cast_vote()
         try:
             yield outcome
@@ -226,9 +227,11 @@ class StepLoop:
             self._regroup(True)
             return
         self._phase = "idle"
+        generation = self._rounds.generation
         self._commit()
         outcome.committed = True
-        self._check_due()
+        if self._rounds.generation == generation:  # else the commit's follow-up regrouped:
+            self._check_due()  # the new group checks at its own first step, all together
 
     def _commit(self) -> None:
         st = self._state

@@ -16,6 +16,7 @@ import os
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from datetime import timedelta
 
@@ -106,6 +107,7 @@ class WorkerRounds:
         self._timeout = timedelta(seconds=timeout_s) if timeout_s else timedelta(minutes=30)
         self.group: RoundGroup = round_group(backend)
         self._aborted_generation = -1
+        self._round_token = ""  # agree_round_id
         self._closed = threading.Event()
         self._parent = os.getppid()  # the agent; a worker whose agent died stops waiting
         self._watcher: threading.Thread | None = None
@@ -128,13 +130,21 @@ class WorkerRounds:
 
     @property
     def round_id(self) -> str:
-        """The round this group formed in (``contract.ROUND_ID``); outside elasticjob-run,
-        the launcher's run id and restart count."""
-        found = self.assignment.env.get(contract.ROUND_ID)
-        if found:
-            return found
-        run_id = os.environ.get("TORCHELASTIC_RUN_ID", "local")
-        return f"{run_id}/restart{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+        """The group this rank is in: the rendezvous round (``contract.ROUND_ID``, from
+        elasticjob-run's etcd rendezvous; the run id alone with torch's own) and the token
+        its rank 0 drew when it formed (:meth:`agree_round_id`), so it is the same on every
+        rank of the group and new at every formation, wherever round numbers restart."""
+        base = self.assignment.env.get(contract.ROUND_ID) or os.environ.get(
+            "TORCHELASTIC_RUN_ID", "local"
+        )
+        return f"{base}.{self._round_token}" if self._round_token else base
+
+    def agree_round_id(self) -> None:
+        """Every rank of the group just formed takes rank 0's new token (a collective)."""
+        from elasticjob_runtime.checkpoints.state_transfer import broadcast_bytes
+
+        token = uuid.uuid4().hex[:8].encode() if self.rank == 0 else b""
+        self._round_token = broadcast_bytes(token, 0, self.device).decode()
 
     @property
     def device(self) -> torch.device:
