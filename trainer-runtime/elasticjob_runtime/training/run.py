@@ -395,7 +395,7 @@ class Run:
 
     def _committed(self) -> None:
         """After each commit: a SIGTERM saves this step and exits 143; the interval's
-        checkpoint; rank 0's progress record; what the replication keeps (shard copies)."""
+        checkpoint; rank 0's progress record."""
         step = self.global_step
         self.ckpt.mark_step(step)
         if step % self.checkpoint_interval == 0:
@@ -409,14 +409,6 @@ class Run:
                 world_size=self.world_size,
                 checkpoint_error=self.ckpt.save_error,
             )
-        assert self._replica is not None
-        try:
-            self._replica.committed(step, self._rounds)
-        except Exception as exc:
-            if not self._rounds.group_broke(exc):
-                raise
-            log.warning("after step %d the group broke: %s", step, str(exc).splitlines()[0])
-            self._regroup(True)  # the step stands: peers without it get it
 
     def save(self) -> None:
         """Checkpoint the current step now (e.g. at an epoch's end), besides the interval.

@@ -227,11 +227,13 @@ class StepLoop:
             self._regroup(True)
             return
         self._phase = "idle"
-        generation = self._rounds.generation
         self._commit()
         outcome.committed = True
-        if self._rounds.generation == generation:  # else the commit's follow-up regrouped:
-            self._check_due()  # the new group checks at its own first step, all together
+        # after the commit, collectives the step's group makes together: what the
+        # replication keeps (shard copies), then the agreement check when one is due; a
+        # group that broke in one regroups, and the new group checks at its own first step
+        if self._standing("what the replication keeps", self._keep):
+            self._check_due()
 
     def _commit(self) -> None:
         st = self._state
@@ -240,17 +242,27 @@ class StepLoop:
         self.sampler.advance(self._rounds.world_size * self.batch_size)
         self._committed()
 
-    def _check_due(self) -> None:
-        when = self._agreement.due(self._state.step)
-        if when is None:
-            return
+    def _standing(self, what: str, collective: Callable[[], None]) -> bool:
+        """Run a collective after a commit; False when the group broke in it and this
+        rank regrouped (the step stands: peers without it get it)."""
         try:
-            self.check(when)
+            collective()
         except Exception as exc:
             if not self._rounds.group_broke(exc):
                 raise
-            log.warning("agreement check after step %d broke: %s", self._state.step, exc)
-            self._regroup(True)  # the step stands: peers without it get it
+            log.warning("%s after step %d broke: %s", what, self._state.step, exc)
+            self._regroup(True)
+            return False
+        return True
+
+    def _keep(self) -> None:
+        assert self.replica is not None, "a step commits only once the model is wrapped"
+        self.replica.committed(self._state.step, self._rounds)
+
+    def _check_due(self) -> None:
+        when = self._agreement.due(self._state.step)
+        if when is not None:
+            self._standing("agreement check", lambda: self.check(when))
 
     def check(self, when: str) -> None:
         """Compare every rank's state now (agreement.py); a resync plans the round anew."""
