@@ -118,3 +118,30 @@ def test_the_spare_count_is_a_number_of_processes_or_unset() -> None:
         with pytest.raises(ValueError, match="ELASTICJOB_WARM_SPARE_COUNT\\): give the number"):
             spare_count_option(bad)
     assert args_for("--warm-spare-count=1").warm_spare_count == "1"  # type: ignore[attr-defined]
+
+
+def test_a_signal_stop_exits_128_plus_the_signal_and_a_second_sigterm_cannot_change_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Python's exit puts SIGTERM back to its default action; a kubelet's SIGTERM that
+    lands there (after a departure that went by its mark) would end us by the signal."""
+    import signal
+
+    from torch.distributed.elastic.multiprocessing import SignalException
+
+    from elasticjob_runtime.launch import launcher
+
+    def stopped(*_: object) -> None:
+        raise SignalException("got SIGTERM", sigval=signal.SIGTERM)
+
+    for name in ("PET_RDZV_BACKEND", "ELASTICJOB_HEALTH_PORT", "ELASTICJOB_POD_NAME"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(launcher, "_launch", stopped)
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(SystemExit) as exited:
+            launcher.main(["--rdzv-endpoint=127.0.0.1:2379", "--rdzv-id=job", "train.py"])
+        assert exited.value.code == 143
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGTERM, before)

@@ -6,15 +6,22 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from datetime import timedelta
 
 import pytest
+from torch.distributed import PrefixStore  # type: ignore[attr-defined]
 
+from elasticjob_runtime.launch.channel import Assignment
 from elasticjob_runtime.training.round_group import (
+    RoundSuperseded,
+    never,
     open_sockets,
     opened_between,
     round_group,
+    round_store,
     shut_down,
 )
+from elasticjob_runtime.training.worker_rounds import collective_failed
 
 
 def test_shutting_down_recorded_sockets_fails_a_blocked_read_and_spares_listeners() -> None:
@@ -51,3 +58,76 @@ def test_a_recorded_descriptor_reused_by_another_socket_is_not_touched() -> None
 def test_an_unknown_backend_is_refused_by_name() -> None:
     with pytest.raises(ValueError, match="'mpi' is not supported here; use 'gloo' or 'nccl'"):
         round_group("mpi")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _assignment(rank: int, port: int) -> Assignment:
+    env = {
+        "RANK": str(rank),
+        "WORLD_SIZE": "2",
+        "LOCAL_RANK": "0",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+    }
+    return Assignment(2, env)
+
+
+def test_a_build_whose_rank_0_never_serves_gives_up_once_a_newer_round_is_there() -> None:
+    """The regroup that hung CI: its round's rank 0 died before serving the store, and
+    TCPStore's client would retry for the whole group timeout (30 min)."""
+    replaced_at = time.monotonic() + 1.0
+    started = time.monotonic()
+    with pytest.raises(RoundSuperseded, match="out of reach, and a newer round has replaced it"):
+        round_store(
+            _assignment(1, _free_port()),
+            timedelta(minutes=30),
+            superseded=lambda: time.monotonic() >= replaced_at,
+            window=0.5,
+        )
+    assert time.monotonic() - started < 20  # generous: a few windows, not the timeout
+
+
+def test_a_store_connected_after_some_windows_keeps_the_group_timeout() -> None:
+    port = _free_port()
+    connected: list[object] = []
+    client = threading.Thread(
+        target=lambda: connected.append(
+            round_store(_assignment(1, port), timedelta(minutes=7), never, window=0.3)
+        )
+    )
+    client.start()
+    time.sleep(1.0)  # a rank 0 still starting: the client's first windows fail
+    server = round_store(_assignment(0, port), timedelta(minutes=7), never)
+    client.join(timeout=30)
+    assert connected, "the client never connected"
+    store = connected[0]
+    assert isinstance(store, PrefixStore)
+    assert store.underlying_store.timeout == timedelta(minutes=7)
+    store.set("k", "v")
+    assert server.get("k") == b"v"
+
+
+def test_an_abort_while_rank_0_waits_for_a_peer_that_never_comes_fails_the_build() -> None:
+    """Past the store, the waits of a build are the watcher's to abort (worker_rounds)."""
+    group = round_group("gloo")
+    failed: list[BaseException] = []
+
+    def build() -> None:
+        try:
+            group.build(_assignment(0, _free_port()), timedelta(minutes=30))
+        except BaseException as exc:  # the test looks at it
+            failed.append(exc)
+
+    builder = threading.Thread(target=build)
+    builder.start()
+    time.sleep(1.0)
+    group.abort()
+    builder.join(timeout=30)
+    assert not builder.is_alive(), "the build went on waiting after the abort"
+    assert failed and collective_failed(failed[0]), failed
+    group.destroy()

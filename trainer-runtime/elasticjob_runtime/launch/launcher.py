@@ -288,6 +288,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         _launch(args, warm_imports, joined, hang_timeout, spare_count, departure)
     except SignalException as exc:
+        # The stop is under way. Python's exit puts SIGTERM back to its default action, so
+        # a second SIGTERM now (the kubelet's, after a departure that went by its mark)
+        # would end us by the signal instead of with the status we chose.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         log.info("stopped by %s", signal.Signals(exc.sigval).name)
         raise SystemExit(128 + int(exc.sigval)) from None
     finally:

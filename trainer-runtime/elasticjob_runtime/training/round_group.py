@@ -7,6 +7,12 @@ timeout (30 min by default). :class:`RoundGroup` is the one interface for that:
 ``build`` a round's default group, ``abort`` it from any thread so that a collective
 blocked in it fails now, ``destroy`` what is left.
 
+A build can outlive its round: a worker regrouping into round N connects to the store
+that round N's rank 0 serves, and when that rank died before serving it, the agent has
+already formed round N+1. TCPStore's client retries its connect for the whole group
+timeout; ``build`` connects in short windows instead and gives up with
+:class:`RoundSuperseded` once ``superseded()`` says a newer round is there.
+
 * **gloo** has no abort. Every socket the group opened is recorded when it is built
   (the store connection and gloo's full mesh, which it connects eagerly); ``abort``
   shuts them down. The blocked collective's reads fail at once and it raises in the
@@ -23,6 +29,8 @@ import os
 import re
 import socket
 import threading
+import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Protocol
@@ -36,6 +44,19 @@ from elasticjob_runtime.launch.channel import Assignment
 log = logging.getLogger(__name__)
 
 _SOCKET = re.compile(r"socket:\[(\d+)\]")
+
+# How long one connect to a round's store may take before the build asks whether the
+# round is still wanted: long enough that a rank 0 still starting (its imports) costs no
+# retry, short enough that a dead one costs seconds, not the group timeout.
+STORE_CONNECT_WINDOW_S = 5.0
+
+
+class RoundSuperseded(dist.DistError):
+    """The round being built was left behind: a newer one was formed, or the agent left."""
+
+
+def never() -> bool:
+    return False
 
 
 def open_sockets() -> dict[int, int]:
@@ -86,8 +107,12 @@ class RoundGroup(Protocol):
 
     device: torch.device
 
-    def build(self, assignment: Assignment, timeout: timedelta) -> None:
-        """Create the round's store and default process group (every member calls it)."""
+    def build(
+        self, assignment: Assignment, timeout: timedelta, superseded: Callable[[], bool] = never
+    ) -> None:
+        """Create the round's store and default process group (every member calls it);
+        :class:`RoundSuperseded` when ``superseded()`` turns true while the store is
+        out of reach (``abort`` covers the waits after it connected)."""
 
     def abort(self) -> None:
         """Make collectives blocked in this group fail now; safe from any thread."""
@@ -96,19 +121,38 @@ class RoundGroup(Protocol):
         """Release the group (after ``abort`` or at the end of training)."""
 
 
-def _store_for(assignment: Assignment, timeout: timedelta) -> Store:
+def round_store(
+    assignment: Assignment,
+    timeout: timedelta,
+    superseded: Callable[[], bool],
+    window: float = STORE_CONNECT_WINDOW_S,
+) -> Store:
     """The round's TCPStore (rank 0 serves it, as torch's ``env://`` does) under the
-    round's own key prefix."""
+    round's own key prefix, connected in ``window``-long tries (module docstring)."""
     host, port = assignment.master
-    store = TCPStore(
-        host,
-        port,
-        assignment.world_size,
-        is_master=assignment.rank == 0,
-        timeout=timeout,
-        wait_for_workers=False,
-        multi_tenant=True,
-    )
+    deadline = time.monotonic() + timeout.total_seconds()
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            store = TCPStore(
+                host,
+                port,
+                assignment.world_size,
+                is_master=assignment.rank == 0,
+                timeout=timedelta(seconds=max(min(window, left), 0.001)),
+                wait_for_workers=False,
+                multi_tenant=True,
+            )
+            break
+        except dist.DistNetworkError:
+            if superseded():
+                raise RoundSuperseded(
+                    f"the round's store at {host}:{port} was out of reach, and a newer round "
+                    "has replaced it"
+                ) from None
+            if time.monotonic() >= deadline:
+                raise
+    store.set_timeout(timeout)
     return PrefixStore(assignment.store_prefix(), store)
 
 
@@ -121,9 +165,11 @@ class GlooRoundGroup:
         self._sockets: dict[int, int] = {}
         self._lock = threading.Lock()
 
-    def build(self, assignment: Assignment, timeout: timedelta) -> None:
+    def build(
+        self, assignment: Assignment, timeout: timedelta, superseded: Callable[[], bool] = never
+    ) -> None:
         before = open_sockets()
-        store = _store_for(assignment, timeout)
+        store = round_store(assignment, timeout, superseded)
         with self._lock:  # an abort while gloo connects fails the store's waits
             self._sockets = opened_between(before, open_sockets())
         dist.init_process_group(
@@ -155,10 +201,12 @@ class NcclRoundGroup:
         self._lock = threading.Lock()
         self._live = False
 
-    def build(self, assignment: Assignment, timeout: timedelta) -> None:
+    def build(
+        self, assignment: Assignment, timeout: timedelta, superseded: Callable[[], bool] = never
+    ) -> None:
         dist.init_process_group(
             "nccl",
-            store=_store_for(assignment, timeout),
+            store=round_store(assignment, timeout, superseded),
             rank=assignment.rank,
             world_size=assignment.world_size,
             timeout=timeout,

@@ -111,6 +111,7 @@ class WorkerRounds:
         self._closed = threading.Event()
         self._parent = os.getppid()  # the agent; a worker whose agent died stops waiting
         self._watcher: threading.Thread | None = None
+        self._building = False  # regroup() is building the next round's group
         self.on_leave: Callable[[], None] = lambda: None  # runs before HandedOver exits
         started = time.monotonic()
         self.group.build(self.assignment, self._timeout)
@@ -161,6 +162,11 @@ class WorkerRounds:
         latest = self.channel.latest()
         return latest is not None and latest.generation > self.generation
 
+    def superseded(self) -> bool:
+        """Is the round this worker took already left behind (its agent formed a newer
+        one, or is gone)?"""
+        return self.switch_pending() or self.orphaned()
+
     def handed_over(self) -> bool:
         """Did this node leave the job (channel.py, ``handed-over``)?"""
         return self.channel is not None and self.channel.handed_over()
@@ -197,7 +203,9 @@ class WorkerRounds:
             latest = channel.latest()
             generation = self.generation
             newer = latest is not None and latest.generation > generation
-            if not self.orphaned() and not (newer and latest is not None and latest.abort):
+            # a round still being built is given up for any newer one: it cannot form
+            wanted = latest is not None and (latest.abort or self._building)
+            if not self.orphaned() and not (newer and wanted):
                 continue
             if self._aborted_generation < generation:
                 self._aborted_generation = generation
@@ -229,7 +237,11 @@ class WorkerRounds:
             waited = time.monotonic() - started
             try:
                 built = time.monotonic()
-                self.group.build(assignment, self._timeout)
+                self._building = True
+                try:
+                    self.group.build(assignment, self._timeout, self.superseded)
+                finally:
+                    self._building = False
                 rebuild({"wait": waited, "process_group": time.monotonic() - built})
             except Exception as exc:
                 if not collective_failed(exc):
