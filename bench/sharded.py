@@ -11,10 +11,14 @@ DCP checkpoint, runs under each torchrun launcher. Same flags, same seed.
   inside it), ours (shard copies every 10 steps, the default) beside each other launcher
   (``bench.real_scripts``' steady state); ``fsdp-throughput-no-copies``: the same with
   ``--copy-every=0`` under ours.
+* ``fsdp-throughput-saving``: the same window with a DCP save every
+  :data:`CHECKPOINT_INTERVAL` steps inside it; ours writes its saves in the background
+  (checkpoints/sharded.py), the plain script on its training thread, so the target is
+  to be ahead (1.0).
 * ``fsdp-worker-kill``, ``fsdp-node-kill``, ``fsdp-scale-up``: ``bench.run``'s
   worker-kill, node-kill and scale-up with these scripts.
 
-``--scenarios fsdp`` runs the five (not in the default set). The model (29M parameters:
+``--scenarios fsdp`` runs the six (not in the default set). The model (29M parameters:
 8 blocks of width 512, a 4096-token vocabulary) makes a step of about half a second at
 world 2 on 2 cores (63M, width 768, took 1.4 s: too slow for a bench that trains 40 steps
 before each fault); it is checkpointed every :data:`CHECKPOINT_INTERVAL` steps.
@@ -40,7 +44,8 @@ FAULTS = {  # -> bench.run's scenario
 }
 THROUGHPUT = "fsdp-throughput"
 THROUGHPUT_NO_COPIES = "fsdp-throughput-no-copies"
-SCENARIOS = (THROUGHPUT, THROUGHPUT_NO_COPIES, *FAULTS)
+THROUGHPUT_SAVING = "fsdp-throughput-saving"
+SCENARIOS = (THROUGHPUT, THROUGHPUT_NO_COPIES, THROUGHPUT_SAVING, *FAULTS)
 CHECKPOINT_INTERVAL = 10
 WINDOW = (10, 60)  # steps whose samples/s is the steady state
 ARGS = [
@@ -64,6 +69,12 @@ THROUGHPUT_ARGS = [
     *(a for a in ARGS if not a.startswith(("--steps=", "--checkpoint-interval="))),
     f"--steps={WINDOW[1] + 10}",
     f"--checkpoint-interval={WINDOW[1] + 10}",  # no save inside the window
+]
+# the same window with a DCP save every CHECKPOINT_INTERVAL steps in it: ours writes in
+# the background, the plain script (as written for torchrun) on the training thread
+SAVING_ARGS = [
+    *(a for a in ARGS if not a.startswith("--steps=")),
+    f"--steps={WINDOW[1] + 10}",
 ]
 # (scenario, summary key, metric, target in seconds or None): issue 35's targets
 TARGETS = (
@@ -102,7 +113,16 @@ STEADY_NO_COPIES = real_scripts.Steady(
     _baseline_name,
     ours_args=("--copy-every=0",),
 )
-STEADIES = (STEADY, STEADY_NO_COPIES)
+STEADY_SAVING = real_scripts.Steady(
+    THROUGHPUT_SAVING,
+    CASE + f", a DCP save every {CHECKPOINT_INTERVAL} steps",
+    script_for,
+    tuple(SAVING_ARGS),
+    WINDOW,
+    1.0,
+    _baseline_name,
+)
+STEADIES = (STEADY, STEADY_NO_COPIES, STEADY_SAVING)
 
 
 def expand(scenarios: Iterable[str]) -> list[str]:

@@ -69,8 +69,7 @@ def main() -> None:
             os.kill(os.getppid(), signal.SIGKILL)
             os.kill(os.getpid(), signal.SIGKILL)
         if step == _at("STOP_AT_STEP"):
-            run.save()
-            run.ckpt.wait()
+            run.save(wait=True)
             print(f"stopped at step {step} rank={run.rank}", flush=True)
             os._exit(0)
         if step == _at("LEAVE_AT_STEP") - 1:

@@ -18,11 +18,12 @@ def test_each_launcher_runs_the_script_written_for_it() -> None:
     assert restart.env == {"ELASTICJOB_IN_PLACE": "0"} and ours.env == {}
 
 
-def test_the_group_expands_to_its_steady_state_and_its_three_faults() -> None:
+def test_the_group_expands_to_its_steady_states_and_its_three_faults() -> None:
     assert sharded.expand(["worker-kill", "fsdp", "fsdp-scale-up"]) == [
         "worker-kill",
         "fsdp-throughput",
         "fsdp-throughput-no-copies",
+        "fsdp-throughput-saving",
         "fsdp-worker-kill",
         "fsdp-node-kill",
         "fsdp-scale-up",
@@ -62,3 +63,15 @@ def test_the_steady_state_window_holds_no_save_and_ends_before_the_run_does() ->
     # the figure without copies turns them off under ours only (the plain script has none)
     assert sharded.STEADY_NO_COPIES.ours_args == ("--copy-every=0",)
     assert not sharded.STEADY.ours_args
+
+
+def test_the_saving_window_saves_every_interval_inside_it_under_both_scripts() -> None:
+    args = dict(a.removeprefix("--").split("=", 1) for a in sharded.SAVING_ARGS)
+    first, last = sharded.WINDOW
+    interval = int(args["checkpoint-interval"])
+    assert interval == sharded.CHECKPOINT_INTERVAL and (last - first) // interval >= 4
+    assert int(args["steps"]) > last
+    assert sharded.STEADY_SAVING.ours_args == ()  # the same flags for both scripts
+    runs = [Throughput("elasticjob-run", 0, 10.5), Throughput("torchrun-c10d", 0, 10.0)]
+    fig = real_scripts.throughput_figure(sharded.STEADY_SAVING, runs, "torchrun-c10d")
+    assert (fig.scenario, fig.ratio, fig.met) == ("fsdp-throughput-saving", 1.05, True)

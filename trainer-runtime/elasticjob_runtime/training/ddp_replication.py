@@ -59,5 +59,8 @@ class DDPReplication:
         if step not in (self._ckpt.saved_step, self._ckpt.pending_step):
             self._ckpt.save(self._state.objects(), step)
 
+    def flush_saves(self) -> None:
+        """Nothing: the Run's CheckpointManager finishes its own save (Run.finish)."""
+
     def committed(self, step: int, rounds: WorkerRounds) -> None:
         """Nothing: every rank holds the whole state, and a peer's copy is one away."""

@@ -359,13 +359,16 @@ class FSDPReplication:
         return self.checkpoints.saved_step
 
     def save(self, step: int) -> None:
-        if step == self.checkpoints.saved_step:
+        if step in (self.checkpoints.saved_step, self.checkpoints.pending_step):
             return
         model, optim = self.model, self.optimizer
         msd = model_state(model)
         osd = made_optimizer_state(model, optim)
         replicated = serialize(self._replicated(model, osd))
         self.checkpoints.save(step, sharded_entries(msd, osd), replicated)
+
+    def flush_saves(self) -> None:
+        self.checkpoints.close()
 
     def committed(self, step: int, rounds: WorkerRounds) -> None:
         """Every ``copy_every`` steps and at a round's first: a snapshot of this rank's

@@ -64,6 +64,10 @@ class Replication(Protocol):
         """Checkpoint ``step`` unless it is saved or being saved; every rank calls it."""
         ...
 
+    def flush_saves(self) -> None:
+        """Finish the checkpoint in flight before the worker exits; every rank calls it."""
+        ...
+
     def committed(self, step: int, rounds: WorkerRounds) -> None:
         """After ``step`` committed, on every rank: keep what a lost rank's peers would
         need (FSDP2's shard copies); a collective that fails here means the group broke."""

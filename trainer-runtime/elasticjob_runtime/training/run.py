@@ -150,7 +150,10 @@ class Run:
         ``async_checkpoint``: a save copies the state to CPU on the training thread and
         serialises, hashes and writes it in a thread (one save in flight); the price is
         one CPU copy of the state kept between saves. False writes on the training
-        thread (a 53 MB state: 0.27 s a save here, an fsync the most of it)."""
+        thread (a 53 MB state: 0.27 s a save here, an fsync the most of it). A sharded
+        model (``run.shard``) saves the same way, every rank its own shards, and rank 0
+        commits the checkpoint once every rank's part is written
+        (:mod:`elasticjob_runtime.checkpoints.sharded`)."""
         if checkpoint_interval < 1:
             raise ValueError(f"checkpoint_interval must be at least 1 (got {checkpoint_interval})")
         self._agreement = Agreement(check_every, on_divergence)
@@ -299,7 +302,11 @@ class Run:
             raise RuntimeError("the model is wrapped already: call run.wrap or run.shard once")
         self._state.sampler = sampler
         self.ckpt.untrack()  # sharded state is saved by every rank together, not on SIGTERM
-        checkpoints = ShardedCheckpoints(self.ckpt.directory, self.ckpt.keep)
+        checkpoints = ShardedCheckpoints(
+            self.ckpt.directory, self.ckpt.keep, background=self.ckpt.async_save
+        )
+        # a hand-over finishes this rank's part of a save in flight
+        self._rounds.on_leave = checkpoints.wait_own_part
         replica = FSDPReplication(
             build, self._state, checkpoints, self._hook_optimizer, self._loop.seed, copy_every
         )
@@ -410,14 +417,19 @@ class Run:
                 checkpoint_error=self.ckpt.save_error,
             )
 
-    def save(self) -> None:
-        """Checkpoint the current step now (e.g. at an epoch's end), besides the interval.
+    def save(self, *, wait: bool = False) -> None:
+        """Checkpoint the current step now (e.g. at an epoch's end), besides the interval;
+        every rank calls it. ``wait``: return only once the checkpoint is written (and,
+        sharded, committed), e.g. before the script exits without :meth:`finish`.
 
         A save that failed on a full or read-only directory is tried again at the next
         call (its error is in ``ckpt.save_error`` and the job's progress)."""
         if self._replica is None:
             raise RuntimeError("call run.wrap(...) or run.shard(...) first")
         self._replica.save(self.global_step)
+        if wait:
+            self.ckpt.wait()
+            self._replica.flush_saves()
 
     # -- regrouping (worker_rounds.py)
 
@@ -461,7 +473,7 @@ class Run:
             self.ckpt.mark_step(self.global_step)  # SIGTERM during the last step: save, exit 143
         if self._state.live:
             self.ckpt.wait()  # an interval save of this step that failed is made again
-            self.save()
+            self.save(wait=True)
         self._rounds.settle(lambda: self._regroup(failed=False))
         self.ckpt.close()
         if self.reporter is not None:
