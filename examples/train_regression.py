@@ -289,25 +289,33 @@ def train(config: Config) -> dict[str, Any] | None:
     for epoch in run.epochs(config.epochs, max_steps=config.steps):
         for idx in run.batches(torch.tensor, config.batch_size):
             xb, yb = x_train[idx.long()], y_train[idx.long()]
-            with run.step() as step:
-                if config.log_samples:  # before the gradient's allreduce (sample_audit.py)
-                    log(
-                        samples_line(
-                            run.global_step + 1,
-                            epoch,
-                            run.world_size,
-                            run.rank,
-                            run.round_id,
-                            idx.tolist(),
-                            time.time(),
+            step = None
+            try:
+                with run.step() as step:
+                    if config.log_samples:  # before the gradient's allreduce (sample_audit.py)
+                        log(
+                            samples_line(
+                                run.global_step + 1,
+                                epoch,
+                                run.world_size,
+                                run.rank,
+                                run.round_id,
+                                idx.tolist(),
+                                time.time(),
+                            )
                         )
-                    )
-                # DDP averages gradients over ranks; scaling the sum by world/global_batch
-                # makes it the gradient of the mean over the whole global batch.
-                sse = ((ddp(xb) - yb) ** 2).sum()
-                optim.zero_grad(set_to_none=True)
-                (sse * (run.world_size / run.global_batch)).backward()
-                optim.step()
+                    # DDP averages gradients over ranks; scaling the sum by world/global_batch
+                    # makes it the gradient of the mean over the whole global batch.
+                    sse = ((ddp(xb) - yb) ** 2).sum()
+                    optim.zero_grad(set_to_none=True)
+                    (sse * (run.world_size / run.global_batch)).backward()
+                    optim.step()
+            except SystemExit:
+                # SIGTERM saved this step at its boundary and exits 143 from inside run.step():
+                # the step committed, and its record must say so (sample_audit.py)
+                if config.log_samples and step is not None and step.committed:
+                    log(committed_line(run.global_step, step.round_id, run.rank, time.time()))
+                raise
             if not step.committed:
                 continue
             if config.log_samples:

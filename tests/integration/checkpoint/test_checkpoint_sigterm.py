@@ -6,6 +6,7 @@ The test file doubles as the worker: ``python test_checkpoint_sigterm.py <dir> <
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -16,6 +17,8 @@ from typing import IO
 
 import pytest
 from conftest import EtcdServer, launcher_argv
+
+from bench.harness import REPO
 
 pytestmark = pytest.mark.integration
 
@@ -242,6 +245,47 @@ def test_sigterm_to_the_agent_leaves_a_checkpoint_of_the_last_ddp_step(
     assert consumed == 32 * step
     assert took < 25.0  # well inside the agent's 30 s before SIGKILL
     print(f"agent SIGTERM to exit with checkpoint of DDP step {step}: {took:.2f} s")
+
+
+def test_a_step_the_example_saved_on_sigterm_is_on_its_samples_record_as_committed(
+    tmp_path: Path,
+) -> None:
+    """The example exits 143 from inside ``run.step()`` once SIGTERM saved the step; the
+    e2e preemption test read that step as never committed, and its samples as skipped."""
+    sys.path.insert(0, str(REPO / "examples"))
+    import sample_audit
+
+    cmd = [
+        sys.executable,
+        "-u",
+        str(REPO / "examples" / "train_regression.py"),
+        "--steps=10000",
+        "--sleep=0.1",
+        "--log-samples=1",
+        "--log-every=1",
+        f"--checkpoint-dir={tmp_path / 'ckpt'}",
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    lines: list[str] = []
+    try:
+        deadline = time.monotonic() + START_BOUND_S
+        for line in proc.stdout:
+            lines.append(line.rstrip("\n"))
+            if line.startswith("step=5 "):
+                break
+            assert time.monotonic() < deadline, "training never reached step 5"
+        proc.send_signal(signal.SIGTERM)  # most likely in the sleep after a step
+        lines += proc.communicate(timeout=EXIT_BOUND_S)[0].splitlines()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 128 + signal.SIGTERM, "\n".join(lines[-20:])
+    records = sample_audit.parse_all(lines)
+    trained = max(r.step for r in records if isinstance(r, sample_audit.Samples))
+    assert any(re.search(rf"SIGTERM: saved step {trained}\b", line) for line in lines), lines[-10:]
+    assert max(sample_audit.committed_attempts(records)) == trained, lines[-10:]
 
 
 if __name__ == "__main__":

@@ -227,8 +227,10 @@ class StepLoop:
             self._regroup(True)
             return
         self._phase = "idle"
-        self._commit()
+        # Committed before the commit's side effects: a SIGTERM saves this step there and
+        # exits 143 from inside the block's end, and the script may still record it.
         outcome.committed = True
+        self._commit()
         # after the commit, collectives the step's group makes together: what the
         # replication keeps (shard copies), then the agreement check when one is due; a
         # group that broke in one regroups, and the new group checks at its own first step
