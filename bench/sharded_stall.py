@@ -8,9 +8,10 @@ torchrun does: every rank writes its part and waits for the rest), then
 copied to CPU and planned on the training thread, written in a thread), and its
 ``close`` (the background write and the commit, which training does not wait for); each
 twice, the second measured (from its second save on, ours copies into the first one's
-buffers, as in a training loop). The order alternates between repetitions. The figure is rank 0's training-thread stall, ours
-beside ``dcp.save``; the background write's own seconds go in the note, since on cores
-that training already fills, that work still competes with it.
+buffers, as in a training loop). The order alternates between repetitions. The figure
+is rank 0's training-thread stall, ours beside ``dcp.save``; the background write's own
+seconds go in the note, since on cores that training already fills, that work still
+competes with it.
 
 ``python -m bench.sharded_stall --sizes 100MB 1GB --reps 3``.
 """
