@@ -69,6 +69,10 @@ def test_a_dead_workers_children_are_killed_with_it_and_training_goes_on(
             wait_for("the job to finish", lambda p=proc: p.poll(), 300, log)
             assert proc.returncode == 0, log.read_text()[-3000:]
         assert len(list(orphans.iterdir())) == 3  # 2 workers, 1 restarted after the kill
+    except BaseException:
+        for agent_log in sorted(tmp_path.glob("agent-*.log")):  # wait_for shows a's alone
+            print(f"--- {agent_log.name}\n{agent_log.read_text()[-4000:]}")
+        raise
     finally:  # the children still alive (those of workers that succeeded are not the rule's)
         for pid in still_running(int(p.read_text()) for p in orphans.iterdir()):
             os.kill(pid, signal.SIGKILL)
