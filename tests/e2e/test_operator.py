@@ -720,13 +720,19 @@ def test_an_evicted_worker_is_replaced_without_spending_the_backoff_limit(
         "-",
         input=json.dumps(eviction),
     )
-    wait_for(
-        "a new evict-worker-0",
-        lambda: (
-            (p := c.running_workers(ns, name).get("evict-worker-0")) is not None
-            and p.metadata.uid != old_uid
-        ),
-    )
+    try:
+        wait_for(
+            "a new evict-worker-0",
+            lambda: (
+                (p := c.running_workers(ns, name).get("evict-worker-0")) is not None
+                and p.metadata.uid != old_uid
+            ),
+        )
+    except AssertionError as exc:  # once, in a full run, no replacement came in 180 s
+        pods = c.kubectl("-n", ns, "get", "pods", "-o", "wide", check=False).stdout
+        raise AssertionError(
+            f"{exc}\n--- status\n{c.status(ns, name)}\n--- pods\n{pods}\n{operator_log(c)[-6000:]}"
+        ) from exc
     status = c.status(ns, name)
     assert status.get("phase") != "Failed", status
     assert status["restartCount"] == 0 and status["replicaStatuses"]["Worker"]["failed"] == 0
