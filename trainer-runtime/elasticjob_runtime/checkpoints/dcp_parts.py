@@ -60,7 +60,6 @@ class SaveParts:
     def __init__(self, state: dict[str, Any], path: Path, rank: int, coordinator: bool) -> None:
         self.planner: SavePlanner = DefaultSavePlanner()
         self.writer = FileSystemWriter(path)
-        self.coordinator = coordinator
         self.planner.set_up_planner(
             state_dict=state, storage_meta=self.writer.storage_meta(), is_coordinator=coordinator
         )

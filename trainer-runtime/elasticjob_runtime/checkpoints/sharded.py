@@ -5,10 +5,10 @@ No rank ever holds the whole model; DCP's metadata records the global layout, so
 checkpoint restores at any world size (``dcp.load`` reads each rank's new rows). A save
 has three parts, so that training waits only for the first:
 
-1. **plan**, on the training thread: each rank copies its shards to CPU (reusing the
-   last save's buffers), DCP's planner gathers the ranks' plans on rank 0 and sends each
-   its part (one gather and one scatter on the round's group); rank 0 clears a save of
-   the same step that never finished.
+1. **plan**, on the training thread: rank 0 draws the save's token (a broadcast), each
+   rank copies its shards to CPU (reusing the last save's buffers), and DCP's planner
+   gathers the ranks' plans on rank 0 and sends each its part (a gather and a scatter,
+   all on the round's group).
 2. **write**, in a thread on every rank, with no collective (a regroup cannot strand
    it): this rank's shards into ``sharded-<step>.<token>.partial/`` (a directory of this
    save's own), then a ``written-<rank>`` file holding DCP's record of what it wrote.
@@ -39,13 +39,19 @@ import threading
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
 from elasticjob_runtime.checkpoints.files import write_atomic
 from elasticjob_runtime.checkpoints.format import deserialize
+
+if TYPE_CHECKING:
+    from torch.distributed.checkpoint.metadata import Metadata
+    from torch.distributed.checkpoint.planner import SavePlan
+
+    from elasticjob_runtime.checkpoints.dcp_parts import SaveParts
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +103,6 @@ class _Save:
     stop: threading.Event = field(default_factory=threading.Event)  # rank 0: stop waiting
     thread: threading.Thread | None = None
     error: BaseException | None = None
-    committed: bool = False
 
 
 class ShardedCheckpoints:
@@ -146,7 +151,7 @@ class ShardedCheckpoints:
 
         def work() -> None:
             self._write_part(save, parts, mine[0], rank)
-            if coordinator and save.error is None:
+            if metadata is not None and save.error is None:  # rank 0 has the metadata
                 self._commit_when_written(save, parts, metadata, world, replicated)
 
         save.thread = threading.Thread(target=work, name=f"sharded-checkpoint-{step}", daemon=True)
@@ -155,7 +160,7 @@ class ShardedCheckpoints:
         if not self.background:
             self.close()
 
-    def _write_part(self, save: _Save, parts: Any, plan: Any, rank: int) -> None:
+    def _write_part(self, save: _Save, parts: SaveParts, plan: SavePlan, rank: int) -> None:
         try:
             results = parts.write(plan)
             write_atomic(save.partial, f"{WRITTEN_PREFIX}{rank}", pickle.dumps(results))
@@ -168,7 +173,7 @@ class ShardedCheckpoints:
             save.written.set()
 
     def _commit_when_written(
-        self, save: _Save, parts: Any, metadata: Any, world: int, replicated: bytes
+        self, save: _Save, parts: SaveParts, metadata: Metadata, world: int, replicated: bytes
     ) -> None:
         """Rank 0's thread: commit once every rank's part is there, or until told to stop
         (then commit only if they all are)."""
@@ -195,7 +200,6 @@ class ShardedCheckpoints:
             final = self.directory / sharded_name(save.step)
             shutil.rmtree(final, ignore_errors=True)
             os.replace(save.partial, final)
-            save.committed = True
             self._prune(save.step)
             self._remove_unfinished(save.step)
         except OSError as exc:
