@@ -25,7 +25,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import WORKERS, EtcdServer, start, still_running, wait_for
+from conftest import WORKERS, EtcdServer, still_running, wait_for
+from two_nodes import start_two_nodes, steps_of, workers_of
 
 from bench.harness import wait_for as poll
 
@@ -39,14 +40,6 @@ STOPPED_TIMEOUT_S = 60
 DEADLOCK_TIMEOUT_S = 30
 
 
-def steps_of(text: str) -> list[tuple[int, int, int]]:
-    """(step, world size, pid) of every step line, in order."""
-    return [
-        (int(s), int(w), int(p))
-        for s, w, p in re.findall(r"^step=(\d+) .* world=(\d+) .* pid=(\d+) ", text, re.M)
-    ]
-
-
 def train(
     agents: list[subprocess.Popen[bytes]],
     etcd: EtcdServer,
@@ -54,44 +47,18 @@ def train(
     script: list[str],
     timeouts: dict[str, int],
 ) -> tuple[list[subprocess.Popen[bytes]], list[Path]]:
-    """One agent per node in ``timeouts`` (node -> its hang timeout), nproc 1, one run."""
-    run_id = f"frozen-{uuid.uuid4().hex[:8]}"
-    procs, logs = [], []
-    for node, timeout in timeouts.items():
-        log = tmp_path / f"agent-{node}.log"
-        args = [
-            f"--steps={STEPS}",
-            "--epochs=100",
-            "--log-every=1",
-            "--log-ranks=all",
-            "--sleep=0.02",
-            "--checkpoint-interval=10",
-            f"--checkpoint-dir={tmp_path / f'ckpt-{node}'}",
-        ]
-        procs.append(
-            start(
-                agents,
-                etcd,
-                log,
-                [*script, *args],
-                nnodes="2",
-                nproc=1,
-                max_restarts=2,  # a hang costs the agent that declares it one
-                run_id=run_id,
-                launcher_flags=(
-                    f"--hang-timeout={timeout}",
-                    "--redirects=3",
-                    f"--log-dir={tmp_path / f'logs-{node}'}",
-                ),
-                env={"ELASTICJOB_CHECKPOINT_MEMORY_DIR": str(tmp_path / f"shm-{node}")},
-            )
-        )
-        logs.append(log)
-    return procs, logs
-
-
-def workers_of(tmp_path: Path, node: str) -> str:
-    return "\n".join(p.read_text() for p in sorted(tmp_path.glob(f"logs-{node}/**/stdout.log")))
+    """Nodes a and b, each with its hang timeout in ``timeouts``, nproc 1, one run."""
+    return start_two_nodes(
+        agents,
+        etcd,
+        tmp_path,
+        f"frozen-{uuid.uuid4().hex[:8]}",
+        script,
+        steps=STEPS,
+        sleep=0.02,
+        max_restarts=2,  # a hang costs the agent that declares it one
+        flags={node: (f"--hang-timeout={timeout}",) for node, timeout in timeouts.items()},
+    )
 
 
 def freeze_and_see_training_resume(

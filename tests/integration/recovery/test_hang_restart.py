@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 from conftest import WORKERS, EtcdServer, start, still_running, wait_for
+from two_nodes import start_two_nodes, steps_of
+from two_nodes import workers_of as workers_of_node
 
 from bench.harness import wait_for as poll
 from elasticjob_runtime import contract
@@ -31,61 +33,34 @@ STEPS = 400
 FREEZE_AFTER = 30
 
 
-def steps_of(text: str) -> list[tuple[int, int]]:
-    """(step, pid) of every step line, in order."""
-    return [(int(s), int(p)) for s, p in re.findall(r"^step=(\d+) .* pid=(\d+) ", text, re.M)]
-
-
 def test_a_frozen_training_process_restarts_the_group_and_training_goes_on(
     agents: list[subprocess.Popen[bytes]], etcd: EtcdServer, tmp_path: Path
 ) -> None:
     run_id = f"hang-{uuid.uuid4().hex[:8]}"
-    procs, logs = [], []
-    for node in ("a", "b"):
-        log = tmp_path / f"agent-{node}.log"
-        script = [
-            "-m",
-            "elasticjob_examples.train_regression",
-            f"--steps={STEPS}",
-            "--epochs=100",
-            "--log-every=1",
-            "--log-ranks=all",
-            "--sleep=0.02",
-            "--checkpoint-interval=10",
-            f"--checkpoint-dir={tmp_path / f'ckpt-{node}'}",
-        ]
-        procs.append(
-            start(
-                agents,
-                etcd,
-                log,
-                script,
-                nnodes="2",
-                nproc=1,
-                max_restarts=2,  # the hang costs each agent one
-                run_id=run_id,
-                launcher_flags=(
-                    f"--hang-timeout={HANG_TIMEOUT_S}",
-                    "--redirects=3",
-                    f"--log-dir={tmp_path / f'logs-{node}'}",
-                ),
-                env={"ELASTICJOB_CHECKPOINT_MEMORY_DIR": str(tmp_path / f"shm-{node}")},
-            )
-        )
-        logs.append(log)
+    procs, logs = start_two_nodes(
+        agents,
+        etcd,
+        tmp_path,
+        run_id,
+        ["-m", "elasticjob_examples.train_regression"],
+        steps=STEPS,
+        sleep=0.02,
+        max_restarts=2,  # the hang costs each agent one
+        flags={node: (f"--hang-timeout={HANG_TIMEOUT_S}",) for node in "ab"},
+    )
 
     def workers_of(node: str) -> str:
-        return "\n".join(p.read_text() for p in sorted(tmp_path.glob(f"logs-{node}/**/stdout.log")))
+        return workers_of_node(tmp_path, node)
 
     def a_worker_past_the_freeze_step() -> int | None:
-        done = [pid for step, pid in steps_of(workers_of("b")) if step >= FREEZE_AFTER]
+        done = [pid for step, _, pid in steps_of(workers_of("b")) if step >= FREEZE_AFTER]
         return done[-1] if done else None
 
     frozen = wait_for(
         "node b's worker to pass step 30", a_worker_past_the_freeze_step, 180, logs[1]
     )
     os.kill(frozen, signal.SIGSTOP)  # the training process, not its agent
-    frozen_at = max(step for step, pid in steps_of(workers_of("b")) if pid == frozen)
+    frozen_at = max(step for step, _, pid in steps_of(workers_of("b")) if pid == frozen)
 
     try:
         for proc in procs:
@@ -105,9 +80,9 @@ def test_a_frozen_training_process_restarts_the_group_and_training_goes_on(
     assert not still_running([frozen]), "the frozen worker was left behind"
 
     # Training went on past the freeze, in new processes, to the last step.
-    after = [(s, p) for s, p in steps_of(workers_of("b")) if p != frozen]
+    after = [(s, p) for s, _, p in steps_of(workers_of("b")) if p != frozen]
     assert any(pid != frozen and step > frozen_at for step, pid in after)
-    assert max(step for step, _ in steps_of(workers_of("a") + "\n" + workers_of("b"))) == STEPS
+    assert max(step for step, _, _ in steps_of(workers_of("a") + "\n" + workers_of("b"))) == STEPS
 
     # Recorded once for the operator, however many agents noticed.
     client = EtcdClient(parse_endpoints(etcd.endpoint))

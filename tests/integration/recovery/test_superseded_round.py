@@ -22,65 +22,36 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import EtcdServer, start, still_running, wait_for
+from conftest import EtcdServer, still_running, wait_for
+from two_nodes import start_two_nodes, steps_of, workers_of
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 STEPS = 80
 
 
-def steps_of(text: str) -> list[tuple[int, int, int]]:
-    """(step, world size, pid) of every step line, in order."""
-    return [
-        (int(s), int(w), int(p))
-        for s, w, p in re.findall(r"^step=(\d+) .* world=(\d+) .* pid=(\d+) ", text, re.M)
-    ]
-
-
 def test_a_worker_regrouping_into_a_round_whose_rank_0_died_takes_the_newer_round(
     agents: list[subprocess.Popen[bytes]], etcd: EtcdServer, tmp_path: Path
 ) -> None:
     run_id = f"superseded-{uuid.uuid4().hex[:8]}"
-    procs, logs = [], []
-    for node in "ab":
-        log = tmp_path / f"agent-{node}.log"
-        script = [
-            "-m",
-            "elasticjob_examples.train_regression",
-            f"--steps={STEPS}",
-            "--epochs=100",
-            "--log-every=1",
-            "--log-ranks=all",
-            "--sleep=0.05",
-            "--checkpoint-interval=10",
-            f"--checkpoint-dir={tmp_path / f'ckpt-{node}'}",
-        ]
-        procs.append(
-            start(
-                agents,
-                etcd,
-                log,
-                script,
-                nnodes="2",
-                nproc=1,
-                max_restarts=1,
-                run_id=run_id,
-                launcher_flags=("--redirects=3", f"--log-dir={tmp_path / f'logs-{node}'}"),
-                env={"ELASTICJOB_CHECKPOINT_MEMORY_DIR": str(tmp_path / f"shm-{node}")},
-            )
-        )
-        logs.append(log)
-
-    def workers_of(node: str) -> str:
-        return "\n".join(p.read_text() for p in sorted(tmp_path.glob(f"logs-{node}/**/stdout.log")))
+    procs, logs = start_two_nodes(
+        agents,
+        etcd,
+        tmp_path,
+        run_id,
+        ["-m", "elasticjob_examples.train_regression"],
+        steps=STEPS,
+        sleep=0.05,
+        max_restarts=1,
+    )
 
     def pid_past(node: str, step: int) -> int | None:
-        done = [pid for s, _, pid in steps_of(workers_of(node)) if s >= step]
+        done = [pid for s, _, pid in steps_of(workers_of(tmp_path, node)) if s >= step]
         return done[-1] if done else None
 
     def state() -> str:
         sides = "\n".join(f"--- {log.name}\n{log.read_text()[-3000:]}" for log in logs)
-        workers = "\n".join(f"--- {n}'s workers\n{workers_of(n)[-1500:]}" for n in "ab")
+        workers = "\n".join(f"--- {n}'s workers\n{workers_of(tmp_path, n)[-1500:]}" for n in "ab")
         return f"{sides}\n{workers}"
 
     a_worker = wait_for("a's worker to train", lambda: pid_past("a", 10), 180, logs[0])
@@ -108,7 +79,7 @@ def test_a_worker_regrouping_into_a_round_whose_rank_0_died_takes_the_newer_roun
         raise
     for proc, log in zip(procs, logs, strict=True):
         assert proc.returncode == 0, f"{log.name}\n{state()}"
-    a_steps = steps_of(workers_of("a"))
+    a_steps = steps_of(workers_of(tmp_path, "a"))
     assert max(step for step, _, _ in a_steps) == STEPS, state()
     assert {pid for _, _, pid in a_steps} == {a_worker}, "a's worker restarted, not regrouped"
     assert {world for _, world, _ in a_steps} == {2}, state()
