@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import shutil
-import socket
 import statistics
 import tempfile
 import time
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.checkpoint_stall import parse_size, size_label
+from bench.harness import free_port
 from bench.report import Figure, markdown_table
 
 SCENARIO = "sharded-stall"
@@ -76,12 +76,6 @@ def figure(size: str, samples: Sequence[Sample]) -> Figure:
             "same cores"
         ),
     )
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _rank(rank: int, port: int, rows: int, directory: str, ours_first: bool, out: Any) -> None:
@@ -144,7 +138,7 @@ def repetition(nbytes: int, parent: Path | None, rep: int) -> Sample:
     out = ctx.Queue()
     directory = tempfile.mkdtemp(prefix="sharded-stall-", dir=parent)
     try:
-        port, rows = _free_port(), rows_for(nbytes)
+        port, rows = free_port(), rows_for(nbytes)
         procs = [
             ctx.Process(target=_rank, args=(r, port, rows, directory, rep % 2 == 1, out))
             for r in range(2)

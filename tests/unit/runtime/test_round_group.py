@@ -11,6 +11,7 @@ from datetime import timedelta
 import pytest
 from torch.distributed import PrefixStore  # type: ignore[attr-defined]
 
+from bench.harness import free_port
 from elasticjob_runtime.launch.channel import Assignment
 from elasticjob_runtime.training.round_group import (
     RoundSuperseded,
@@ -60,12 +61,6 @@ def test_an_unknown_backend_is_refused_by_name() -> None:
         round_group("mpi")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _assignment(rank: int, port: int) -> Assignment:
     env = {
         "RANK": str(rank),
@@ -84,7 +79,7 @@ def test_a_build_whose_rank_0_never_serves_gives_up_once_a_newer_round_is_there(
     started = time.monotonic()
     with pytest.raises(RoundSuperseded, match="out of reach, and a newer round has replaced it"):
         round_store(
-            _assignment(1, _free_port()),
+            _assignment(1, free_port()),
             timedelta(minutes=30),
             superseded=lambda: time.monotonic() >= replaced_at,
             window=0.5,
@@ -93,7 +88,7 @@ def test_a_build_whose_rank_0_never_serves_gives_up_once_a_newer_round_is_there(
 
 
 def test_a_store_connected_after_some_windows_keeps_the_group_timeout() -> None:
-    port = _free_port()
+    port = free_port()
     connected: list[object] = []
     client = threading.Thread(
         target=lambda: connected.append(
@@ -119,7 +114,7 @@ def test_an_abort_while_rank_0_waits_for_a_peer_that_never_comes_fails_the_build
 
     def build() -> None:
         try:
-            group.build(_assignment(0, _free_port()), timedelta(minutes=30))
+            group.build(_assignment(0, free_port()), timedelta(minutes=30))
         except BaseException as exc:  # the test looks at it
             failed.append(exc)
 

@@ -6,7 +6,6 @@ save one rank could not write is never committed, and goes at the next commit.""
 from __future__ import annotations
 
 import multiprocessing
-import socket
 import threading
 from datetime import timedelta
 from pathlib import Path
@@ -16,6 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from bench.harness import free_port
 from elasticjob_runtime.checkpoints.format import serialize
 from elasticjob_runtime.checkpoints.sharded import (
     ShardedCheckpoints,
@@ -25,12 +25,6 @@ from elasticjob_runtime.checkpoints.sharded import (
 
 ROWS, COLS = 7, 3  # uneven: rank 1 holds fewer rows
 WHOLE = torch.arange(ROWS * COLS, dtype=torch.float32).reshape(ROWS, COLS)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _join(rank: int, port: int) -> Any:
@@ -98,7 +92,7 @@ def _on_two_ranks(target: Any, directory: Path) -> dict[int, Any]:
     """Run ``target(rank, port, directory, out)`` in two spawned processes; what each put."""
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=target, args=(r, port, str(directory), out)) for r in range(2)]
     for proc in procs:
         proc.start()
