@@ -62,6 +62,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--clip", type=float, default=1.0, help="gradient norm clipping (0: off)")
     p.add_argument("--dump", default="", help="rank 0 saves the whole model there at the end")
     p.add_argument(
+        "--shard-group-size",
+        type=int,
+        default=0,
+        help="HSDP: shard over groups of this many ranks, replicate across them (0: FSDP2)",
+    )
+    p.add_argument(
         "--copy-every",
         type=int,
         default=DEFAULT_COPY_EVERY,
@@ -111,7 +117,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     dataset = Sequences(args.samples, args.seq, args.vocab)
     sampler = ElasticSampler(len(dataset), seed=args.seed)  # elastic
     model, optim, state = run.shard(  # elastic
-        sharded_builder(args), sampler, copy_every=args.copy_every
+        sharded_builder(args),
+        sampler,
+        copy_every=args.copy_every,
+        shard_group_size=args.shard_group_size or None,
     )
     sched = state["scheduler"]  # elastic
     loader = run.loader(  # elastic

@@ -4,11 +4,14 @@ trains what an unfaulted run with the same world history trains."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
+import sys
 import uuid
 from pathlib import Path
 
+import torch
 from conftest import WORKERS, EtcdServer, result_of, start, wait_for
 from elasticjob_examples import sample_audit
 
@@ -72,6 +75,37 @@ def assert_same_training(faulted: str, reference: str) -> None:
     assert result_of(faulted) == result_of(reference)
 
 
+# Plain SGD, no clipping, no dropout: an update is the learning rate times the averaged
+# gradient, so a sum where an average belongs shows at once.
+PLAIN_SGD = ("--dropout=0", "--optimizer=sgd", "--clip=0", "--lr=0.5")
+
+
+def assert_trains_like_one_process(
+    sharded: Path, tmp: Path, extra: tuple[str, ...], global_batch: int
+) -> None:
+    """The whole model a sharded run dumped (``--dump``) is, within 1e-5, what one
+    process of examples/train_gpt_fsdp.py trains on the same global batch (``extra`` the
+    sharded run's flags, PLAIN_SGD among them)."""
+    assert SAMPLES % global_batch == 0  # every step a full global batch in both runs
+    alone = tmp / "alone.pt"
+    # micro-batches of global_batch / 2: gpt_args accumulates two
+    batch = f"--batch-size={global_batch // 2}"
+    args = gpt_args(tmp / "one", *extra, batch, f"--dump={alone}")
+    out = subprocess.run(
+        [sys.executable, *args],
+        env={**os.environ, "GPT_SCRIPT": "train_gpt_fsdp"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert result_of(out.stdout)["samples"] == result_of(out.stdout)["steps"] * global_batch
+    ours, theirs = torch.load(sharded), torch.load(alone)
+    assert sorted(ours) == sorted(theirs)
+    worst = max(float((ours[k] - theirs[k]).abs().max()) for k in ours)
+    assert worst < 1e-5, f"the sharded run is {worst} away from one process (at most 1e-5)"
+
+
 def assert_every_sample_once_per_epoch(text: str) -> None:
     """Every step 1..STEPS one full group that committed, every sample once an epoch
     (sample_audit.py: a step dropped in a fault counts only where it was redone)."""
@@ -101,9 +135,10 @@ def run_job(
     expect_ok: bool = True,
     run_id: str | None = None,
     extra: tuple[str, ...] = (),
+    nproc: int = 1,
 ) -> str:
-    """``nodes`` agents of one nproc each; a ``joiner`` agent starts once the log shows
-    that line. Returns every agent's log, joined."""
+    """``nodes`` agents of ``nproc`` workers each; a ``joiner`` agent starts once the log
+    shows that line. Returns every agent's log, joined."""
     tmp.mkdir(parents=True, exist_ok=True)
     run_id = run_id or f"gpt-{uuid.uuid4().hex[:8]}"
     env = {"ELASTICJOB_CHECKPOINT_MEMORY_DIR": str(tmp / "shm"), **env}
@@ -112,7 +147,15 @@ def run_job(
     def agent(log: Path) -> subprocess.Popen[bytes]:
         args = gpt_args(tmp, *extra)
         return start(
-            agents, etcd, log, args, nproc=1, nnodes=nnodes, max_restarts=2, run_id=run_id, env=env
+            agents,
+            etcd,
+            log,
+            args,
+            nproc=nproc,
+            nnodes=nnodes,
+            max_restarts=2,
+            run_id=run_id,
+            env=env,
         )
 
     procs = [agent(log) for log in logs]

@@ -26,8 +26,11 @@ optional):
   in that step (first attempt), so its peers' update ran and their collective fails;
 * ``STOP_AT_STEP``: every worker saves that step and exits 0 (an unfaulted end of one
   world size: a test resumes the checkpoint at another, the reference for a lost node);
+* ``TAMPER_AT_STEP`` / ``TAMPER_RANK``: that rank changes its shard of the first
+  parameter (train_gpt_fsdp: an HSDP replica that no longer matches its peers);
 * ``UNREGISTERED``: names of ``state=`` entries that ``run.wrap`` does not get (the
-  script forgets to register them); ``ON_DIVERGENCE``: the Run's ``on_divergence``.
+  script forgets to register them); ``ON_DIVERGENCE``: the Run's ``on_divergence``;
+  ``CHECK_EVERY``: its ``check_every``.
 """
 
 from __future__ import annotations
@@ -68,6 +71,10 @@ def main() -> None:
         if step == _at("LOSE_NODE_AT_STEP") and rank == os.environ["LOSE_NODE_RANK"]:
             os.kill(os.getppid(), signal.SIGKILL)
             os.kill(os.getpid(), signal.SIGKILL)
+        if step == _at("TAMPER_AT_STEP") and rank == os.environ["TAMPER_RANK"]:
+            model = rest[3]  # train_gpt_fsdp.log_step(args, run, round_id, epoch, loss, model..)
+            with torch.no_grad():
+                next(iter(model.parameters())).to_local().add_(1e-3)
         if step == _at("STOP_AT_STEP"):
             run.save(wait=True)
             print(f"stopped at step {step} rank={run.rank}", flush=True)
@@ -115,7 +122,9 @@ def main() -> None:
     Run.accumulate = faulty_accumulate  # type: ignore[method-assign]
 
     def configured_init(self: Run, **kw: Any) -> None:
-        init(self, **kw, on_divergence=os.environ.get("ON_DIVERGENCE", "stop"))
+        check_every = int(os.environ.get("CHECK_EVERY", "100"))
+        on_divergence = os.environ.get("ON_DIVERGENCE", "stop")
+        init(self, **kw, on_divergence=on_divergence, check_every=check_every)
 
     Run.wrap = forgetful_wrap  # type: ignore[method-assign]
     Run.__init__ = configured_init  # type: ignore[method-assign]

@@ -9,6 +9,7 @@ from torch import nn
 from elasticjob_runtime.training.fingerprint import (
     as_signed,
     disagreements,
+    disagreements_within,
     divergence_message,
     fingerprint,
     tensor_fingerprint,
@@ -103,3 +104,12 @@ def test_sets_and_objects_with_addresses_fingerprint_alike_in_every_process() ->
         for seed in (1, 2, 3)
     }
     assert len(runs) == 1, runs
+
+
+def test_hsdp_replicas_are_compared_within_their_shard_never_across() -> None:
+    # ranks 0 1 / 2 3 of a 2 x 2 mesh: ranks 0 and 2 hold shard 0, ranks 1 and 3 shard 1
+    cohorts = [0, 1, 0, 1]
+    assert disagreements_within(["shards"], cohorts, [[10], [20], [10], [20]]) == []
+    (found,) = disagreements_within(["shards"], cohorts, [[10], [20], [10], [21]])
+    assert found.name == "shards of shard 1"
+    assert set(found.groups) == {(1,), (3,)}  # the ranks' own numbers, not their places

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from elasticjob_runtime.training.current import Current
-from elasticjob_runtime.training.fsdp_replication import built_parts, round_dim, why_not_in_memory
+from elasticjob_runtime.training.fsdp_replication import built_parts, round_dims, why_not_in_memory
 
 
 def test_build_must_return_the_model_and_its_optimizer() -> None:
@@ -23,8 +23,10 @@ def test_a_model_that_was_not_sharded_belongs_to_run_wrap() -> None:
 
 
 def test_each_round_has_a_mesh_dimension_of_its_own() -> None:
-    assert round_dim(3) != round_dim(4)
-    assert round_dim(3) == round_dim(3)  # every member of a round names it alike
+    assert round_dims(3, hsdp=False) != round_dims(4, hsdp=False)
+    assert round_dims(3, hsdp=False) == round_dims(3, hsdp=False)  # every member alike
+    replicate, shard = round_dims(3, hsdp=True)
+    assert replicate != shard and {replicate, shard}.isdisjoint(round_dims(4, hsdp=True))
 
 
 def test_a_current_name_follows_the_object_of_the_round_in_force() -> None:
@@ -39,8 +41,8 @@ def test_a_current_name_follows_the_object_of_the_round_in_force() -> None:
 
 
 def test_the_log_says_why_the_shards_could_not_move_from_memory() -> None:
-    # (step, old rank, old world) by new rank
+    # (step, old shard, old shards) by new rank
     lost = why_not_in_memory([(13, 0, 2), (-1, -1, 0)], 13)
-    assert lost == "the shards of step 13 held by old rank(s) [1] were lost with their process"
+    assert lost == "shard(s) [1] of step 13 (of 2) were lost with every process that held them"
     apart = why_not_in_memory([(13, 0, 2), (12, 1, 2)], 13)
-    assert apart == "old rank(s) [1] hold their shards of an older step than 13"
+    assert apart == "shard(s) [1] are held only at an older step than 13"

@@ -1,6 +1,6 @@
 """Moving dim-0 shards between world sizes (training/reshard.py): the plan against
 ``torch.chunk``, and the exchange over real gloo processes against the rows each new rank
-must hold; and each round's mesh of its own (fsdp_replication.round_dim)."""
+must hold; and each round's mesh of its own (fsdp_replication.round_dims)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ from elasticjob_runtime.training.reshard import (
     chunk_rows,
     complete_holders,
     exchange,
-    old_world_of,
+    old_shards_of,
+    own_shards,
     transfers,
 )
 
@@ -46,8 +47,8 @@ def test_every_new_row_comes_once_from_the_rank_that_held_it(
 ) -> None:
     received: dict[int, list[int]] = {dest: [] for dest in range(new)}
     for move in transfers(rows, old, new, holders):
-        assert move.source == holders[move.old_rank]
-        held = range(*chunk_rows(rows, old, move.old_rank))
+        assert move.source == holders[move.old_shard]
+        held = range(*chunk_rows(rows, old, move.old_shard))
         assert move.start in held and move.stop - 1 in held
         received[move.dest].extend(range(move.start, move.stop))
     for dest, got in received.items():
@@ -55,7 +56,7 @@ def test_every_new_row_comes_once_from_the_rank_that_held_it(
 
 
 def test_a_shard_with_no_holder_cannot_be_moved() -> None:
-    with pytest.raises(ValueError, match=r"old ranks \[1\] have no holder"):
+    with pytest.raises(ValueError, match=r"old shards \[1\] have no holder"):
         transfers(8, 2, 2, {0: 0})
     # an old rank that held no row needs no holder (3 rows over 4 ranks: rank 3 is empty)
     assert transfers(3, 4, 1, {0: 0, 1: 0, 2: 0})
@@ -64,11 +65,46 @@ def test_a_shard_with_no_holder_cannot_be_moved() -> None:
 def test_the_survivors_rebuild_only_a_complete_step() -> None:
     # (step, old rank, old world) by new rank; a joiner holds nothing
     assert complete_holders([(12, 1, 2), (-1, -1, 0), (12, 0, 2)], 12) == {1: 0, 0: 2}
-    assert old_world_of([(12, 1, 2), (-1, -1, 0), (12, 0, 2)], 12) == 2
+    assert old_shards_of([(12, 1, 2), (-1, -1, 0), (12, 0, 2)], 12) == 2
     # old rank 1's shard went with its process
     assert complete_holders([(12, 0, 2), (-1, -1, 0)], 12) is None
     # a rank one step behind holds another step's shard
     assert complete_holders([(12, 0, 2), (11, 1, 2)], 12) is None
+
+
+@pytest.mark.parametrize(
+    ("rows", "old", "new", "new_shards", "own"),
+    [
+        (11, 2, 4, 2, {0: 0, 1: 1}),  # HSDP 1 x 2 joined by a second replica: 2 x 2
+        (11, 2, 3, 3, {0: 0, 1: 1, 2: 0}),  # 2 x 2 lost a rank: one group of 3
+        (11, 3, 4, 2, {0: 0, 1: 1, 2: 2}),  # one group of 3 joined: 2 x 2
+        (7, 2, 4, 2, {0: 0, 1: 1, 2: 0, 3: 1}),  # 2 x 2 again: nothing moves between ranks
+    ],
+)
+def test_hsdp_every_replica_gets_its_rows_and_a_rank_takes_what_it_holds_from_itself(
+    rows: int, old: int, new: int, new_shards: int, own: dict[int, int]
+) -> None:
+    holders = {shard: min(r for r, s in own.items() if s == shard) for shard in range(old)}
+    received: dict[int, list[int]] = {dest: [] for dest in range(new)}
+    for move in transfers(rows, old, new, holders, new_shards, own):
+        expected = move.dest if own.get(move.dest) == move.old_shard else holders[move.old_shard]
+        assert move.source == expected
+        assert own.get(move.source) == move.old_shard  # it sends rows it holds
+        received[move.dest].extend(range(move.start, move.stop))
+    for dest, got in received.items():
+        assert sorted(got) == list(range(*chunk_rows(rows, new_shards, dest % new_shards)))
+    if own == dict(enumerate(s % new_shards for s in range(new))) and old == new_shards:
+        plan = transfers(rows, old, new, holders, new_shards, own)
+        assert all(m.source == m.dest for m in plan)
+
+
+def test_replicas_of_a_shard_make_it_complete_and_the_lowest_sends_it() -> None:
+    # 2 x 2 at step 12 lost new rank 1's peer of shard 1 in the first replica
+    held = [(12, 0, 2), (12, 0, 2), (12, 1, 2), (-1, -1, 0)]
+    assert complete_holders(held, 12) == {0: 0, 1: 2}
+    assert own_shards(held, 12) == {0: 0, 1: 0, 2: 1}
+    # every holder of shard 1 gone: the step cannot be rebuilt from memory
+    assert complete_holders([(12, 0, 2), (12, 0, 2)], 12) is None
 
 
 def _free_port() -> int:
@@ -81,37 +117,57 @@ ROWS, COLS = 11, 3
 WHOLE = torch.arange(ROWS * COLS, dtype=torch.float64).reshape(ROWS, COLS)
 
 
-def _exchange(rank: int, port: int, holders: dict[int, int], old: int, out: Any) -> None:
-    """New rank ``rank`` of 3: it holds the rows of each old rank ``holders`` maps to it."""
+def _exchange(
+    rank: int,
+    port: int,
+    holders: dict[int, int],
+    old: int,
+    out: Any,
+    new_shards: int = 3,
+    own: dict[int, int] | None = None,
+) -> None:
+    """New rank ``rank`` of 3: it holds the rows of each old shard ``holders`` maps to
+    it, and of the one ``own`` says it holds."""
     store = dist.TCPStore(  # type: ignore[attr-defined]
         "127.0.0.1", port, 3, is_master=rank == 0, timeout=timedelta(seconds=60)
     )
     dist.init_process_group("gloo", store=store, rank=rank, world_size=3)
-    mine_old = [r for r, n in holders.items() if n == rank]
+    mine_old = {r for r, n in holders.items() if n == rank} | {
+        s for r, s in (own or {}).items() if r == rank
+    }
     held = {r: WHOLE[slice(*chunk_rows(ROWS, old, r))].clone() for r in mine_old}
-    start, stop = chunk_rows(ROWS, 3, rank)
+    start, stop = chunk_rows(ROWS, new_shards, rank % new_shards)
     mine = torch.full((stop - start, COLS), float("nan"), dtype=torch.float64)
-    exchange(held, mine, ROWS, old, holders, rank, 3)
+    exchange(held, mine, ROWS, old, holders, rank, 3, new_shards, own)
     out.put((rank, mine.tolist()))
     dist.destroy_process_group()
 
 
 @pytest.mark.parametrize(
-    ("old", "holders"),
-    [(2, {0: 2, 1: 0}), (3, {0: 1, 1: 2, 2: 0}), (4, {0: 0, 1: 0, 2: 1, 3: 2})],
+    ("old", "holders", "new_shards", "own"),
+    [
+        (2, {0: 2, 1: 0}, 3, None),
+        (3, {0: 1, 1: 2, 2: 0}, 3, None),
+        (4, {0: 0, 1: 0, 2: 1, 3: 2}, 3, None),
+        (2, {0: 0, 1: 1}, 1, {0: 0, 1: 1, 2: 0}),
+    ],
     ids=[
         "a joiner at rank 1, survivors renumbered",
         "same world, every rank moved",
         "a rank sends its own rows and a copy of a lost peer's",
+        "HSDP: three replicas of one shard from two, each taking its own from itself",
     ],
 )
 def test_the_exchange_leaves_each_rank_exactly_its_new_rows(
-    old: int, holders: dict[int, int]
+    old: int, holders: dict[int, int], new_shards: int, own: dict[int, int] | None
 ) -> None:
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_exchange, args=(r, port, holders, old, out)) for r in range(3)]
+    procs = [
+        ctx.Process(target=_exchange, args=(r, port, holders, old, out, new_shards, own))
+        for r in range(3)
+    ]
     for proc in procs:
         proc.start()
     got = dict(out.get(timeout=120) for _ in procs)
@@ -119,7 +175,7 @@ def test_the_exchange_leaves_each_rank_exactly_its_new_rows(
         proc.join(timeout=60)
         assert proc.exitcode == 0
     for rank in range(3):
-        assert got[rank] == WHOLE[slice(*chunk_rows(ROWS, 3, rank))].tolist()
+        assert got[rank] == WHOLE[slice(*chunk_rows(ROWS, new_shards, rank % new_shards))].tolist()
 
 
 def _coordinates(index: int, ports: list[int], out: Any) -> None:
@@ -129,7 +185,7 @@ def _coordinates(index: int, ports: list[int], out: Any) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from elasticjob_runtime.training.fsdp_replication import round_dim
+    from elasticjob_runtime.training.fsdp_replication import round_dims
 
     for generation, port in enumerate(ports):
         rank = index if generation == 0 else 1 - index
@@ -137,7 +193,7 @@ def _coordinates(index: int, ports: list[int], out: Any) -> None:
             "127.0.0.1", port, 2, is_master=rank == 0, timeout=timedelta(seconds=60)
         )
         dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
-        mesh = init_device_mesh("cpu", (2,), mesh_dim_names=(round_dim(generation),))
+        mesh = init_device_mesh("cpu", (2,), mesh_dim_names=round_dims(generation, hsdp=False))
         model = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 4))
         fully_shard(model[0], mesh=mesh)
         fully_shard(model, mesh=mesh)

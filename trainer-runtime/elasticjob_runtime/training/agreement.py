@@ -26,6 +26,7 @@ from elasticjob_runtime.training.fingerprint import (
     DivergenceError,
     as_signed,
     disagreements,
+    disagreements_within,
     divergence_message,
     fingerprint,
 )
@@ -87,8 +88,14 @@ class Agreement:
         if rounds.world_size < 2:
             return False
         checked = replica.checked()
-        mine = [as_signed(fingerprint(obj)) for obj in checked.values()]
-        found = disagreements(list(checked), gather_rows(mine, rounds.device))
+        cohort, alike = replica.checked_within_replicas()
+        mine = [cohort, *(as_signed(fingerprint(v)) for v in (*checked.values(), *alike.values()))]
+        rows = gather_rows(mine, rounds.device)
+        split = 1 + len(checked)
+        found = disagreements(list(checked), [row[1:split] for row in rows])
+        found += disagreements_within(
+            list(alike), [row[0] for row in rows], [row[split:] for row in rows]
+        )
         if not found:
             return False
         message = divergence_message(step, when, found)

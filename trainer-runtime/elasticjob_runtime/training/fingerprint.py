@@ -54,15 +54,26 @@ def tensor_fingerprint(tensor: torch.Tensor) -> int:
 
 def sharded_fingerprint(obj: Any) -> int:
     """:func:`fingerprint` of the whole of a sharded model or optimizer, the same at any
-    world size: each DTensor counts by its global shape and the sum of every rank's rows
-    (one all-reduce a tensor over the default group, so every rank calls it). For tests
-    and logs of small models: it is a collective per tensor."""
+    world size and mesh: each DTensor counts by its global shape and the sum of its rows
+    over one replica (HSDP's other replicas hold the same rows and add nothing), one
+    all-reduce a tensor over the default group, so every rank calls it. For tests and
+    logs of small models: it is a collective per tensor."""
     import torch.distributed as dist
-    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor import DTensor, Replicate
+
+    def first_replica(value: DTensor) -> bool:
+        coordinate = list(value.device_mesh.get_coordinate() or ())
+        return all(
+            c == 0
+            for c, p in zip(coordinate, value.placements, strict=True)
+            if isinstance(p, Replicate)
+        )
 
     def whole(value: Any) -> Any:
         if isinstance(value, DTensor):
             total = bit_sum(value.to_local())
+            if not first_replica(value):
+                total.zero_()
             dist.all_reduce(total)
             return ("dtensor", str(value.dtype), tuple(value.shape), int(total.item()))
         if isinstance(value, Mapping):
@@ -150,6 +161,20 @@ def disagreements(names: Sequence[str], rows: Sequence[Sequence[int]]) -> list[D
         if len(by_value) > 1:
             groups = sorted(by_value.values(), key=lambda ranks: (-len(ranks), ranks))
             found.append(Disagreement(name, tuple(tuple(g) for g in groups)))
+    return found
+
+
+def disagreements_within(
+    names: Sequence[str], cohorts: Sequence[int], rows: Sequence[Sequence[int]]
+) -> list[Disagreement]:
+    """:func:`disagreements` among the ranks of each cohort (``cohorts[r]`` is rank r's:
+    HSDP's ranks that hold one shard), never across cohorts; ranks as in ``rows``."""
+    found = []
+    for cohort in sorted(set(cohorts)):
+        members = [rank for rank, c in enumerate(cohorts) if c == cohort]
+        for d in disagreements(names, [rows[m] for m in members]):
+            groups = tuple(tuple(members[i] for i in group) for group in d.groups)
+            found.append(Disagreement(f"{d.name} of shard {cohort}", groups))
     return found
 
 

@@ -12,7 +12,8 @@ Two things FSDP2's own reduce-scatter gets wrong or cannot do here:
 * **Each rank counts by its share of the global batch** once ``run.loader`` is in use, as
   the DDP hook does (grad_allreduce.py): this rank's unsharded gradients are multiplied by
   ``share * world_size`` before the sum, so FSDP2's division leaves ``share``; a filler
-  batch (no sample) counts for zero.
+  batch (no sample) counts for zero. With HSDP the shard group's sum is then summed over
+  the replicas (FSDP2's all-reduce), and FSDP2 divides by the whole world all the same.
 
 It is FSDP2's public ``FSDPModule.set_custom_reduce_scatter`` hook; torch's comm
 interface is duck-typed here (``allocate`` and the call), its base class being private.
@@ -56,8 +57,8 @@ class WeighedReduceScatter:
         share = batch_share(self.shares)
         if share == 0:
             input_tensor.zero_()  # a filler batch: not a multiplication (its NaN times 0 is NaN)
-        elif share is not None:
-            input_tensor.mul_(share * group.size())
+        elif share is not None:  # FSDP2 divides by every data-parallel rank (HSDP's too)
+            input_tensor.mul_(share * dist.get_world_size())
         work: dist.Work | None = dist.reduce_scatter_tensor(
             output_tensor, input_tensor, op=dist.ReduceOp.SUM, group=group, async_op=async_op
         )

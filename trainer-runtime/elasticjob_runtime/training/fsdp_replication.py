@@ -47,7 +47,13 @@ from elasticjob_runtime.training.fsdp_reduce_scatter import (
     install,
 )
 from elasticjob_runtime.training.grad_allreduce import Shares
-from elasticjob_runtime.training.reshard import complete_holders, exchange, old_world_of
+from elasticjob_runtime.training.mesh_shape import MeshShape, mesh_shape, shape_note
+from elasticjob_runtime.training.reshard import (
+    complete_holders,
+    exchange,
+    old_shards_of,
+    own_shards,
+)
 from elasticjob_runtime.training.sampler import ElasticSampler
 from elasticjob_runtime.training.shard_copies import (
     NO_COPIES,
@@ -68,11 +74,12 @@ Build = Callable[[Any], tuple[Any, ...]]
 
 @dataclass
 class HeldShards:
-    """What a rank keeps of a round it leaves: its shards and the replicated state."""
+    """What a rank keeps of a round it leaves: its shard (index ``shard`` of the
+    ``shards`` the state was cut into) and the replicated state."""
 
     step: int
-    old_rank: int
-    old_world: int
+    shard: int
+    shards: int
     pieces: dict[str, torch.Tensor] = field(default_factory=dict)  # piece_name -> local rows
     replicated: bytes = b""
 
@@ -91,25 +98,27 @@ def sharded_pieces(msd: Mapping[str, Any], osd: Mapping[str, Any]) -> dict[str, 
     return out
 
 
-def round_dim(generation: int) -> str:
-    """The name of a round's mesh dimension, its own each round. torch's DTensor caches
+def round_dims(generation: int, hsdp: bool) -> tuple[str, ...]:
+    """The names of a round's mesh dimensions, its own each round. torch's DTensor caches
     its sharding decisions by mesh, and two meshes of one shape are equal whatever rank
     this process has in them (torch 2.13): a rank that moved from 0 to 1 got its old
     round's mesh, and its shards claimed rank 0's rows. A name per round tells them apart."""
-    return f"shard_round{generation}"
+    shard = f"shard_round{generation}"
+    return (f"replicate_round{generation}", shard) if hsdp else (shard,)
 
 
 def why_not_in_memory(held: list[tuple[int, int, int]], newest: int) -> str:
     """Why the survivors cannot rebuild step ``newest`` from memory, in one clause."""
-    world = old_world_of(held, newest)
+    shards = old_shards_of(held, newest)
     at_newest = {old for step, old, _ in held if step == newest}
-    behind = sorted({old for step, old, w in held if w == world and old >= 0} - at_newest)
-    lost = sorted(set(range(world)) - at_newest - set(behind))
+    behind = sorted({old for step, old, n in held if n == shards and old >= 0} - at_newest)
+    lost = sorted(set(range(shards)) - at_newest - set(behind))
     if lost:
         return (
-            f"the shards of step {newest} held by old rank(s) {lost} were lost with their process"
+            f"shard(s) {lost} of step {newest} (of {shards}) were lost with every process "
+            "that held them"
         )
-    return f"old rank(s) {behind} hold their shards of an older step than {newest}"
+    return f"shard(s) {behind} are held only at an older step than {newest}"
 
 
 def is_sharded(value: Any) -> bool:
@@ -193,12 +202,17 @@ class FSDPReplication:
         on_optimizer: Callable[[torch.optim.Optimizer], None],
         seed: int | None,
         copy_every: int = 0,
+        shard_group_size: int | None = None,
     ) -> None:
         self._build, self._state, self.checkpoints = build, state, checkpoints
         self._on_optimizer, self._seed = on_optimizer, seed
         self._comm = WeighedReduceScatter()
         self._held: HeldShards | None = None
-        self._rank, self._world = 0, 1
+        self._rank = 0
+        self.shard_group_size = shard_group_size  # None: FSDP2; a size: HSDP (mesh_shape.py)
+        self.shape = MeshShape(1, 1)  # the round's
+        self._mesh: Any = None
+        self._noted: set[str] = set()  # shape notes logged once each
         self.copy_every = copy_every  # shard_copies.py; 0: no copies
         self._own: Snapshot | None = None  # this rank's shards at the last copy
         self._buddy: Snapshot | None = None  # its predecessor's, at the same step
@@ -224,9 +238,19 @@ class FSDPReplication:
 
         self._state.module = self._state.optimizer = None  # the old round's go first
         self._state.registered = {}
+        self._mesh = None
+        hsdp = self.shard_group_size is not None
+        shape = mesh_shape(rounds.world_size, self.shard_group_size)
+        note = shape_note(shape, self.shard_group_size)
+        if note is not None and note not in self._noted:
+            self._noted.add(note)
+            log.warning("%s", note)
         mesh = init_device_mesh(
-            rounds.device.type, (rounds.world_size,), mesh_dim_names=(round_dim(rounds.generation),)
+            rounds.device.type,
+            (shape.replicas, shape.shard) if hsdp else (shape.shard,),
+            mesh_dim_names=round_dims(rounds.generation, hsdp),
         )
+        self.shape, self._mesh = shape, mesh
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0 if self._seed is None else self._seed)
             if on_meta:
@@ -247,7 +271,7 @@ class FSDPReplication:
     def form(self, rounds: WorkerRounds, timings: dict[str, float]) -> str:
         started = time.monotonic()
         held = self._held
-        mine = [held.step, held.old_rank, held.old_world] if held else [-1, -1, 0]
+        mine = [held.step, held.shard, held.shards] if held else [-1, -1, 0]
         rows = gather_rows([*mine, *self._copies().row()], rounds.device)
         holdings = [(r[0], r[1], r[2]) for r in rows]
         newest = max(step for step, _, _ in holdings)
@@ -263,9 +287,11 @@ class FSDPReplication:
         built = time.monotonic()
         if holders is not None:
             src = min(holders.values())
-            pieces = {held.old_rank: held.pieces} if held else {}
+            pieces = {held.shard: held.pieces} if held else {}
             data = held.replicated if held and rounds.rank == src else b""
-            self._reshard(pieces, data, holders, old_world_of(holdings, newest), rounds, src)
+            old_shards = old_shards_of(holdings, newest)
+            kept = own_shards(holdings, newest)
+            self._reshard(pieces, data, holders, old_shards, rounds, src, kept)
             resumed = (
                 f"own memory at step {newest}"
                 if held and held.step == newest
@@ -294,7 +320,7 @@ class FSDPReplication:
                 )
             resumed = self._restore(rounds)
         self._held = None
-        self._rank, self._world = rounds.rank, rounds.world_size
+        self._rank = rounds.rank
         self._state.live = True
         timings["build"] = built - started
         timings["restore"] = time.monotonic() - built
@@ -310,7 +336,7 @@ class FSDPReplication:
             module.reshard()  # type: ignore[operator]  # a step dropped mid-forward
         msd = model_state(model)
         osd = optimizer_state(model, optim)
-        held = HeldShards(st.step, self._rank, self._world)
+        held = HeldShards(st.step, self.shape.shard_index(self._rank), self.shape.shard)
         held.pieces = {name: v.to_local() for name, v in sharded_pieces(msd, osd).items()}
         held.replicated = serialize(self._replicated(model, osd))
         self._held = held
@@ -328,9 +354,22 @@ class FSDPReplication:
             **st.registered,
         }
 
-    def resync(self, rounds: WorkerRounds) -> None:
-        """Every rank takes rank 0's replicated state (its shards are its own)."""
+    def checked_within_replicas(self) -> tuple[int, dict[str, Any]]:
+        """HSDP: the shards, which every replica holds alike; pure FSDP: nothing (no two
+        ranks hold the same shard)."""
+        index = self.shape.shard_index(self._rank)
+        if self.shape.replicas < 2:
+            return index, {}
         model, optim = self.model, self.optimizer
+        pieces = sharded_pieces(model_state(model), optimizer_state(model, optim))
+        return index, {"shards": {name: v.to_local() for name, v in pieces.items()}}
+
+    def resync(self, rounds: WorkerRounds) -> None:
+        """Every rank takes rank 0's replicated state (its shards are its own); with HSDP
+        every replica takes the first replica's shards too."""
+        model, optim = self.model, self.optimizer
+        if self.shape.replicas > 1:
+            self._resync_shards(model, optim)
         data = (
             serialize(self._replicated(model, optimizer_state(model, optim)))
             if rounds.rank == 0
@@ -372,7 +411,11 @@ class FSDPReplication:
 
     def committed(self, step: int, rounds: WorkerRounds) -> None:
         """Every ``copy_every`` steps and at a round's first: a snapshot of this rank's
-        shards, and a copy of them to its buddy (shard_copies.py)."""
+        shards, and a copy of them to its buddy (shard_copies.py). Not with HSDP replicas:
+        every shard is held by another replica already."""
+        if self.shape.replicas > 1:
+            self._own = self._buddy = None  # an older round's copies: no longer kept fresh
+            return
         if self.copy_every < 1 or rounds.world_size < 2:
             return
         if step % self.copy_every and self._copied_in == rounds.generation:
@@ -451,22 +494,27 @@ class FSDPReplication:
         pieces: Mapping[int, Mapping[str, torch.Tensor]],
         data: bytes,
         holders: Mapping[int, int],
-        old_world: int,
+        old_shards: int,
         rounds: WorkerRounds,
         src: int,
+        own: Mapping[int, int] | None = None,
     ) -> None:
         """The replicated state (``data``) from rank ``src``, then every shard to its new
-        owner, one tensor at a time: ``pieces`` are the rows this rank holds, by old rank
-        (its own shards, or snapshots of its and its predecessor's). What it holds stays
-        whole until the round stands: a group that breaks while forming tries again."""
+        owners, one tensor at a time: ``pieces`` are the rows this rank holds, by old
+        shard (its own, or snapshots of its and its predecessor's); ``holders`` and
+        ``own`` say who sends what (reshard.py). What it holds stays whole until the round
+        stands: a group that breaks while forming tries again."""
         from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
         model, rank, world = self.model, rounds.rank, rounds.world_size
         replicated = deserialize(broadcast_bytes(data, src, rounds.device), source=f"rank {src}")
+        new_shards = self.shape.shard
 
         def move(name: str, target: Any) -> None:
-            held = {old: rows[name] for old, rows in pieces.items() if holders.get(old) == rank}
-            exchange(held, target.to_local(), target.shape[0], old_world, holders, rank, world)
+            held = {old: rows[name] for old, rows in pieces.items()}
+            rows = target.shape[0]
+            out = target.to_local()
+            exchange(held, out, rows, old_shards, holders, rank, world, new_shards, own)
 
         msd = model_state(model)
         for fqn in sorted(k for k, v in msd.items() if is_sharded(v)):
@@ -480,6 +528,18 @@ class FSDPReplication:
                 for key in sorted(k for k, v in entries.items() if is_sharded(v)):
                     move(piece_name("optim", fqn, key), entries[key])
         self._load_replicated(replicated, osd)
+
+    def _resync_shards(self, model: nn.Module, optim: torch.optim.Optimizer) -> None:
+        """Every replica's shards from the first replica's rank of the same shard, over
+        the mesh's replicate groups, in place."""
+        import torch.distributed as dist
+
+        group = self._mesh.get_group(0)  # this rank's replicate group
+        src = self.shape.shard_index(self._rank)  # its first replica's global rank
+        pieces = sharded_pieces(model_state(model), optimizer_state(model, optim))
+        with torch.no_grad():
+            for name in sorted(pieces):
+                dist.broadcast(pieces[name].to_local(), src=src, group=group)
 
     def _restore(self, rounds: WorkerRounds) -> str:
         """The newest sharded checkpoint, or a fresh start."""

@@ -9,8 +9,9 @@ rendezvous backend behind ``rendezvous/api.py``:
 
 * :mod:`elasticjob_runtime.training.ddp_replication`: the whole model on every rank,
   DDP each round; state reaches a rank as one peer's whole copy; one file per checkpoint.
-* :mod:`elasticjob_runtime.training.fsdp_replication`: FSDP2 shards, the model rebuilt on
-  each round's mesh; shards move between ranks' memory (reshard.py); DCP checkpoints.
+* :mod:`elasticjob_runtime.training.fsdp_replication`: FSDP2 or HSDP shards, the model
+  rebuilt on each round's mesh (mesh_shape.py); shards move between ranks' memory
+  (reshard.py); DCP checkpoints.
 """
 
 from __future__ import annotations
@@ -40,6 +41,13 @@ class Replication(Protocol):
 
     def checked(self) -> dict[str, Any]:
         """What every rank must hold identically, by name (agreement.py compares it)."""
+        ...
+
+    def checked_within_replicas(self) -> tuple[int, dict[str, Any]]:
+        """What the ranks that hold the same shard must hold identically (HSDP's
+        replicas of one shard), by name, with the index of this rank's shard: compared
+        among the ranks of each index, never across. Empty where no two ranks hold the
+        same shard; the same names on every rank."""
         ...
 
     def resync(self, rounds: WorkerRounds) -> None:

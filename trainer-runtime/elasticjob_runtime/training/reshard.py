@@ -1,16 +1,19 @@
-"""Moving dim-0 shards from one world size to another, from the survivors' memory.
+"""Moving dim-0 shards from one mesh to another, from the survivors' memory.
 
 FSDP2 shards every parameter (and the optimizer's state of it) along dim 0 the way
-``torch.chunk`` does: ``ceil(rows / world)`` rows a rank, the last ranks short or empty.
-When the world changes in place, each rank of the new round needs rows that old ranks
-held; every old rank's rows are still in the memory of the survivor that was that rank.
-:func:`transfers` is the plan (pure): which new rank sends which rows to which.
-:func:`exchange` carries one tensor's plan out in a single ``all_to_all_single``, so a
-rank holds at most its old shard, its new one and one tensor's buffers at a time, and
-nobody ever holds a whole parameter it does not own.
+``torch.chunk`` does: ``ceil(rows / shards)`` rows a shard, the last ones short or empty.
+Pure FSDP cuts as many shards as there are ranks; HSDP cuts one per rank of a shard group
+and every replica holds them all (mesh_shape.py: rank ``r`` holds shard ``r % shards``).
+When the world changes in place, each rank of the new round needs rows of shards that
+old ranks held, and every old shard is still in the memory of a survivor that held it.
+:func:`transfers` is the plan (pure): which new rank sends which rows to which; a rank
+that holds rows it needs takes them from itself. :func:`exchange` carries one tensor's
+plan out in a single ``all_to_all_single``, so a rank holds at most its old shard, its
+new one and one tensor's buffers at a time, and nobody ever holds a whole parameter it
+does not own.
 
-A DCP save at the old world and a load at the new one give the same rows (DCP reads
-the same ``torch.chunk`` layout), which tests/integration/recovery/test_fsdp_in_place.py
+A DCP save at the old mesh and a load at the new one give the same rows (DCP reads the
+same ``torch.chunk`` layout), which tests/integration/recovery/test_fsdp_in_place.py
 checks bitwise.
 """
 
@@ -35,107 +38,129 @@ def chunk_rows(rows: int, world_size: int, rank: int) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class Transfer:
-    """Rows ``[start, stop)`` that new rank ``source`` (which was old rank ``old_rank``)
-    sends to new rank ``dest``."""
+    """Rows ``[start, stop)`` of old shard ``old_shard`` that new rank ``source`` sends
+    to new rank ``dest``."""
 
     source: int
     dest: int
-    old_rank: int
+    old_shard: int
     start: int
     stop: int
 
 
 def transfers(
-    rows: int, old_world: int, new_world: int, holders: Mapping[int, int]
+    rows: int,
+    old_shards: int,
+    new_world: int,
+    holders: Mapping[int, int],
+    new_shards: int | None = None,
+    own: Mapping[int, int] | None = None,
 ) -> list[Transfer]:
-    """Every move that takes a dim of ``rows`` from ``old_world`` shards to ``new_world``.
+    """Every move that takes a dim of ``rows`` cut into ``old_shards`` to a round of
+    ``new_world`` ranks cut into ``new_shards`` (default: one a rank), new rank ``d``
+    wanting shard ``d % new_shards``.
 
-    ``holders`` maps each old rank to the new rank that holds its rows; a rank that
-    already holds rows it keeps sends them to itself. Raises when an old rank whose rows
-    are not empty has no holder (its shard is gone: the caller restores from elsewhere).
+    ``holders`` maps each old shard to the new rank that sends its rows; ``own`` maps a
+    new rank to the old shard it holds itself, which it takes from itself instead. Raises
+    when an old shard whose rows are not empty has no holder (it is gone: the caller
+    restores from elsewhere).
     """
+    new_shards = new_world if new_shards is None else new_shards
+    own = own or {}
     missing = [
-        r
-        for r in range(old_world)
-        if r not in holders
-        and chunk_rows(rows, old_world, r)[0] < chunk_rows(rows, old_world, r)[1]
+        s
+        for s in range(old_shards)
+        if s not in holders
+        and chunk_rows(rows, old_shards, s)[0] < chunk_rows(rows, old_shards, s)[1]
     ]
     if missing:
-        raise ValueError(f"old ranks {missing} have no holder in the new world")
+        raise ValueError(f"old shards {missing} have no holder in the new world")
     out = []
     for dest in range(new_world):
-        want_start, want_stop = chunk_rows(rows, new_world, dest)
-        for old_rank in range(old_world):
-            have_start, have_stop = chunk_rows(rows, old_world, old_rank)
+        want_start, want_stop = chunk_rows(rows, new_shards, dest % new_shards)
+        for old_shard in range(old_shards):
+            have_start, have_stop = chunk_rows(rows, old_shards, old_shard)
             start, stop = max(want_start, have_start), min(want_stop, have_stop)
             if start < stop:
-                out.append(Transfer(holders[old_rank], dest, old_rank, start, stop))
+                source = dest if own.get(dest) == old_shard else holders[old_shard]
+                out.append(Transfer(source, dest, old_shard, start, stop))
     return out
 
 
 def complete_holders(held: Sequence[tuple[int, int, int]], newest: int) -> dict[int, int] | None:
-    """Which new rank holds each old rank's shard, or None when the survivors at step
-    ``newest`` cannot rebuild it (a shard lost with its rank, or held at another step).
+    """Which new rank sends each old shard (the lowest that holds it), or None when the
+    survivors at step ``newest`` cannot rebuild the step (a shard lost with every rank
+    that held it, or held at another step).
 
-    ``held[new_rank] = (step, old_rank, old_world)``, ``old_rank`` -1 for a rank that
-    holds no shard (a joiner)."""
+    ``held[new_rank] = (step, old_shard, old_shards)``, ``old_shard`` -1 for a rank that
+    holds none (a joiner)."""
     at_newest = [
-        (new, old, world)
-        for new, (step, old, world) in enumerate(held)
+        (new, old, shards)
+        for new, (step, old, shards) in enumerate(held)
         if old >= 0 and step == newest
     ]
-    worlds = {world for _, _, world in at_newest}
-    if len(worlds) != 1:
+    cuts = {shards for _, _, shards in at_newest}
+    if len(cuts) != 1:
         return None
-    (old_world,) = worlds
-    holders = {old: new for new, old, _ in at_newest}
-    if sorted(holders) != list(range(old_world)):
+    (old_shards,) = cuts
+    holders: dict[int, int] = {}
+    for new, old, _ in at_newest:
+        holders.setdefault(old, new)
+    if sorted(holders) != list(range(old_shards)):
         return None
     return holders
 
 
-def old_world_of(held: Sequence[tuple[int, int, int]], newest: int) -> int:
-    """The world size the shards at step ``newest`` were cut for."""
-    return next(world for step, old, world in held if old >= 0 and step == newest)
+def own_shards(held: Sequence[tuple[int, int, int]], newest: int) -> dict[int, int]:
+    """New rank -> the old shard of step ``newest`` it holds itself."""
+    return {new: old for new, (step, old, _) in enumerate(held) if old >= 0 and step == newest}
+
+
+def old_shards_of(held: Sequence[tuple[int, int, int]], newest: int) -> int:
+    """How many shards the state at step ``newest`` was cut into."""
+    return next(shards for step, old, shards in held if old >= 0 and step == newest)
 
 
 def exchange(
     held: Mapping[int, torch.Tensor],
     out: torch.Tensor,
     rows: int,
-    old_world: int,
+    old_shards: int,
     holders: Mapping[int, int],
     rank: int,
     new_world: int,
+    new_shards: int | None = None,
+    own: Mapping[int, int] | None = None,
 ) -> None:
     """Fill ``out``, this rank's new shard of one tensor of ``rows`` rows; every rank
     calls it for the same tensor, in the same order.
 
-    ``held`` maps each old rank this rank holds the rows of (its own, or a copy of a
-    peer's: shard_copies.py) to those rows; ``holders`` says which new rank sends each
-    old rank's rows. The rows it sends and receives go in one ``all_to_all_single`` over
-    the default group."""
+    ``held`` maps each old shard this rank holds the rows of (its own, or a copy of a
+    peer's: shard_copies.py) to those rows; ``holders``, ``new_shards`` and ``own`` are
+    :func:`transfers`'. The rows it sends and receives go in one ``all_to_all_single``
+    over the default group."""
     row_numel = out[0].numel() if out.shape[0] else _row_numel(held.values())
-    plan = transfers(rows, old_world, new_world, holders)
+    plan = transfers(rows, old_shards, new_world, holders, new_shards, own)
     send_counts, recv_counts = [0] * new_world, [0] * new_world
     pieces: list[torch.Tensor] = []
-    # to each destination in old-rank order, as the receiver reads them
-    for move in sorted((m for m in plan if m.source == rank), key=lambda m: (m.dest, m.old_rank)):
-        local = held.get(move.old_rank)
+    # to each destination in old-shard order, as the receiver reads them
+    for move in sorted((m for m in plan if m.source == rank), key=lambda m: (m.dest, m.old_shard)):
+        local = held.get(move.old_shard)
         assert local is not None, "a rank with rows to send holds them"
-        held_from = chunk_rows(rows, old_world, move.old_rank)[0]
+        held_from = chunk_rows(rows, old_shards, move.old_shard)[0]
         send_counts[move.dest] += (move.stop - move.start) * row_numel
         pieces.append(local[move.start - held_from : move.stop - held_from].reshape(-1))
-    receiving = sorted((m for m in plan if m.dest == rank), key=lambda m: (m.source, m.old_rank))
+    receiving = sorted((m for m in plan if m.dest == rank), key=lambda m: (m.source, m.old_shard))
     for move in receiving:
         recv_counts[move.source] += (move.stop - move.start) * row_numel
     send = torch.cat(pieces) if pieces else out.new_empty(0)
     received = out.new_empty(sum(recv_counts))
     dist.all_to_all_single(received, send, recv_counts, send_counts)
     del send, pieces
-    # pieces arrive in source-rank order, and from one source in old-rank order
+    # pieces arrive in source-rank order, and from one source in old-shard order
     flat, offset = out.view(-1), 0
-    first = chunk_rows(rows, new_world, rank)[0]
+    cut = new_world if new_shards is None else new_shards
+    first = chunk_rows(rows, cut, rank % cut)[0]
     for move in receiving:
         count = (move.stop - move.start) * row_numel
         at = (move.start - first) * row_numel

@@ -272,7 +272,11 @@ class Run:
         return current
 
     def shard(
-        self, build: Build, sampler: ElasticSampler, copy_every: int = DEFAULT_COPY_EVERY
+        self,
+        build: Build,
+        sampler: ElasticSampler,
+        copy_every: int = DEFAULT_COPY_EVERY,
+        shard_group_size: int | None = None,
     ) -> Sharded:
         """A model sharded with FSDP2, elastic in place: ``build(mesh)`` shards the model
         on the round's device mesh and makes its optimizer (and schedulers), and is
@@ -295,9 +299,24 @@ class Run:
         shards to a peer's memory, so a lost rank sends the group back to that step, not
         to the disk (0: no copies; shard_copies.py). Checkpoints are DCP, every rank
         writing its own shards to the checkpoint directory, which every rank must reach
-        (docs/training-loop.md, "Sharded models")."""
+        (docs/training-loop.md, "Sharded models").
+
+        ``shard_group_size`` makes it HSDP: ``mesh`` is 2-D, ``(replicate, shard)``, each
+        replica sharded over groups of that many ranks (more when the world is not a
+        multiple of it: mesh_shape.py); every shard is then held by every replica, so a
+        lost rank costs no step while another replica holds its shard, and no shard
+        copies are taken."""
         if copy_every < 0:
             raise ValueError(f"copy_every must be 0 (no shard copies) or more (got {copy_every})")
+        if shard_group_size is not None and (
+            isinstance(shard_group_size, bool)
+            or not isinstance(shard_group_size, int)
+            or shard_group_size < 1
+        ):
+            raise ValueError(
+                "shard_group_size must be a whole number of ranks, 1 or more, or None for "
+                f"FSDP over the whole world (got {shard_group_size!r})"
+            )
         if self._replica is not None:
             raise RuntimeError("the model is wrapped already: call run.wrap or run.shard once")
         self._state.sampler = sampler
@@ -308,7 +327,13 @@ class Run:
         # a hand-over finishes this rank's part of a save in flight
         self._rounds.on_leave = checkpoints.wait_own_part
         replica = FSDPReplication(
-            build, self._state, checkpoints, self._hook_optimizer, self._loop.seed, copy_every
+            build,
+            self._state,
+            checkpoints,
+            self._hook_optimizer,
+            self._loop.seed,
+            copy_every,
+            shard_group_size,
         )
         self._use(replica)
         registered = self._state.registered
