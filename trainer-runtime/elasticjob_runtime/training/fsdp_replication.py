@@ -216,7 +216,6 @@ class FSDPReplication:
         self.copy_every = copy_every  # shard_copies.py; 0: no copies
         self._own: Snapshot | None = None  # this rank's shards at the last copy
         self._buddy: Snapshot | None = None  # its predecessor's, at the same step
-        self._copied_in = -1  # the round (generation) of the last copy
 
     # -- the round's model
 
@@ -410,15 +409,15 @@ class FSDPReplication:
         self.checkpoints.close()
 
     def committed(self, step: int, rounds: WorkerRounds) -> None:
-        """Every ``copy_every`` steps and at a round's first: a snapshot of this rank's
-        shards, and a copy of them to its buddy (shard_copies.py). Not with HSDP replicas:
-        every shard is held by another replica already."""
+        """Every ``copy_every`` steps: a snapshot of this rank's shards, and a copy of
+        them to its buddy (shard_copies.py). Not with HSDP replicas: every shard is held
+        by another replica already."""
         if self.shape.replicas > 1:
             self._own = self._buddy = None  # an older round's copies: no longer kept fresh
             return
         if self.copy_every < 1 or rounds.world_size < 2:
             return
-        if step % self.copy_every and self._copied_in == rounds.generation:
+        if step % self.copy_every:
             return
         # The last copy's buffers take the new one; until it is whole this rank reports
         # none: a copy that breaks leaves none, never a mix of two steps.
@@ -433,7 +432,7 @@ class FSDPReplication:
         own = take(step, rounds.rank, rounds.world_size, local, replicated, old_own)
         del old_own
         buddy = swap_with_buddy(own, rounds.device, old_buddy)
-        self._own, self._buddy, self._copied_in = own, buddy, rounds.generation
+        self._own, self._buddy = own, buddy
 
     def _copies(self) -> CopyHolding:
         own, buddy = self._own, self._buddy
