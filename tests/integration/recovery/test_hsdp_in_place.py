@@ -24,6 +24,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import EtcdServer, result_of
 from gpt_jobs import (
     PLAIN_SGD,
@@ -94,6 +95,16 @@ def test_a_killed_hsdp_worker_costs_no_step_and_hsdp_trains_what_one_process_tra
     assert "checkpoint step" not in faulted and "shard copies" not in faulted
     assert_same_training(faulted, reference)
     assert_every_sample_once_per_epoch(faulted)
+
+    # the 2 x 2 run's last DCP checkpoint (each replica writing part of each shard: DCP
+    # spreads the duplicates) holds, read whole in one process, the model it dumped
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    whole = tmp_path / "whole.pt"
+    dcp_to_torch_save(tmp_path / "reference" / "ckpt" / "sharded-0000000040", whole)
+    saved, dumped = torch.load(whole)["model"], torch.load(sharded)
+    assert {k: v for k, v in dumped.items() if k in saved}.keys() == saved.keys()
+    assert all(torch.equal(saved[k], dumped[k]) for k in saved), "the checkpoint differs"
 
     assert_trains_like_one_process(sharded, tmp_path, same, global_batch=32)
 
