@@ -185,6 +185,7 @@ def run_scenario(
     run_id = f"bench-{uuid.uuid4().hex[:10]}"
     nnodes, agents, world_after = {
         "worker-kill": ("2:2", 2, 2),
+        "worker-kill-4": ("4:4", 4, 4),
         "node-kill": ("2:3", 3, 2),
         "node-freeze": ("2:3", 3, 2),
         "scale-up": ("2:3", 2, 3),
@@ -202,7 +203,7 @@ def run_scenario(
         result.world_before = agents
         result.load = round(os.getloadavg()[0], 2)
         old_pids = {s.pid for s in job.steps()}
-        if scenario == "worker-kill":
+        if scenario.startswith("worker-kill"):
             victim = job.agents[-1]
             workers = wait_for("a worker process", lambda: victim.workers() or None, 30)
             old_pids.update(workers)
@@ -427,6 +428,7 @@ LABELS = {
     "fsdp-worker-kill": "train_gpt_fsdp / gpt_fsdp_plain: SIGKILL a worker -> next step",
     "fsdp-node-kill": "train_gpt_fsdp / gpt_fsdp_plain: SIGKILL an agent (3->2) -> next step",
     "fsdp-scale-up": "train_gpt_fsdp / gpt_fsdp_plain: agent joins (2->3) -> step at 3",
+    "hsdp-worker-kill": "train_gpt_fsdp HSDP 2 x 2: SIGKILL a worker -> next step",
 }
 GOODPUT_LABELS = {
     "goodput": "goodput, a worker SIGKILLed every {:.0f} s",
@@ -638,8 +640,11 @@ def main(argv: Sequence[str] | None = None) -> None:
                         fault = classic.FAULTS[scenario]
                         script, train_args = classic.SCRIPT, classic.train_args(where)
                     elif scenario in sharded.FAULTS:
+                        if not sharded.runs_under(scenario, launcher):
+                            continue
                         fault = sharded.FAULTS[scenario]
-                        script, train_args = sharded.script_for(launcher), list(sharded.ARGS)
+                        script = sharded.script_for(launcher)
+                        train_args = sharded.train_args(scenario)
                     r = run_scenario(
                         fault, launcher, rep, etcd, where, limits, script, train_args, scenario
                     )
@@ -750,7 +755,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         if unchanged
         else None,
         "sharded": {
-            "args": {"faults": sharded.ARGS, "throughput": sharded.THROUGHPUT_ARGS},
+            "args": {
+                "faults": sharded.ARGS,
+                "hsdp": sharded.HSDP_ARGS,
+                "throughput": sharded.THROUGHPUT_ARGS,
+            },
             "window": sharded.WINDOW,
             "figures": [f.to_json() for f in sharded_figures],
             "throughput_runs": [asdict(t) for t in sharded_runs],

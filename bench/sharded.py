@@ -17,8 +17,11 @@ DCP checkpoint, runs under each torchrun launcher. Same flags, same seed.
   to be ahead (1.0).
 * ``fsdp-worker-kill``, ``fsdp-node-kill``, ``fsdp-scale-up``: ``bench.run``'s
   worker-kill, node-kill and scale-up with these scripts.
+* ``hsdp-worker-kill``: four agents, HSDP 2 x 2 (``--shard-group-size=2``, a smaller
+  model: :data:`HSDP_ARGS`), one worker SIGKILLed: in place the other replica holds its
+  shard, so no step is redone; beside ours with in-place recovery off only.
 
-``--scenarios fsdp`` runs the six (not in the default set). The model (29M parameters:
+``--scenarios fsdp`` runs the seven (not in the default set). The model (29M parameters:
 8 blocks of width 512, a 4096-token vocabulary) makes a step of about half a second at
 world 2 on 2 cores (63M, width 768, took 1.4 s: too slow for a bench that trains 40 steps
 before each fault); it is checkpointed every :data:`CHECKPOINT_INTERVAL` steps.
@@ -41,7 +44,11 @@ FAULTS = {  # -> bench.run's scenario
     "fsdp-worker-kill": "worker-kill",
     "fsdp-node-kill": "node-kill",
     "fsdp-scale-up": "scale-up",
+    "hsdp-worker-kill": "worker-kill-4",
 }
+# HSDP, 2 x 2 over four agents: ours only (in place, and the restart path): the plain
+# script builds a 1-D mesh whatever it is given
+HSDP_ONLY_OURS = {"hsdp-worker-kill"}
 THROUGHPUT = "fsdp-throughput"
 THROUGHPUT_NO_COPIES = "fsdp-throughput-no-copies"
 THROUGHPUT_SAVING = "fsdp-throughput-saving"
@@ -76,6 +83,25 @@ SAVING_ARGS = [
     *(a for a in ARGS if not a.startswith("--steps=")),
     f"--steps={WINDOW[1] + 10}",
 ]
+# a smaller model for four ranks on two cores (a step of about 0.7 s at 2 x 2)
+HSDP_ARGS = [
+    *(a for a in ARGS if not a.startswith(("--dim=", "--layers="))),
+    "--dim=384",
+    "--layers=6",
+    "--shard-group-size=2",
+]
+
+
+def train_args(scenario: str) -> list[str]:
+    """The flags of ``scenario``'s script."""
+    return list(HSDP_ARGS if scenario.startswith("hsdp-") else ARGS)
+
+
+def runs_under(scenario: str, launcher: str) -> bool:
+    """Does ``scenario`` run under ``launcher`` (HSDP: ours only)?"""
+    return scenario not in HSDP_ONLY_OURS or launcher.startswith("elasticjob-run")
+
+
 # (scenario, summary key, metric, target in seconds or None): issue 35's targets
 TARGETS = (
     ("fsdp-worker-kill", "seconds", "SIGKILL a worker -> next step", 2.0),
@@ -84,6 +110,8 @@ TARGETS = (
     ("fsdp-node-kill", "pause", "training paused (last step -> next step)", None),
     ("fsdp-scale-up", "seconds", "agent joins (2->3) -> step at 3", None),
     ("fsdp-scale-up", "pause", "training paused (last step -> next step)", 1.5),
+    ("hsdp-worker-kill", "seconds", "HSDP 2 x 2: SIGKILL a worker -> next step", None),
+    ("hsdp-worker-kill", "pause", "training paused (last step -> next step)", None),
 )
 
 

@@ -11,6 +11,8 @@ optimizer that do not depend on the world size:
   of it and the group goes back to the copies' step from memory; without them every rank
   reads the newest DCP checkpoint in place; either way the run trains what the unfaulted
   run trains;
+* a node that announces its departure leaves a copy of its shard with its buddy at its
+  last step: no step is lost, and the run trains what a planned shrink through DCP trains;
 * FSDP2 at world 2 trains, within float tolerance, what one process trains on the same
   global batch (the gradients are averaged, never summed: pytorch#162338).
 """
@@ -87,6 +89,28 @@ def test_a_killed_fsdp_worker_goes_back_to_the_shard_copies_or_the_checkpoint_in
     assert re.search(r"^started \(checkpoint step 10\)", from_disk, re.M), from_disk[-3000:]
     assert_same_training(from_disk, reference)
     assert_every_sample_once_per_epoch(from_disk)
+
+
+def test_an_fsdp_node_that_announces_its_departure_leaves_a_copy_of_its_shard_and_costs_no_step(
+    agents: list[subprocess.Popen[bytes]], etcd: EtcdServer, tmp_path: Path
+) -> None:
+    # Two nodes; after step 13 the agent of rank 1 gets SIGTERM (a drain). Both train
+    # step 14 and agree to switch after it, and at its end the leaver's shard goes to its
+    # buddy: rank 0 goes on alone at step 14 from memory, where the copies (every 10
+    # steps) alone would have gone back to step 10. Reference: two nodes save step 14 and
+    # stop, one resumes from it (DCP resharding to world 1).
+    leave = {**FSDP, "LEAVE_AT_STEP": "14", "LEAVE_RANK": "1"}
+    faulted = run_job(agents, etcd, tmp_path / "faulted", leave, 2, "1:2")
+    first = run_job(agents, etcd, tmp_path / "reference", {**FSDP, "STOP_AT_STEP": "14"}, 2, "2")
+    second = run_job(agents, etcd, tmp_path / "reference", FSDP, 1, "1")
+
+    assert "departure: the workers have left; exiting" in faulted, faulted[-3000:]
+    found = re.findall(r"^regrouped at step (\d+) \((.*?)\)", faulted, re.M)
+    assert found == [("14", "shard copies at step 14")], found
+    assert not re.search(r"step \d+ dropped", faulted), faulted[-3000:]
+    assert re.search(r"^started \(checkpoint step 14\) .* world=1 ", second, re.M), second[-3000:]
+    assert_same_training(faulted, first + second)
+    assert_every_sample_once_per_epoch(faulted)
 
 
 def test_fsdp_at_world_2_trains_what_one_process_trains_on_the_same_global_batch(

@@ -18,7 +18,7 @@ def test_each_launcher_runs_the_script_written_for_it() -> None:
     assert restart.env == {"ELASTICJOB_IN_PLACE": "0"} and ours.env == {}
 
 
-def test_the_group_expands_to_its_steady_states_and_its_three_faults() -> None:
+def test_the_group_expands_to_its_steady_states_and_its_four_faults() -> None:
     assert sharded.expand(["worker-kill", "fsdp", "fsdp-scale-up"]) == [
         "worker-kill",
         "fsdp-throughput",
@@ -27,7 +27,17 @@ def test_the_group_expands_to_its_steady_states_and_its_three_faults() -> None:
         "fsdp-worker-kill",
         "fsdp-node-kill",
         "fsdp-scale-up",
+        "hsdp-worker-kill",
     ]
+
+
+def test_hsdp_runs_four_agents_on_a_2_x_2_mesh_under_ours_only() -> None:
+    assert sharded.FAULTS["hsdp-worker-kill"] == "worker-kill-4"
+    assert "--shard-group-size=2" in sharded.train_args("hsdp-worker-kill")
+    assert not any(a.startswith("--shard-group") for a in sharded.train_args("fsdp-worker-kill"))
+    assert sharded.runs_under("hsdp-worker-kill", "elasticjob-run-restart")
+    assert not sharded.runs_under("hsdp-worker-kill", "torchrun-c10d")
+    assert sharded.runs_under("fsdp-worker-kill", "torchrun-c10d")
 
 
 def test_in_place_is_held_to_the_targets_beside_the_restart_path() -> None:

@@ -66,5 +66,5 @@ class DDPReplication:
     def flush_saves(self) -> None:
         """Nothing: the Run's CheckpointManager finishes its own save (Run.finish)."""
 
-    def committed(self, step: int, rounds: WorkerRounds) -> None:
+    def committed(self, step: int, rounds: WorkerRounds, switching: bool) -> None:
         """Nothing: every rank holds the whole state, and a peer's copy is one away."""

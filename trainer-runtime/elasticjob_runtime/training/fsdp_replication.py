@@ -191,6 +191,13 @@ def built_parts(built: Any) -> tuple[nn.Module, torch.optim.Optimizer, Mapping[s
     return model, optimizer, extra
 
 
+def someone_leaves(rounds: WorkerRounds) -> bool:
+    """Do ranks leave the job after this step? One small all-gather, at a step the ranks
+    agreed to switch after: a rank that voted to switch knows why (its node leaves, or
+    its agent's next round is smaller), though its peers may not yet."""
+    return any(row[0] for row in gather_rows([int(rounds.sees_departure())], rounds.device))
+
+
 class FSDPReplication:
     """:class:`~elasticjob_runtime.training.replication.Replication` for FSDP2."""
 
@@ -297,14 +304,20 @@ class FSDPReplication:
                 else f"rank {src} at step {newest}"
             )
         elif rollback is not None:
-            log.warning(
-                "%s; the group goes back to step %d, whose every shard a survivor holds "
-                "(shard copies)",
+            why = (
                 why_not_in_memory(holdings, newest)
                 if newest >= 0
-                else "the last round broke while it formed",
-                rollback.step,
+                else "the last round broke while it formed"
             )
+            if rollback.step == newest:  # a leaver's copy, taken at its last step
+                log.info("%s; a survivor holds a copy of them at that step", why)
+            else:
+                log.warning(
+                    "%s; the group goes back to step %d, whose every shard a survivor "
+                    "holds (shard copies)",
+                    why,
+                    rollback.step,
+                )
             own, buddy = self._own, self._buddy
             pieces = {s.rank: s.tensors() for s in (own, buddy) if s is not None}
             src = rollback.source
@@ -319,6 +332,8 @@ class FSDPReplication:
                 )
             resumed = self._restore(rounds)
         self._held = None
+        if self.copy_every < 1:
+            self._own = self._buddy = None  # a leaver's copy, used: none are kept
         self._rank = rounds.rank
         self._state.live = True
         timings["build"] = built - started
@@ -408,16 +423,18 @@ class FSDPReplication:
     def flush_saves(self) -> None:
         self.checkpoints.close()
 
-    def committed(self, step: int, rounds: WorkerRounds) -> None:
-        """Every ``copy_every`` steps: a snapshot of this rank's shards, and a copy of
-        them to its buddy (shard_copies.py). Not with HSDP replicas: every shard is held
-        by another replica already."""
+    def committed(self, step: int, rounds: WorkerRounds, switching: bool) -> None:
+        """Every ``copy_every`` steps, and at the last step of a rank that leaves: a
+        snapshot of this rank's shards, and a copy of them to its buddy
+        (shard_copies.py), so that a departure announced ahead costs no step. Not with
+        HSDP replicas: every shard is held by another replica already."""
         if self.shape.replicas > 1:
             self._own = self._buddy = None  # an older round's copies: no longer kept fresh
             return
-        if self.copy_every < 1 or rounds.world_size < 2:
+        if rounds.world_size < 2:
             return
-        if step % self.copy_every:
+        due = self.copy_every >= 1 and step % self.copy_every == 0
+        if not due and not (switching and someone_leaves(rounds)):
             return
         # The last copy's buffers take the new one; until it is whole this rank reports
         # none: a copy that breaks leaves none, never a mix of two steps.

@@ -76,7 +76,9 @@ class Replication(Protocol):
         """Finish the checkpoint in flight before the worker exits; every rank calls it."""
         ...
 
-    def committed(self, step: int, rounds: WorkerRounds) -> None:
+    def committed(self, step: int, rounds: WorkerRounds, switching: bool) -> None:
         """After ``step`` committed, on every rank: keep what a lost rank's peers would
-        need (FSDP2's shard copies); a collective that fails here means the group broke."""
+        need (FSDP2's shard copies; ``switching``: the ranks agreed to leave the round
+        after this step, some perhaps for good); a collective that fails here means the
+        group broke."""
         ...

@@ -11,6 +11,11 @@ a survivor holds, its own or a copy (:func:`copy_holders`), and the shards move 
 there to their new owners as in reshard.py. Only when two neighbours die together is the
 checkpoint read.
 
+A rank that leaves the job announced (its node drained, its pod deleted) trains a last
+step with the others, which they agreed to switch after; at its end every rank takes a
+copy out of turn, so the leaver's shard of that very step reaches its buddy and its
+departure costs no step (fsdp_replication.someone_leaves), even with ``copy_every=0``.
+
 A new round takes no copy of its own before its first multiple of ``copy_every``: the
 copies of an earlier round stay valid (a rollback reshards from the world they were cut
 for), and a copy at a round's first step cost 0.3 s of every regroup on the bench's

@@ -259,7 +259,7 @@ class StepLoop:
 
     def _keep(self) -> None:
         assert self.replica is not None, "a step commits only once the model is wrapped"
-        self.replica.committed(self._state.step, self._rounds)
+        self.replica.committed(self._state.step, self._rounds, self._switch_due())
 
     def _check_due(self) -> None:
         when = self._agreement.due(self._state.step)

@@ -162,6 +162,15 @@ class WorkerRounds:
         latest = self.channel.latest()
         return latest is not None and latest.generation > self.generation
 
+    def sees_departure(self) -> bool:
+        """Does this rank know that ranks leave the job when the round ends: its own node
+        handed its place over, or the newer round its agent formed is smaller?"""
+        if self.handed_over():
+            return True
+        latest = self.channel.latest() if self.channel is not None else None
+        newer = latest is not None and latest.generation > self.generation
+        return newer and latest is not None and latest.world_size < self.world_size
+
     def superseded(self) -> bool:
         """Is the round this worker took already left behind (its agent formed a newer
         one, or is gone)?"""
