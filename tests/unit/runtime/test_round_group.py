@@ -126,3 +126,21 @@ def test_an_abort_while_rank_0_waits_for_a_peer_that_never_comes_fails_the_build
     assert not builder.is_alive(), "the build went on waiting after the abort"
     assert failed and collective_failed(failed[0]), failed
     group.destroy()
+
+
+def test_an_abort_also_shuts_what_the_round_opened_later_for_a_mesh() -> None:
+    # An HSDP mesh's replicate group is made after the round's default group; blocked on
+    # a dead peer, its collective would wait for the group's timeout unless the abort
+    # reaches it too (GlooRoundGroup.adopt).
+    group = round_group("gloo")
+    with group.adopt():
+        left, right = socket.socketpair()
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(left.recv(10)))
+    reader.start()
+    time.sleep(0.1)
+    group.abort()
+    reader.join(timeout=5)
+    assert not reader.is_alive() and got == [b""]
+    left.close()
+    right.close()

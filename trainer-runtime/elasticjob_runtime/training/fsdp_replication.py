@@ -251,11 +251,12 @@ class FSDPReplication:
         if note is not None and note not in self._noted:
             self._noted.add(note)
             log.warning("%s", note)
-        mesh = init_device_mesh(
-            rounds.device.type,
-            (shape.replicas, shape.shard) if hsdp else (shape.shard,),
-            mesh_dim_names=round_dims(rounds.generation, hsdp),
-        )
+        with rounds.group.adopt():  # an abandoned round shuts its sub-groups too
+            mesh = init_device_mesh(
+                rounds.device.type,
+                (shape.replicas, shape.shard) if hsdp else (shape.shard,),
+                mesh_dim_names=round_dims(rounds.generation, hsdp),
+            )
         self.shape, self._mesh = shape, mesh
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0 if self._seed is None else self._seed)

@@ -24,13 +24,14 @@ timeout; ``build`` connects in short windows instead and gives up with
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Protocol
@@ -117,6 +118,10 @@ class RoundGroup(Protocol):
     def abort(self) -> None:
         """Make collectives blocked in this group fail now; safe from any thread."""
 
+    def adopt(self) -> contextlib.AbstractContextManager[None]:
+        """A block that makes more groups of the round (a device mesh's): an abort
+        reaches their collectives too."""
+
     def destroy(self) -> None:
         """Release the group (after ``abort`` or at the end of training)."""
 
@@ -188,6 +193,17 @@ class GlooRoundGroup:
         if sockets:
             log.info("abandoning the round's collectives (%d sockets shut)", shut_down(sockets))
 
+    @contextlib.contextmanager
+    def adopt(self) -> Iterator[None]:
+        """The sockets the block opens join the ones an abort shuts: an HSDP mesh's
+        replicate group, blocked on a dead peer, would otherwise wait for its timeout."""
+        before = open_sockets()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._sockets.update(opened_between(before, open_sockets()))
+
     def destroy(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -213,6 +229,11 @@ class NcclRoundGroup:
         )
         with self._lock:
             self._live = True
+
+    def adopt(self) -> contextlib.AbstractContextManager[None]:
+        """Nothing to record: torch's abort is called for the default group only, and
+        whether it reaches a mesh's groups is untested here (no GPU)."""
+        return contextlib.nullcontext()
 
     def abort(self) -> None:
         with self._lock:
