@@ -82,13 +82,20 @@ def test_a_step_that_breaks_after_its_update_is_redone_from_a_checkpoint_not_twi
     assert_every_sample_once_per_epoch(faulted)
 
 
+_PLANNED_SHRINK: list[str] = []  # the reference, run once for the tests that share it
+
+
 def planned_shrink_at_15(agents: list[subprocess.Popen[bytes]], etcd: EtcdServer, tmp: Path) -> str:
     """The reference for a node that goes after step 15: three nodes save step 15 and
-    stop, two resume from that checkpoint. Returns both runs' logs."""
-    first = run_job(agents, etcd, tmp, {"STOP_AT_STEP": "15"}, 3, "3")
-    second = run_job(agents, etcd, tmp, {}, 2, "2")
-    assert re.search(r"^started \(checkpoint step 15\)", second, re.M), second[-3000:]
-    return first + second
+    stop, two resume from that checkpoint. Returns both runs' logs. Two tests compare
+    with it, and an unfaulted run is the same every time (their comparison proves it):
+    the first test to ask runs it (five processes, about 12 s) and the other reuses it."""
+    if not _PLANNED_SHRINK:
+        first = run_job(agents, etcd, tmp, {"STOP_AT_STEP": "15"}, 3, "3")
+        second = run_job(agents, etcd, tmp, {}, 2, "2")
+        assert re.search(r"^started \(checkpoint step 15\)", second, re.M), second[-3000:]
+        _PLANNED_SHRINK.append(first + second)
+    return _PLANNED_SHRINK[0]
 
 
 def test_a_realistic_script_that_loses_a_node_trains_what_a_planned_shrink_trains(
