@@ -123,7 +123,7 @@ def test_a_replica_whose_shard_differs_is_found_and_resynced(
         "ON_DIVERGENCE": "resync",
     }
     logs = run_job(agents, etcd, tmp_path, env, 2, "2", extra=HSDP, nproc=2)
-    said = r"at step (\d+) \([^)]*\) (.*?)\. Every object .*; copying rank 0's state"
+    said = r"at step (\d+) \([^)]*\) (.*?)\. HSDP replicas .*; copying rank 0's state"
     found = set(re.findall(said, logs))  # every rank says it
     assert found == {("6", "'shards of shard 1' differs (ranks [1] vs [3])")}, found
     assert result_of(logs)["steps"] == 40

@@ -111,5 +111,8 @@ def test_hsdp_replicas_are_compared_within_their_shard_never_across() -> None:
     cohorts = [0, 1, 0, 1]
     assert disagreements_within(["shards"], cohorts, [[10], [20], [10], [20]]) == []
     (found,) = disagreements_within(["shards"], cohorts, [[10], [20], [10], [21]])
-    assert found.name == "shards of shard 1"
+    assert (found.name, found.shard) == ("shards of shard 1", 1)
     assert set(found.groups) == {(1,), (3,)}  # the ranks' own numbers, not their places
+    line = divergence_message(6, "checked every 3 steps", [found])
+    assert "'shards of shard 1' differs (ranks [1] vs [3]). HSDP replicas" in line
+    assert "run.wrap(" not in line  # the DDP advice does not fit

@@ -144,6 +144,7 @@ class Disagreement:
 
     name: str
     groups: tuple[tuple[int, ...], ...]
+    shard: int | None = None  # compared only among the ranks that hold this shard (HSDP)
 
     def describe(self) -> str:
         ranks = " vs ".join(str(list(group)) for group in self.groups)
@@ -174,13 +175,22 @@ def disagreements_within(
         members = [rank for rank, c in enumerate(cohorts) if c == cohort]
         for d in disagreements(names, [rows[m] for m in members]):
             groups = tuple(tuple(members[i] for i in group) for group in d.groups)
-            found.append(Disagreement(f"{d.name} of shard {cohort}", groups))
+            found.append(Disagreement(f"{d.name} of shard {cohort}", groups, shard=cohort))
     return found
 
 
 def divergence_message(step: int, when: str, found: Sequence[Disagreement]) -> str:
-    """One line: what differs, between which ranks, and how to fix the script."""
+    """One line: what differs, between which ranks, and how to fix the script (HSDP
+    replicas that hold one shard differently call for other advice than the rest)."""
     what = "; ".join(d.describe() for d in found)
+    if found and all(d.shard is not None for d in found):
+        return (
+            f"the ranks trained different models: at step {step} ({when}) {what}. HSDP "
+            "replicas must hold each shard alike: change the parameters only through the "
+            "optimizer's step, the same on every rank (nothing rank-dependent after build), "
+            "or pass on_divergence='resync' to copy the first replica's shards "
+            "(docs/training-loop.md, HSDP)"
+        )
     return (
         f"the ranks trained different models: at step {step} ({when}) {what}. Every object "
         "that changes during training must go through the Run, or a restarted or joining "
