@@ -1,9 +1,12 @@
-"""FSDP2 shards: the model rebuilt on each round's mesh, its shards moved between ranks' memory.
+"""FSDP2 and HSDP shards: the model rebuilt on each round's mesh, its shards moved between
+ranks' memory.
 
-FSDP2 binds a module to a device mesh, and the mesh is the round's world, so every round
-builds the model anew through the script's ``build(mesh)`` (which calls ``fully_shard``
-and makes the optimizer and schedulers): on the ``meta`` device when the survivors hold
-every shard of the newest step, so no rank allocates more than its new shard. Then:
+FSDP2 binds a module to a device mesh, and the mesh is the round's world (1-D for FSDP2;
+``(replicate, shard)`` for HSDP, its shape from mesh_shape.py), so every round builds the
+model anew through the script's ``build(mesh)`` (which calls ``fully_shard`` and makes the
+optimizer and schedulers): on the ``meta`` device when the survivors hold every shard of
+the newest step (with HSDP, in any replica), so no rank allocates more than its new shard.
+Then:
 
 * **in memory** (a join, a planned resize: every old rank's shard is held by a survivor
   at the newest step): each parameter and each piece of optimizer state moves row by
@@ -21,8 +24,9 @@ every shard of the newest step, so no rank allocates more than its new shard. Th
 * **fresh** when nobody holds a step and there is no checkpoint: every rank builds the
   model under the same seed, so every rank starts from the same model.
 
-What the ranks compare (agreement.py) is what is replicated; each rank's shards differ
-by design. Checkpoints are DCP, every rank writing its own shards.
+What the ranks compare (agreement.py) is what is replicated, and with HSDP each shard
+among the replicas that hold it; otherwise each rank's shards differ by design.
+Checkpoints are DCP, every rank writing its own shards.
 """
 
 from __future__ import annotations
@@ -199,7 +203,7 @@ def someone_leaves(rounds: WorkerRounds) -> bool:
 
 
 class FSDPReplication:
-    """:class:`~elasticjob_runtime.training.replication.Replication` for FSDP2."""
+    """:class:`~elasticjob_runtime.training.replication.Replication` for FSDP2 and HSDP."""
 
     def __init__(
         self,
