@@ -91,6 +91,18 @@ def assignment_from_env() -> Assignment:
     return Assignment(0, env)
 
 
+def departure_seen(
+    handed_over: bool, latest: Assignment | None, generation: int, world_size: int
+) -> bool:
+    """Do ranks leave the job when round ``generation`` (of ``world_size`` ranks) ends:
+    this rank's node handed its place over, or the newer round its agent delivered
+    (``latest``) is smaller? A rank whose agent has not delivered yet cannot say."""
+    if handed_over:
+        return True
+    newer = latest is not None and latest.generation > generation
+    return newer and latest is not None and latest.world_size < world_size
+
+
 class WorkerRounds:
     """The current round's assignment and process group; the regroup that replaces them."""
 
@@ -163,13 +175,10 @@ class WorkerRounds:
         return latest is not None and latest.generation > self.generation
 
     def sees_departure(self) -> bool:
-        """Does this rank know that ranks leave the job when the round ends: its own node
-        handed its place over, or the newer round its agent formed is smaller?"""
-        if self.handed_over():
-            return True
+        """Does this rank know that ranks leave the job when the round ends
+        (:func:`departure_seen`)?"""
         latest = self.channel.latest() if self.channel is not None else None
-        newer = latest is not None and latest.generation > self.generation
-        return newer and latest is not None and latest.world_size < self.world_size
+        return departure_seen(self.handed_over(), latest, self.generation, self.world_size)
 
     def superseded(self) -> bool:
         """Is the round this worker took already left behind (its agent formed a newer
