@@ -199,7 +199,11 @@ def test_a_job_without_quota_creates_no_worker_until_kueue_admits_it_then_runs_w
         wait_for(
             "3 running workers of the first job", lambda: len(c.running_workers(ns, first)) == 3
         )
-        assert c.status(ns, first).get("admittedReplicas") == 3
+        # the status is the operator's next write: it may trail the pods it created
+        wait_for(
+            "the first job's status to say 3 admitted",
+            lambda: c.status(ns, first).get("admittedReplicas") == 3,
+        )
 
         second = unique("second")
         logs = start(
