@@ -39,13 +39,18 @@ from elasticjob_examples.train_gpt import (  # type: ignore[import-not-found]  #
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    dist.init_process_group("gloo")
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))  # torchrun's convention: a GPU each
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group(args.backend)
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(args.seed)
-    model = GPT(args.vocab, args.seq, args.dim, args.layers, args.heads)
+    model = GPT(args.vocab, args.seq, args.dim, args.layers, args.heads).to(device)
     optim = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
     sched = torch.optim.lr_scheduler.LambdaLR(optim, warmup_cosine(args.warmup, args.steps))
-    scaler = torch.amp.GradScaler("cpu")
+    scaler = torch.amp.GradScaler(device.type)
     ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(0.99))  # type: ignore[no-untyped-call]
     dataset = Sequences(args.samples, args.seq, args.vocab)
     sampler: DistributedSampler[int] = DistributedSampler(dataset, shuffle=True, seed=args.seed)
@@ -76,8 +81,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                 break
             for i, (inputs, targets, _) in enumerate(micro_batches):
                 sync = i == len(micro_batches) - 1
+                inputs, targets = inputs.to(device), targets.to(device)
                 with ddp.no_sync() if not sync else torch.enable_grad():
-                    with torch.autocast("cpu", dtype=torch.bfloat16):
+                    with torch.autocast(device.type, dtype=torch.bfloat16):
                         logits = ddp(inputs)
                         loss = loss_fn(logits.float().flatten(0, 1), targets.flatten())
                     scaler.scale(loss / len(micro_batches)).backward()

@@ -71,6 +71,12 @@ def arguments(description: str) -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--warmup", type=int, default=20, help="warmup steps of the LR schedule")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--backend",
+        choices=("gloo", "nccl"),
+        default="gloo",
+        help="the process group's (nccl: one GPU per rank; see docs/recovery.md, On a GPU)",
+    )
     p.add_argument("--checkpoint-dir", default=os.environ.get("ELASTICJOB_CHECKPOINT_DIR"))
     p.add_argument("--checkpoint-interval", type=int, default=50)
     p.add_argument("--log-every", type=int, default=10)
@@ -152,16 +158,18 @@ def main(argv: Sequence[str] | None = None) -> None:
         checkpoint_dir=args.checkpoint_dir,
         checkpoint_interval=args.checkpoint_interval,
         seed=args.seed,
+        backend=args.backend,
         on_regroup=lambda run: say(
             f"regrouped at step {run.global_step} ({run.resumed_from}) "
             f"world={run.world_size} rank={run.rank} t={time.time():.3f}"
         ),
     )
     torch.manual_seed(args.seed)
-    model = GPT(args.vocab, args.seq, args.dim, args.layers, args.heads)
+    device = run.device  # elastic: cuda:LOCAL_RANK on a GPU node, else the CPU
+    model = GPT(args.vocab, args.seq, args.dim, args.layers, args.heads).to(device)
     optim = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
     sched = torch.optim.lr_scheduler.LambdaLR(optim, warmup_cosine(args.warmup, args.steps))
-    scaler = torch.amp.GradScaler("cpu")
+    scaler = torch.amp.GradScaler(device.type)
     ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(0.99))  # type: ignore[no-untyped-call]
     dataset = Sequences(args.samples, args.seq, args.vocab)
     sampler = ElasticSampler(len(dataset), seed=args.seed)  # elastic
@@ -173,7 +181,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     say(
         f"started ({run.resumed_from}) at step {run.global_step} world={run.world_size} "
-        f"rank={run.rank} pid={os.getpid()} t={time.time():.3f}"
+        f"rank={run.rank} pid={os.getpid()} device={run.device} t={time.time():.3f}"
     )
     loss_fn = nn.CrossEntropyLoss()
     started = time.monotonic()
@@ -183,7 +191,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                 say_samples(args, run, epoch, micro_batches)
                 total = 0.0
                 for inputs, targets, _ in run.accumulate(micro_batches):  # elastic
-                    with torch.autocast("cpu", dtype=torch.bfloat16):
+                    inputs, targets = inputs.to(device), targets.to(device)
+                    with torch.autocast(device.type, dtype=torch.bfloat16):
                         logits = ddp(inputs)
                         loss = loss_fn(logits.float().flatten(0, 1), targets.flatten())
                     scaler.scale(loss / len(micro_batches)).backward()

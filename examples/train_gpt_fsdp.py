@@ -108,6 +108,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         checkpoint_dir=args.checkpoint_dir,
         checkpoint_interval=args.checkpoint_interval,
         seed=args.seed,
+        backend=args.backend,
         on_regroup=lambda run: say(
             f"regrouped at step {run.global_step} ({run.resumed_from}) "
             f"world={run.world_size} rank={run.rank} peak_rss_mb={peak_rss_mb():.0f} "
@@ -128,7 +129,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     say(
         f"started ({run.resumed_from}) at step {run.global_step} world={run.world_size} "
-        f"rank={run.rank} pid={os.getpid()} t={time.time():.3f}"
+        f"rank={run.rank} pid={os.getpid()} device={run.device} t={time.time():.3f}"
     )
     loss_fn = nn.CrossEntropyLoss()
     started = time.monotonic()
@@ -140,6 +141,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 say_samples(args, run, epoch, micro_batches)
                 total = 0.0
                 for inputs, targets, _ in run.accumulate(micro_batches):  # elastic
+                    inputs, targets = inputs.to(run.device), targets.to(run.device)
                     logits = model(inputs)
                     loss = loss_fn(logits.flatten(0, 1), targets.flatten())
                     (loss / len(micro_batches)).backward()

@@ -173,4 +173,15 @@ def run_job(
         if expect_ok:
             ok = {0, 143} if "LEAVE_AT_STEP" in env else {0}  # a node that left exits 143
             assert proc.returncode in ok or "LOSE_NODE_AT_STEP" in env, log.read_text()[-4000:]
-    return "\n".join(log.read_text() for log in logs)
+    text = "\n".join(log.read_text() for log in logs)
+    assert_on_the_asked_device(text)
+    return text
+
+
+def assert_on_the_asked_device(text: str) -> None:
+    """Every worker started on the device ``ELASTICJOB_DEVICE`` names, where it names one
+    (bench/gpu.py runs these tests with every worker on ``cuda:0``)."""
+    asked = os.environ.get("ELASTICJOB_DEVICE")
+    if asked is not None:
+        devices = set(re.findall(r"^started \(.* device=(\S+) ", text, re.M))
+        assert devices == {asked}, f"asked for {asked}, workers started on {devices}"

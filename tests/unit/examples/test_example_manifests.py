@@ -146,3 +146,16 @@ def test_the_kueue_manifest_queues_its_job_on_a_quota_that_admits_its_minimum() 
     volumes = job.spec.worker.template.spec.volumes or []
     claim = next(v for v in volumes if v["name"] == "checkpoints")["persistentVolumeClaim"]
     assert ("PersistentVolumeClaim", claim["claimName"]) in docs
+
+
+def test_the_gpu_manifest_runs_one_worker_per_gpu_it_asks_for() -> None:
+    _, job = load("gpu.yaml")
+    assert job.spec.nproc_per_node == "gpu"  # elasticjob-run starts one per visible GPU
+    trainer = job.spec.worker.template.spec.containers[0]
+    limits = (trainer.model_extra or {})["resources"]["limits"]
+    assert int(limits["nvidia.com/gpu"]) >= 1
+    args = (trainer.model_extra or {})["args"]
+    from elasticjob_examples.train_gpt import parse_args
+
+    parsed = parse_args(args[args.index("-m") + 2 :])  # every flag is one the script takes
+    assert parsed.backend in ("gloo", "nccl")

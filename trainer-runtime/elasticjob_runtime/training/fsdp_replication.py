@@ -214,8 +214,12 @@ class FSDPReplication:
         seed: int | None,
         copy_every: int = 0,
         shard_group_size: int | None = None,
+        device: torch.device | None = None,
     ) -> None:
+        """``device``: where the shards live (the Run's device; default the round group's,
+        the CPU for gloo). The mesh is of its type, so gloo over CUDA shards works too."""
         self._build, self._state, self.checkpoints = build, state, checkpoints
+        self._device = device
         self._on_optimizer, self._seed = on_optimizer, seed
         self._comm = WeighedReduceScatter()
         self._held: HeldShards | None = None
@@ -257,7 +261,7 @@ class FSDPReplication:
             log.warning("%s", note)
         with rounds.group.adopt():  # an abandoned round shuts its sub-groups too
             mesh = init_device_mesh(
-                rounds.device.type,
+                self._compute_device(rounds).type,
                 (shape.replicas, shape.shard) if hsdp else (shape.shard,),
                 mesh_dim_names=round_dims(rounds.generation, hsdp),
             )
@@ -267,7 +271,7 @@ class FSDPReplication:
             if on_meta:
                 with torch.device("meta"):
                     model, optimizer, extra = built_parts(self._build(mesh))
-                model.to_empty(device=rounds.device)
+                model.to_empty(device=self._compute_device(rounds))
             else:
                 model, optimizer, extra = built_parts(self._build(mesh))
         install(model, self._comm)
@@ -276,6 +280,9 @@ class FSDPReplication:
         for optim in (optimizer, *st.registered.values()):
             if isinstance(optim, torch.optim.Optimizer):
                 self._on_optimizer(optim)
+
+    def _compute_device(self, rounds: WorkerRounds) -> torch.device:
+        return self._device if self._device is not None else rounds.device
 
     # -- Replication
 
@@ -535,7 +542,9 @@ class FSDPReplication:
             held = {old: rows[name] for old, rows in pieces.items()}
             rows = target.shape[0]
             out = target.to_local()
-            exchange(held, out, rows, old_shards, holders, rank, world, new_shards, own)
+            exchange(
+                held, out, rows, old_shards, holders, rank, world, new_shards, own, rounds.device
+            )
 
         msd = model_state(model)
         for fqn in sorted(k for k, v in msd.items() if is_sharded(v)):

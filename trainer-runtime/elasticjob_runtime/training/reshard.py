@@ -131,6 +131,7 @@ def exchange(
     new_world: int,
     new_shards: int | None = None,
     own: Mapping[int, int] | None = None,
+    via: torch.device | None = None,
 ) -> None:
     """Fill ``out``, this rank's new shard of one tensor of ``rows`` rows; every rank
     calls it for the same tensor, in the same order.
@@ -138,7 +139,10 @@ def exchange(
     ``held`` maps each old shard this rank holds the rows of (its own, or a copy of a
     peer's: shard_copies.py) to those rows; ``holders``, ``new_shards`` and ``own`` are
     :func:`transfers`'. The rows it sends and receives go in one ``all_to_all_single``
-    over the default group."""
+    over the default group, on device ``via`` (the group's; default ``out``'s): a copy
+    sits in CPU memory while the shard may be on a GPU, and a collective takes tensors
+    of one device (found on a GPU: gloo refused a CPU copy sent into a CUDA shard)."""
+    via = out.device if via is None else via
     row_numel = out[0].numel() if out.shape[0] else _row_numel(held.values())
     plan = transfers(rows, old_shards, new_world, holders, new_shards, own)
     send_counts, recv_counts = [0] * new_world, [0] * new_world
@@ -149,12 +153,12 @@ def exchange(
         assert local is not None, "a rank with rows to send holds them"
         held_from = chunk_rows(rows, old_shards, move.old_shard)[0]
         send_counts[move.dest] += (move.stop - move.start) * row_numel
-        pieces.append(local[move.start - held_from : move.stop - held_from].reshape(-1))
+        pieces.append(local[move.start - held_from : move.stop - held_from].reshape(-1).to(via))
     receiving = sorted((m for m in plan if m.dest == rank), key=lambda m: (m.source, m.old_shard))
     for move in receiving:
         recv_counts[move.source] += (move.stop - move.start) * row_numel
-    send = torch.cat(pieces) if pieces else out.new_empty(0)
-    received = out.new_empty(sum(recv_counts))
+    send = torch.cat(pieces) if pieces else torch.empty(0, dtype=out.dtype, device=via)
+    received = torch.empty(sum(recv_counts), dtype=out.dtype, device=via)
     dist.all_to_all_single(received, send, recv_counts, send_counts)
     del send, pieces
     # pieces arrive in source-rank order, and from one source in old-shard order

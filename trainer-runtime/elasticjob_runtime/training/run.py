@@ -70,6 +70,7 @@ from elasticjob_runtime.training.agreement import Agreement
 from elasticjob_runtime.training.current import Current, Sharded
 from elasticjob_runtime.training.current_ddp import CurrentDDP
 from elasticjob_runtime.training.ddp_replication import DDPReplication
+from elasticjob_runtime.training.device_choice import DEVICE_ENV, choose_device, visible_gpus
 from elasticjob_runtime.training.fsdp_replication import Build, FSDPReplication
 from elasticjob_runtime.training.loader import ElasticLoader
 from elasticjob_runtime.training.replication import Replication
@@ -133,6 +134,7 @@ class Run:
         check_every: int = 100,
         on_divergence: str = "stop",
         async_checkpoint: bool = True,
+        device: str | torch.device | None = None,
     ) -> None:
         """``in_place`` (default: on unless ``ELASTICJOB_IN_PLACE=0``) regroups a healthy
         worker across membership changes under ``elasticjob-run``; off, it exits and
@@ -153,9 +155,18 @@ class Run:
         thread (a 53 MB state: 0.27 s a save here, an fsync the most of it). A sharded
         model (``run.shard``) saves the same way, every rank its own shards, and rank 0
         commits the checkpoint once every rank's part is written
-        (:mod:`elasticjob_runtime.checkpoints.sharded`)."""
+        (:mod:`elasticjob_runtime.checkpoints.sharded`).
+
+        ``device``: where this rank trains, ``run.device`` (default: ``ELASTICJOB_DEVICE``,
+        else ``cuda:LOCAL_RANK`` where CUDA is there, else the CPU;
+        :mod:`elasticjob_runtime.training.device_choice`). A CUDA device is made current
+        before the process group is built; the script moves its model and batches there."""
         if checkpoint_interval < 1:
             raise ValueError(f"checkpoint_interval must be at least 1 (got {checkpoint_interval})")
+        asked = str(device) if device is not None else os.environ.get(DEVICE_ENV)
+        self.device = choose_device(int(os.environ.get("LOCAL_RANK", "0")), visible_gpus(), asked)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)  # NCCL's group and CUDA's default use it
         self._agreement = Agreement(check_every, on_divergence)
         self._rounds = WorkerRounds(backend, timeout, in_place)
         # Seconds of the last (re)grouping: wait (for the round), process_group, restore,
@@ -334,6 +345,7 @@ class Run:
             self._loop.seed,
             copy_every,
             shard_group_size,
+            self.device,
         )
         self._use(replica)
         registered = self._state.registered
