@@ -34,7 +34,7 @@ from typing import Any
 
 RECOVERY_TESTS = [
     "tests/unit/runtime/test_gpu_state.py",
-    "tests/integration/test_run_device.py",
+    "tests/integration/test_run_defaults.py",
     "tests/integration/recovery/test_real_scripts.py::"
     "test_a_realistic_script_through_a_kill_and_a_join_trains_what_an_unfaulted_run_trains",
     "tests/integration/recovery/test_fsdp_in_place.py::"

@@ -24,6 +24,7 @@ from typing import Any, Final
 
 from elasticjob_operator import builders, gang, models, network_policy
 from elasticjob_operator.builders import JobRef
+from elasticjob_operator.checkpoint_volume import durability_warning
 from elasticjob_operator.conditions import ConditionChange, phase_of, set_condition
 from elasticjob_operator.decision import (
     ChildRef,
@@ -543,7 +544,11 @@ def _provision(d: Decision, r: Round) -> None:
             if policy["metadata"]["name"] not in observed.network_policies:
                 d.create.append(policy)
     if builders.worker_service_name(ref.name) not in observed.services:
-        d.create.append(builders.worker_service(ref))
+        service = builders.worker_service(ref)
+        d.create.append(service)  # once per job: its checkpoints' durability is said then
+        said = durability_warning(r.spec.worker.template.spec, (child_key(service),))
+        if said is not None:
+            d.events.append(said)
     budget = builders.disruption_budget_name(ref.name)
     if r.spec.pod_disruption_budget and budget not in observed.disruption_budgets:
         d.create.append(builders.disruption_budget(ref, r.spec))

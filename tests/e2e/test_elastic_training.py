@@ -198,6 +198,11 @@ def test_the_example_trains_to_success_and_its_loss_falls(
     assert result["final_loss"] < result["initial_loss"] * 0.8, result
     row = c.kubectl("-n", ns, "get", "elasticjob", name).stdout.splitlines()[1].split()
     assert row[-2] == "Succeeded", row
+    # the example checkpoints on an emptyDir: the job says once what that risks
+    selector = f"involvedObject.name={name},reason=CheckpointsNotDurable"
+    said = c.core.list_namespaced_event(ns, field_selector=selector).items
+    assert [(e.type, e.count or 1) for e in said] == [("Warning", 1)], said
+    assert "ELASTICJOB_CHECKPOINT_DIR=/checkpoints is on emptyDir volume" in said[0].message
 
 
 def test_a_killed_worker_process_costs_at_most_a_checkpoint_interval_in_the_same_pods(

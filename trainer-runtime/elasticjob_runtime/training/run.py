@@ -62,6 +62,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import Dataset
 
+from elasticjob_runtime import contract
 from elasticjob_runtime.checkpoints.job_identity import current_job, directory_name
 from elasticjob_runtime.checkpoints.manager import CheckpointManager
 from elasticjob_runtime.checkpoints.sharded import ShardedCheckpoints
@@ -100,14 +101,31 @@ def default_checkpoint_dir() -> Path:
     return Path(tempfile.gettempdir()) / "elasticjob-checkpoints" / job
 
 
+def checkpoint_dir_of(asked: str | Path | None, env: Mapping[str, str]) -> Path | None:
+    """Where the Run checkpoints: ``checkpoint_dir=``, else ``ELASTICJOB_CHECKPOINT_DIR``
+    (every example manifest sets it to a mounted volume), else None: the temp dir. Read
+    from the environment because a script written without it must not checkpoint into
+    the pod's /tmp under a manifest that mounted a volume for it."""
+    chosen = asked or env.get(contract.CHECKPOINT_DIR)
+    return Path(chosen) if chosen else None
+
+
 def run_checkpoints(
     directory: str | Path | None, keep: int, async_save: bool, sigterm_grace: float
 ) -> CheckpointManager:
     """The Run's checkpoints, saving the last step on SIGTERM. The node-memory copy is
     keyed by run id: without a launcher there is none, and a later plain run would
     silently resume an earlier one, so it is off there."""
+    chosen = checkpoint_dir_of(directory, os.environ)
+    if chosen is None and "TORCHELASTIC_RUN_ID" in os.environ:
+        log.warning(
+            "checkpoints go to %s, which a lost pod takes with it: pass checkpoint_dir= "
+            "or set %s to a volume that outlives the pod",
+            default_checkpoint_dir(),
+            contract.CHECKPOINT_DIR,
+        )
     ckpt = CheckpointManager(
-        directory or default_checkpoint_dir(),
+        chosen or default_checkpoint_dir(),
         keep=keep,
         memory="TORCHELASTIC_RUN_ID" in os.environ,
         async_save=async_save,
@@ -156,6 +174,9 @@ class Run:
         model (``run.shard``) saves the same way, every rank its own shards, and rank 0
         commits the checkpoint once every rank's part is written
         (:mod:`elasticjob_runtime.checkpoints.sharded`).
+
+        ``checkpoint_dir``: default ``ELASTICJOB_CHECKPOINT_DIR`` (the manifests' volume),
+        else the temp dir, which a lost pod takes with it (logged under a launcher).
 
         ``device``: where this rank trains, ``run.device`` (default: ``ELASTICJOB_DEVICE``,
         else ``cuda:LOCAL_RANK`` where CUDA is there, else the CPU;

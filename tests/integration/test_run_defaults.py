@@ -1,5 +1,7 @@
-"""The device a plain ``python train.py`` Run picks (device_choice.py), end to end: the
-process's own CUDA view, ``ELASTICJOB_DEVICE``, and the error for a GPU that is not there."""
+"""What a plain ``python train.py`` Run picks when the script does not say, end to end:
+its device (device_choice.py: the process's own CUDA view, ``ELASTICJOB_DEVICE``, the
+error for a GPU that is not there) and its checkpoint directory (the manifest's
+``ELASTICJOB_CHECKPOINT_DIR``)."""
 
 from __future__ import annotations
 
@@ -15,20 +17,33 @@ pytestmark = pytest.mark.integration
 
 SCRIPT = """
 from elasticjob_runtime.training.run import Run
-run = Run(checkpoint_dir={ckpt!r})
+run = Run({args})
 print("device", run.device, flush=True)
+print("checkpoints", run.ckpt.directory, flush=True)
 run.finish()
 """
 
 
-def run_device(tmp_path: Path, asked: str | None) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "ELASTICJOB_DEVICE"}
-    if asked is not None:
-        env["ELASTICJOB_DEVICE"] = asked
-    code = SCRIPT.format(ckpt=str(tmp_path / "ckpt"))
+def plain_run(
+    tmp_path: Path, env: dict[str, str], args: str = ""
+) -> subprocess.CompletedProcess[str]:
+    drop = ("ELASTICJOB_DEVICE", "ELASTICJOB_CHECKPOINT_DIR")
+    env = {**{k: v for k, v in os.environ.items() if k not in drop}, **env}
+    code = SCRIPT.format(args=args)
     return subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
     )
+
+
+def run_device(tmp_path: Path, asked: str | None) -> subprocess.CompletedProcess[str]:
+    env = {"ELASTICJOB_DEVICE": asked} if asked is not None else {}
+    return plain_run(tmp_path, env, f"checkpoint_dir={str(tmp_path / 'ckpt')!r}")
+
+
+def test_a_run_checkpoints_where_the_manifest_says_without_being_told(tmp_path: Path) -> None:
+    out = plain_run(tmp_path, {"ELASTICJOB_CHECKPOINT_DIR": str(tmp_path / "volume")})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"checkpoints {tmp_path / 'volume'}" in out.stdout
 
 
 def test_a_run_trains_on_its_local_ranks_gpu_or_the_cpu_and_says_which(tmp_path: Path) -> None:
