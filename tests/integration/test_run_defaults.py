@@ -61,3 +61,30 @@ def test_asking_for_a_gpu_where_there_is_none_stops_with_what_to_do(tmp_path: Pa
     assert out.returncode != 0
     assert "ELASTICJOB_DEVICE='cuda' asks for a GPU, but this process sees none" in out.stderr
     assert not (tmp_path / "ckpt").exists() or not any((tmp_path / "ckpt").iterdir())
+
+
+MISUSED_LOADER = """
+from elasticjob_runtime.training.run import Run
+run = Run(checkpoint_dir={ckpt!r})
+try:
+    run.loader(list(range(8)), 2, seed=1)
+except TypeError as exc:
+    print("said:", exc, flush=True)
+try:
+    run.loader(list(range(8)), 2)
+except RuntimeError as exc:
+    print("said:", exc, flush=True)
+run.finish()
+"""
+
+
+def test_a_loader_misused_says_in_one_line_what_to_do(tmp_path: Path) -> None:
+    code = MISUSED_LOADER.format(ckpt=str(tmp_path / "ckpt"))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    said = [line for line in out.stdout.splitlines() if line.startswith("said: ")]
+    assert said == [
+        "said: run.loader() takes no seed=: each sample is read under a seed from "
+        "Run(seed=...), the epoch and its index",
+        "said: call run.wrap(...) or run.shard(...) before run.loader()",
+    ], out.stdout

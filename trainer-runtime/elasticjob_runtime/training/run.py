@@ -74,6 +74,7 @@ from elasticjob_runtime.training.ddp_replication import DDPReplication
 from elasticjob_runtime.training.device_choice import DEVICE_ENV, choose_device, visible_gpus
 from elasticjob_runtime.training.fsdp_replication import Build, FSDPReplication
 from elasticjob_runtime.training.loader import ElasticLoader
+from elasticjob_runtime.training.loader_options import refused_option
 from elasticjob_runtime.training.replication import Replication
 from elasticjob_runtime.training.sampler import ElasticSampler
 from elasticjob_runtime.training.state import TrainingState, registered_state
@@ -425,6 +426,11 @@ class Run:
         ``multiprocessing_context``. Worker processes are persistent by default and
         survive regroups; loader.py says how. Call after :meth:`wrap`; ``dataset`` is
         the one the sampler was made for."""
+        refused = refused_option(options)
+        if refused is not None:
+            raise TypeError(refused)
+        if self._state.sampler is None:
+            raise RuntimeError("call run.wrap(...) or run.shard(...) before run.loader()")
         seed = self.sampler.seed if self._loop.seed is None else self._loop.seed
         made = ElasticLoader(self._loop, dataset, batch_size, seed=seed, **options)
         if self._replica is not None:
