@@ -136,7 +136,10 @@ def run_checkpoints(
 
 
 class Run:
-    """One worker's part in an elastic training run (see the module docstring)."""
+    """One worker's part in an elastic training run: made once per worker process in
+    place of ``init_process_group``, it joins the current round, restores the state,
+    drives the steps (``epochs``, ``loader``, ``step``) and regroups in place when the
+    membership changes (docs/training-loop.md)."""
 
     def __init__(
         self,
@@ -186,9 +189,9 @@ class Run:
         if checkpoint_interval < 1:
             raise ValueError(f"checkpoint_interval must be at least 1 (got {checkpoint_interval})")
         asked = str(device) if device is not None else os.environ.get(DEVICE_ENV)
-        self.device = choose_device(int(os.environ.get("LOCAL_RANK", "0")), visible_gpus(), asked)
-        if self.device.type == "cuda":
-            torch.cuda.set_device(self.device)  # NCCL's group and CUDA's default use it
+        self._device = choose_device(int(os.environ.get("LOCAL_RANK", "0")), visible_gpus(), asked)
+        if self._device.type == "cuda":
+            torch.cuda.set_device(self._device)  # NCCL's group and CUDA's default use it
         self._agreement = Agreement(check_every, on_divergence)
         self._rounds = WorkerRounds(backend, timeout, in_place)
         # Seconds of the last (re)grouping: wait (for the round), process_group, restore,
@@ -219,15 +222,25 @@ class Run:
     # -- who we are this round, and what we hold
 
     @property
+    def device(self) -> torch.device:
+        """Where this rank trains: ``cuda:LOCAL_RANK`` on a GPU node, else the CPU, unless
+        ``device=`` or ``ELASTICJOB_DEVICE`` said otherwise (device_choice.py). Move the
+        model and each batch here."""
+        return self._device
+
+    @property
     def rank(self) -> int:
+        """This worker's rank in the current round (it may change at a regroup)."""
         return self._rounds.rank
 
     @property
     def world_size(self) -> int:
+        """Ranks in the current round."""
         return self._rounds.world_size
 
     @property
     def local_rank(self) -> int:
+        """This worker's index on its node (``LOCAL_RANK``): its GPU's, by default."""
         return self._rounds.local_rank
 
     @property
@@ -265,6 +278,7 @@ class Run:
 
     @property
     def ddp(self) -> DistributedDataParallel:
+        """The current round's DDP module (after ``wrap``; a sharded model has none)."""
         if isinstance(self._replica, DDPReplication):
             return self._replica.model.ddp
         if self._replica is not None:
@@ -273,6 +287,7 @@ class Run:
 
     @property
     def sampler(self) -> ElasticSampler:
+        """The sampler given to ``wrap`` or ``shard``."""
         return self._loop.sampler
 
     # -- set-up
