@@ -84,7 +84,9 @@ def load_into(targets: Mapping[str, Any], ckpt: Checkpoint) -> None:
         if key not in ckpt.state:
             raise CheckpointError(
                 f"checkpoint {ckpt.path} has no {key!r} entry (it has "
-                f"{sorted(ckpt.state)}); save that key or drop it from the restore"
+                f"{sorted(ckpt.state)}): it was saved before {key!r} was (an object "
+                "added to state= since?); start from a new checkpoint directory, or drop "
+                f"{key!r} from what is restored"
             )
         loader(ckpt.state[key])
 

@@ -29,7 +29,6 @@ OWNED: Final = {
     "sampler": "the Run gives each rank its samples from the ElasticSampler given to "
     "run.wrap/run.shard",
     "batch_sampler": "the Run makes each step's batches itself",
-    "batch_size": "it is run.loader's second argument",
     "drop_last": "every sample is trained once per epoch; the epoch's last step is smaller",
     "generator": "each sample is read under a seed from Run(seed=...), the epoch and its index",
     "timeout": "not supported here",
