@@ -1,8 +1,7 @@
 """ImageNet-style elastic training: a small ResNet under DistributedDataParallel.
 
 The shape of torchelastic's classic ImageNet example (DDP model, elastic sampler,
-``load_checkpoint``/``save_checkpoint`` around the training loop, launched by the
-elastic agent), sized for CPU::
+checkpoints, launched by the elastic agent) on the training-loop API, sized for CPU::
 
     elasticjob-run --nnodes=1:4 --nproc-per-node=1 --rdzv-endpoint=HOST:2379 \\
         --rdzv-id=imagenet -m elasticjob_examples.imagenet --epochs 2
