@@ -13,6 +13,8 @@ optimizer that do not depend on the world size:
   run trains;
 * a node that announces its departure leaves a copy of its shard with its buddy at its
   last step: no step is lost, and the run trains what a planned shrink through DCP trains;
+* a whole job told to stop saves its last committed step, every rank its own shards, and
+  resumed from it trains what the unfaulted run trains;
 * FSDP2 at world 2 trains, within float tolerance, what one process trains on the same
   global batch (the gradients are averaged, never summed: pytorch#162338).
 """
@@ -111,6 +113,30 @@ def test_an_fsdp_node_that_announces_its_departure_leaves_a_copy_of_its_shard_an
     assert re.search(r"^started \(checkpoint step 14\) .* world=1 ", second, re.M), second[-3000:]
     assert_same_training(faulted, first + second)
     assert_every_sample_once_per_epoch(faulted)
+
+
+def test_a_whole_fsdp_job_told_to_stop_saves_its_last_step_and_resumes_from_it(
+    agents: list[subprocess.Popen[bytes]], etcd: EtcdServer, tmp_path: Path
+) -> None:
+    # After step 14 both agents get SIGTERM (the job deleted, or evicted): each stops its
+    # worker. A rank told to stop votes so in its next step; the ranks agree on that step
+    # and every rank writes its shards of it, so the job loses no step it committed. Run
+    # again on the same checkpoint directory, it resumes there; the two runs together
+    # train what an unfaulted run trains (the world is 2 throughout).
+    stopped = run_job(
+        agents, etcd, tmp_path / "job", {**FSDP, "STOP_JOB_AT_STEP": "14"}, 2, "2", expect_ok=False
+    )
+    said = {int(s) for s in re.findall(r"every rank saved step (\d+)", stopped)}
+    assert len(said) == 1, stopped[-4000:]
+    (saved,) = said
+    # the step saved is the last committed: a rank told to stop exits inside its block,
+    # before the script logs it (a rank told a moment later logs it first)
+    logged = set(worlds(stopped))
+    assert saved in (max(logged), max(logged) + 1) and saved >= 15, (saved, stopped[-3000:])
+    resumed = run_job(agents, etcd, tmp_path / "job", FSDP, 2, "2")
+    assert re.search(rf"^started \(checkpoint step {saved}\) ", resumed, re.M), resumed[-3000:]
+    reference = run_job(agents, etcd, tmp_path / "reference", FSDP, 2, "2")
+    assert_same_training(stopped + resumed, reference, unlogged=frozenset({saved} - logged))
 
 
 def test_fsdp_at_world_2_trains_what_one_process_trains_on_the_same_global_batch(

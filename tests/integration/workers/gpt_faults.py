@@ -24,6 +24,8 @@ optional):
   optimizer update, inside the step (a script logging an all-reduced value);
   ``CRASH_AFTER_UPDATE_IN_STEP`` / ``CRASH_RANK``: that rank dies right after its update
   in that step (first attempt), so its peers' update ran and their collective fails;
+* ``STOP_JOB_AT_STEP``: every worker SIGTERMs its agent (the whole job stopped: deleted,
+  evicted); the agents stop their workers, which save their last step and exit;
 * ``STOP_AT_STEP``: every worker saves that step and exits 0 (an unfaulted end of one
   world size: a test resumes the checkpoint at another, the reference for a lost node);
 * ``TAMPER_AT_STEP`` / ``TAMPER_RANK``: that rank changes its shard of the first
@@ -75,6 +77,8 @@ def main() -> None:
             model = rest[3]  # train_gpt_fsdp.log_step(args, run, round_id, epoch, loss, model..)
             with torch.no_grad():
                 next(iter(model.parameters())).to_local().add_(1e-3)
+        if step == _at("STOP_JOB_AT_STEP") and first_attempt:  # every agent told to stop
+            os.kill(os.getppid(), signal.SIGTERM)
         if step == _at("STOP_AT_STEP"):
             run.save(wait=True)
             print(f"stopped at step {step} rank={run.rank}", flush=True)

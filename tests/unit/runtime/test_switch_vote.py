@@ -155,3 +155,26 @@ def test_two_ranks_that_heard_at_different_steps_agree_on_the_same_step() -> Non
         assert agreed == switch + switch, rank
         assert all(g == average for _, g in got[rank][:6:2]), got[rank]
     assert [g for _, g in got[0][6:]] == [g for _, g in got[1][6:]]  # averaged alike
+
+
+def test_a_rank_told_to_stop_makes_the_vote_a_stop_and_never_rides_on_gradients(
+    world_of_one: None,
+) -> None:
+    # a sharded model's ranks save together: one told to stop (SIGTERM) says so in the
+    # vote, read when counted, so it is sent alone, never appended to a gradient bucket
+    vote, told = SwitchVote(), [False]
+    vote.stopping = lambda: told[0]
+    grads = torch.zeros(3)
+    vote.cast(0, 3)
+    assert vote.carry(grads) is grads
+    vote.count(CPU)
+    assert not vote.stop_agreed(3)
+    told[0] = True
+    vote.cast(0, 3)
+    vote.count(CPU)
+    assert vote.stop_agreed(3) and not vote.agreed(3)  # a stop is not a switch
+    assert not vote.stop_agreed(4)
+    told[0] = False  # a later vote without it: no stop
+    vote.cast(0, 3)
+    vote.count(CPU)
+    assert not vote.stop_agreed(3)

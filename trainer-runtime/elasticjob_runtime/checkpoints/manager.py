@@ -345,8 +345,10 @@ class CheckpointManager:
         """True once SIGTERM arrived (the next ``mark_step`` saves and exits)."""
         return self._sigterm.requested
 
-    def mark_step(self, step: int) -> None:
-        """Record that ``step`` is complete; after SIGTERM, save it and exit here.
+    def mark_step(self, step: int, *, stop_here: bool = True) -> None:
+        """Record that ``step`` is complete; after SIGTERM, save it and exit here (unless
+        not ``stop_here``: the caller stops at a later boundary, as ranks that save
+        together do once they agree on one).
 
         Call it between optimizer steps, where model, optimizer and sampler agree. Under
         ``elasticjob-run`` it is also the step the agent's hang detection watches.
@@ -354,7 +356,12 @@ class CheckpointManager:
         self._step = step
         if self._step_reporter is not None:
             self._step_reporter.report(step)
-        self._sigterm.at_step_boundary()
+        self._sigterm.at_step_boundary(stop_here)
+
+    def saved_elsewhere(self, step: int) -> None:
+        """``step`` is saved, though not by this manager (a sharded checkpoint): a
+        SIGTERM at this step has nothing left to save."""
+        self._saved_step = step
 
     def install_sigterm_handler(self, grace_s: float = 20.0) -> None:
         """On SIGTERM, save the tracked state at the next ``mark_step`` and exit 143
@@ -375,11 +382,11 @@ class CheckpointManager:
         with contextlib.suppress(CheckpointError):
             self.wait()  # an async save in flight may be the step we want
         step, tracked = self._step, self._tracked
+        if step is not None and self._saved_step == step:
+            log.warning("SIGTERM: step %d is already saved", step)
+            return
         if step is None or tracked is None:
             log.warning("SIGTERM: nothing to save (no step marked or no state tracked)")
-            return
-        if self._saved_step == step:
-            log.warning("SIGTERM: step %d is already saved", step)
             return
         live = tracked() if callable(tracked) else tracked
         # local rank 0 writes the disk copy too: the writer may be on a node not terminating

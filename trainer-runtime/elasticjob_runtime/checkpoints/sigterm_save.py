@@ -125,10 +125,11 @@ class SigtermSave:
     def requested(self) -> bool:
         return self._requested.is_set()
 
-    def at_step_boundary(self) -> None:
-        """A step is complete (and marked): after SIGTERM, save it and exit here."""
+    def at_step_boundary(self, stop_here: bool = True) -> None:
+        """A step is complete (and marked): after SIGTERM, save it and exit here, unless
+        not ``stop_here`` (the grace watchdog still bounds the wait)."""
         self.guard.boundary()
-        if self._requested.is_set():
+        if self._requested.is_set() and stop_here:
             self.save()
             raise SystemExit(EXIT_CODE)
 

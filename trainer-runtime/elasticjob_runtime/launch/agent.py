@@ -320,11 +320,9 @@ class MembershipAwareAgent(TorchAgent):
             self._channel.deliver(generation, kwargs["envs"], kind.abort)
             if kind.in_place and running is not None:
                 return running
-            if spares is not None:
-                return start_processes_warm(spares, **kwargs)
-            return original(**kwargs)
+            return start_processes_warm(spares, **kwargs)  # torch's own where it must be
 
-        with starting_workers_with(start) as original:
+        with starting_workers_with(start):
             started = super().start_workers(worker_group)
         self.joined.set()
         in_place = kind.in_place and running is not None

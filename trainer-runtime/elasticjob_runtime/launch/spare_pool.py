@@ -254,18 +254,19 @@ class SpareHandler(AdoptedProcess):
 class WarmSubprocessContext(HandlerChoosingContext):
     """``SubprocessContext`` whose ranks start from the pool's spares where it can."""
 
-    def __init__(self, pool: SparePool, **kwargs: Any) -> None:
+    def __init__(self, pool: SparePool | None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self._pool = pool
+        self._pool = pool  # None: no spares, every worker started cold
 
     def start_handlers(self) -> dict[int, SubprocessHandler]:
         handlers: dict[int, SubprocessHandler] = {}
         for rank in range(self.nprocs):
             env = {**os.environ, **self.envs[rank]}
-            spare = self._pool.take(rank, env)
+            spare = self._pool.take(rank, env) if self._pool is not None else None
             if spare is None:
-                self._pool.started_cold += 1
-                handlers[rank] = get_subprocess_handler(
+                if self._pool is not None:
+                    self._pool.started_cold += 1
+                started = get_subprocess_handler(
                     entrypoint=self.entrypoint,  # type: ignore[arg-type]
                     args=self.args[rank],
                     env=self.envs[rank],
@@ -273,7 +274,9 @@ class WarmSubprocessContext(HandlerChoosingContext):
                     stderr=self.stderrs[rank],
                     local_rank_id=rank,
                 )
+                handlers[rank] = AdoptedProcess.taking_over(started)  # its polite stop
                 continue
+            assert self._pool is not None  # a spare came from it
             self._pool.handed_over += 1
             handlers[rank] = SpareHandler(
                 spare, self.args[rank], env, self.stdouts[rank], self.stderrs[rank], rank
@@ -281,8 +284,9 @@ class WarmSubprocessContext(HandlerChoosingContext):
         return handlers  # the agent refills the pool (refill_due)
 
 
-def start_processes_warm(pool: SparePool, **kwargs: Any) -> PContext:
-    """torch's ``start_processes`` for binaries, with :class:`WarmSubprocessContext`."""
+def start_processes_warm(pool: SparePool | None, **kwargs: Any) -> PContext:
+    """torch's ``start_processes`` for binaries, with :class:`WarmSubprocessContext`
+    (``pool`` None: no spares; the workers still get its handlers' stop, AdoptedProcess)."""
     if not isinstance(kwargs.get("entrypoint"), str) or kwargs.get("numa_options"):
         return start_processes(**kwargs)
     kwargs.pop("start_method", None)

@@ -24,6 +24,8 @@ torch no longer has one. Written against torch 2.13.
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import subprocess
 from collections.abc import Callable, Iterator
 from types import ModuleType
@@ -226,6 +228,29 @@ class AdoptedProcess(SubprocessHandler):
         self._stderr = open(stderr, "w") if stderr else None  # noqa: SIM115
         self.local_rank_id = local_rank_id
         self.proc = proc
+
+    @classmethod
+    def taking_over(cls, handler: SubprocessHandler) -> AdoptedProcess:
+        """torch's own handler for a worker it started cold, stopped as :meth:`close` says."""
+        adopted = cls.__new__(cls)
+        adopted._stdout, adopted._stderr = handler._stdout, handler._stderr
+        adopted.local_rank_id, adopted.proc = handler.local_rank_id, handler.proc
+        return adopted
+
+    def close(self, death_sig: signal.Signals | None = None) -> None:
+        """A stop asked for (SIGTERM) goes to the worker alone; SIGKILL to its whole
+        process group, as torch sends both. The worker saves its last step at its next
+        step boundary (a sharded model's ranks first agree on one, a step later), and
+        its DataLoader workers must live until then: killed by torch's group-wide
+        SIGTERM, they broke the worker's loop before it got there. They exit with it."""
+        sig = death_sig or signal.SIGTERM
+        if sig == signal.SIGKILL:
+            os.killpg(self.proc.pid, sig)
+        else:
+            self.proc.send_signal(sig)
+        for f in (self._stdout, self._stderr):
+            if f:
+                f.close()
 
     @property
     def stdout_file(self) -> Any:

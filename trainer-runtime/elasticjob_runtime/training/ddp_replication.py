@@ -22,6 +22,8 @@ from elasticjob_runtime.training.worker_rounds import WorkerRounds
 class DDPReplication:
     """:class:`~elasticjob_runtime.training.replication.Replication` for DDP."""
 
+    saves_together = False  # every rank holds the whole state: each saves it on SIGTERM
+
     def __init__(self, state: TrainingState, ckpt: CheckpointManager, model: CurrentDDP) -> None:
         self._state, self._ckpt, self.model = state, ckpt, model
 

@@ -205,6 +205,8 @@ def someone_leaves(rounds: WorkerRounds) -> bool:
 class FSDPReplication:
     """:class:`~elasticjob_runtime.training.replication.Replication` for FSDP2 and HSDP."""
 
+    saves_together = True  # each rank writes its own shards of one checkpoint
+
     def __init__(
         self,
         build: Build,

@@ -26,6 +26,11 @@ from elasticjob_runtime.training.worker_rounds import WorkerRounds
 class Replication(Protocol):
     """One layout of the model over a round's ranks."""
 
+    # True when a checkpoint is every rank's together (each its own shards): then the
+    # ranks agree on the step they stop at after a SIGTERM, and save it together;
+    # False when each rank's own save after a SIGTERM holds the whole state (DDP).
+    saves_together: bool
+
     def form(self, rounds: WorkerRounds, timings: dict[str, float]) -> str:
         """Wrap the model for the round just formed and leave every rank at the newest
         step any rank holds (or the newest checkpoint); every member calls it. Returns

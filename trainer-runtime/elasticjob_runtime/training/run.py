@@ -385,6 +385,7 @@ class Run:
             self.device,
         )
         self._use(replica)
+        self._loop.vote.stopping = lambda: self.ckpt.stop_requested  # stops are agreed
         registered = self._state.registered
         return Sharded(
             Current(lambda: replica.model, "model"),
@@ -481,9 +482,19 @@ class Run:
 
     def _committed(self) -> None:
         """After each commit: a SIGTERM saves this step and exits 143; the interval's
-        checkpoint; rank 0's progress record."""
+        checkpoint; rank 0's progress record. A sharded model's ranks save together, so
+        a rank told to stop goes on until the ranks agree on a step (its next vote) and
+        they all save it; ranks not told to stop then train on."""
         step = self.global_step
-        self.ckpt.mark_step(step)
+        stop_here = True
+        if self._replica is not None and self._replica.saves_together:
+            stop_here = self._loop.stop_agreed()
+            if stop_here:
+                self._replica.save(step)
+                self._replica.flush_saves()
+                self.ckpt.saved_elsewhere(step)
+                log.warning("a rank was told to stop: every rank saved step %d", step)
+        self.ckpt.mark_step(step, stop_here=stop_here)
         if step % self.checkpoint_interval == 0:
             self.save()
         if self.reporter is not None:

@@ -148,9 +148,17 @@ class StepLoop:
     def _cast_vote(self) -> None:
         """As a step begins: does this rank know that the round must end after it?"""
         r = self._rounds
-        if r.channel is None or r.world_size == 1:
-            return  # no round to switch to, or nobody to agree with
+        if r.world_size == 1 or (r.channel is None and self.vote.stopping is None):
+            return  # nobody to agree with, or nothing to agree on
         self.vote.cast(ballot(r.switch_pending(), r.handed_over()), r.generation)
+
+    def stop_agreed(self) -> bool:
+        """Is the step just committed the one the ranks stop at, each told to stop or not,
+        so that they save it together (a sharded model)? A rank alone decides alone."""
+        r, stopping = self._rounds, self.vote.stopping
+        if r.world_size == 1:
+            return stopping is not None and stopping()
+        return self.vote.stop_agreed(r.generation)
 
     def _switch_due(self) -> bool:
         """Do the ranks leave this round at this boundary (switch_vote.py)?"""

@@ -27,6 +27,8 @@ end of the backward pass.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.distributed as dist
 
@@ -57,10 +59,15 @@ class SwitchVote:
     all-reduce (or sent alone), counted once before the step ends."""
 
     def __init__(self) -> None:
+        # Has this rank been told to stop (SIGTERM)? Asked when the vote is counted. Only a
+        # model that every rank saves together (sharded) needs its ranks to agree on the
+        # step they stop at: the Run sets it for one, and its ballots are never carried.
+        self.stopping: Callable[[], bool] | None = None
         self._ballot: int | None = None  # cast this step, not yet counted
         self._carried: torch.Tensor | None = None  # an all-reduce payload ending in the sum
         self._cast_in = -1  # the generation (round) of the vote under way
         self._agreed_in = -1  # the generation whose last counted vote said "switch"
+        self._stop_in = -1  # ... and whose last counted vote said "stop"
 
     def cast(self, vote: int, generation: int) -> None:
         """This rank's ``vote`` in round ``generation``, for the step beginning now."""
@@ -71,6 +78,8 @@ class SwitchVote:
         buffer with the ballot appended, for the first bucket of the step that can carry
         it while a ballot is cast (else the buffer itself)."""
         if self._ballot is None or self._carried is not None or not can_carry(buffer):
+            return buffer
+        if self.stopping is not None:  # a stop is read when counted, after the buffer went
             return buffer
         payload = torch.cat([buffer, buffer.new_full((1,), float(self._ballot))])
         self._carried = payload
@@ -85,13 +94,15 @@ class SwitchVote:
         mine, carried = self._ballot, self._carried
         self._ballot, self._carried = None, None
         if carried is not None:  # DDP waited for its all-reduce before backward returned
-            total = float(carried[-1].item())
+            total, stops = float(carried[-1].item()), 0
         else:
-            alone = torch.tensor([mine], dtype=torch.int64, device=device)
+            stop = int(self.stopping is not None and self.stopping())
+            alone = torch.tensor([mine, stop], dtype=torch.int64, device=device)
             dist.all_reduce(alone)
-            total = float(alone.item())
+            total, stops = float(alone[0].item()), int(alone[1].item())
         if total > 0:
             self._agreed_in = self._cast_in
+        self._stop_in = self._cast_in if stops > 0 else -1
 
     def discard(self) -> None:
         """The group broke in the step: its vote will never be counted."""
@@ -100,3 +111,8 @@ class SwitchVote:
     def agreed(self, generation: int) -> bool:
         """Did the ranks of round ``generation`` agree to leave it at this boundary?"""
         return self._agreed_in == generation
+
+    def stop_agreed(self, generation: int) -> bool:
+        """Did a rank of round ``generation`` say, in the last vote counted, that it was
+        told to stop? Then every rank saves this step together (the Run)."""
+        return self._stop_in == generation
