@@ -39,6 +39,16 @@ from gpt_jobs import (
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 FSDP = {"GPT_SCRIPT": "train_gpt_fsdp"}
+_UNFAULTED: list[str] = []
+
+
+def unfaulted_at_2(agents: list[subprocess.Popen[bytes]], etcd: EtcdServer, tmp: Path) -> str:
+    """Two nodes, no fault, every step at world 2: the reference of the killed worker and
+    of the stopped job. Shard copies and checkpoints change no state, so one run serves
+    both (their comparisons prove it); the first test to ask runs it, the other reuses it."""
+    if not _UNFAULTED:
+        _UNFAULTED.append(run_job(agents, etcd, tmp, FSDP, 2, "2", extra=("--copy-every=4",)))
+    return _UNFAULTED[0]
 
 
 def test_an_fsdp_join_moves_the_shards_in_memory_and_trains_what_a_dcp_reshard_trains(
@@ -75,7 +85,7 @@ def test_a_killed_fsdp_worker_goes_back_to_the_shard_copies_or_the_checkpoint_in
     crash = {**FSDP, "CRASH_AT_STEP": "13", "CRASH_RANK": "1"}
     no_copies = ("--copy-every=0",)
     from_disk = run_job(agents, etcd, tmp_path / "disk", crash, 2, "2", extra=no_copies)
-    reference = run_job(agents, etcd, tmp_path / "reference", FSDP, 2, "2", extra=copies)
+    reference = unfaulted_at_2(agents, etcd, tmp_path / "reference")
 
     assert "the group goes back to step 12, whose every shard a survivor holds" in from_copies
     found = re.search(r"^regrouped at step 12 \(shard copies at step 12\)", from_copies, re.M)
@@ -135,7 +145,7 @@ def test_a_whole_fsdp_job_told_to_stop_saves_its_last_step_and_resumes_from_it(
     assert saved in (max(logged), max(logged) + 1) and saved >= 15, (saved, stopped[-3000:])
     resumed = run_job(agents, etcd, tmp_path / "job", FSDP, 2, "2")
     assert re.search(rf"^started \(checkpoint step {saved}\) ", resumed, re.M), resumed[-3000:]
-    reference = run_job(agents, etcd, tmp_path / "reference", FSDP, 2, "2")
+    reference = unfaulted_at_2(agents, etcd, tmp_path / "reference")
     assert_same_training(stopped + resumed, reference, unlogged=frozenset({saved} - logged))
 
 
