@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from typing import Any
 
 from elasticjob_examples import train_regression
 
@@ -23,8 +24,8 @@ def main() -> None:
     first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT") == "0"
     mark_step = CheckpointManager.mark_step
 
-    def crash_after(self: CheckpointManager, step: int) -> None:
-        mark_step(self, step)
+    def crash_after(self: CheckpointManager, step: int, **kw: Any) -> None:
+        mark_step(self, step, **kw)
         if step == at and first_attempt and os.environ.get("RANK") == rank:
             os.kill(os.getpid(), signal.SIGKILL)
 

@@ -13,6 +13,7 @@ import runpy
 import signal
 import threading
 from types import FrameType
+from typing import Any
 
 from elasticjob_runtime.checkpoints.manager import CheckpointManager
 
@@ -20,8 +21,8 @@ SIGNALLED = threading.Event()
 _mark_step = CheckpointManager.mark_step
 
 
-def mark_step_then_block(self: CheckpointManager, step: int) -> None:
-    _mark_step(self, step)
+def mark_step_then_block(self: CheckpointManager, step: int, **kw: Any) -> None:
+    _mark_step(self, step, **kw)
     if SIGNALLED.is_set() and threading.current_thread() is threading.main_thread():
         threading.Event().wait()
 

@@ -64,8 +64,8 @@ AGENT_ATTRIBUTES = (
     "_exit_barrier_timeout",
     "_in_exit_barrier",
 )
-# SubprocessContext's start hook, and what SubprocessHandler.close() reads.
-CONTEXT_HOOKS = ("_start",)
+# SubprocessContext's start and close hooks, and what SubprocessHandler.close() reads.
+CONTEXT_HOOKS = ("_start", "_close")
 HANDLER_ATTRIBUTES = ("_stdout", "_stderr")
 
 TERMINAL_STATE_SYNC_ID: str = agent_api._TERMINAL_STATE_SYNC_ID
@@ -210,6 +210,17 @@ class HandlerChoosingContext(SubprocessContext):
 
     def start_handlers(self) -> dict[int, SubprocessHandler]:
         raise NotImplementedError
+
+    def _close(self, death_sig: signal.Signals, timeout: int = 30) -> None:
+        """torch's close (the stop signal to each worker, a wait, SIGKILL to those
+        still there), then SIGKILL to whatever of each worker's process group outlived it:
+        a worker is stopped alone (:meth:`AdoptedProcess.close`), and its DataLoader
+        workers must not outlive the agent."""
+        super()._close(death_sig, timeout)
+        for handler in self.subprocess_handlers.values():
+            if handler.proc.poll() is not None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(handler.proc.pid, signal.SIGKILL)
 
 
 class AdoptedProcess(SubprocessHandler):

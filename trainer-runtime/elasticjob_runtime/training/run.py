@@ -494,7 +494,10 @@ class Run:
                 self._replica.flush_saves()
                 self.ckpt.saved_elsewhere(step)
                 log.warning("a rank was told to stop: every rank saved step %d", step)
-        self.ckpt.mark_step(step, stop_here=stop_here)
+        if stop_here:
+            self.ckpt.mark_step(step)
+        else:  # a keyword only here: a script's own wrapper of mark_step keeps working
+            self.ckpt.mark_step(step, stop_here=False)
         if step % self.checkpoint_interval == 0:
             self.save()
         if self.reporter is not None:
