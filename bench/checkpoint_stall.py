@@ -169,14 +169,16 @@ def _note(asked: int, samples: Sequence[Sample]) -> str:
 # ---------------------------------------------------------------- measuring
 
 
-def build_state(nbytes: int) -> tuple[torch.nn.Module, torch.optim.Optimizer, int]:
-    """A model and its Adam optimizer, one step taken (so the moments exist), and the bytes
-    of both state dicts' tensors."""
+def build_state(
+    nbytes: int, device: str | torch.device = "cpu"
+) -> tuple[torch.nn.Module, torch.optim.Optimizer, int]:
+    """A model and its Adam optimizer on ``device``, one step taken (so the moments
+    exist), and the bytes of both state dicts' tensors."""
     import torch
 
     torch.manual_seed(0)
     layers = [torch.nn.Linear(WIDTH, WIDTH) for _ in range(layers_for(nbytes))]
-    model = torch.nn.Sequential(*layers)
+    model = torch.nn.Sequential(*layers).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=1e-4)
     train_step(model, opt)
     return model, opt, state_bytes({"model": model.state_dict(), "optim": opt.state_dict()})
@@ -185,7 +187,8 @@ def build_state(nbytes: int) -> tuple[torch.nn.Module, torch.optim.Optimizer, in
 def train_step(model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
     import torch
 
-    loss = model(torch.randn(4, WIDTH)).pow(2).mean()
+    device = next(model.parameters()).device
+    loss = model(torch.randn(4, WIDTH, device=device)).pow(2).mean()
     opt.zero_grad(set_to_none=True)
     loss.backward()
     opt.step()

@@ -1,8 +1,8 @@
 """The checkpoint stall with the state on a GPU: what users compare (DLRover's flash
 checkpoint reports about 0.2 s of blocking).
 
-The state is bench/checkpoint_stall.py's (a stack of ``Linear`` layers and Adam, one
-step taken), built on ``cuda:0`` at each size. Per size, in one process:
+The state is bench/checkpoint_stall.py's own (``build_state``: a stack of ``Linear``
+layers and Adam, one step taken), built on ``cuda:0`` at each size. Per size, in one process:
 
 * ``blocked_s``: how long ``CheckpointManager(async_save=True).save`` stops the training
   thread at its second save (the first allocates the pinned buffers it reuses): the
@@ -31,33 +31,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.checkpoint_stall import layers_for, parse_size, state_bytes, sync_torch_save
+from bench.checkpoint_stall import build_state, parse_size, sync_torch_save, train_step
 
-WIDTH = 1024
 TARGET_S = 0.2
-
-
-def build_state(nbytes: int, device: Any) -> tuple[Any, Any, int]:
-    import torch
-
-    torch.manual_seed(0)
-    layers = [torch.nn.Linear(WIDTH, WIDTH) for _ in range(layers_for(nbytes))]
-    model = torch.nn.Sequential(*layers).to(device)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
-    train_step(model, opt)
-    return model, opt, state_bytes({"model": model.state_dict(), "optim": opt.state_dict()})
-
-
-def train_step(model: Any, opt: Any) -> None:
-    import torch
-
-    device = next(model.parameters()).device
-    loss = model(torch.randn(4, WIDTH, device=device)).pow(2).mean()
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-    torch.cuda.synchronize()
 
 
 def copy_gbps(nbytes: int, pinned: bool) -> float:
@@ -88,6 +64,7 @@ def one_size(text: str, parent: Path | None, baseline: bool = True) -> dict[str,
     row["pinned_gbps"] = copy_gbps(nbytes, pinned=True)
     row["pageable_gbps"] = copy_gbps(nbytes, pinned=False)
     model, opt, actual = build_state(nbytes, torch.device("cuda", 0))
+    torch.cuda.synchronize()  # the step's kernels are not the save's
     row["state_bytes"] = actual
     state: dict[str, Any] = {"model": model, "optim": opt}
     work = Path(tempfile.mkdtemp(prefix="gpu-stall-", dir=parent))
@@ -98,6 +75,7 @@ def one_size(text: str, parent: Path | None, baseline: bool = True) -> dict[str,
         row["first_blocked_s"] = time.perf_counter() - started
         mgr.wait()
         train_step(model, opt)
+        torch.cuda.synchronize()
         started = time.perf_counter()
         mgr.save(state, 2)
         row["blocked_s"] = time.perf_counter() - started

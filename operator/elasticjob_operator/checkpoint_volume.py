@@ -17,9 +17,10 @@ from typing import Any, Final
 
 from elasticjob_operator.decision import Event
 from elasticjob_operator.models import PodSpec
+from elasticjob_runtime import contract
 
 REASON: Final = "CheckpointsNotDurable"
-VARIABLE: Final = "ELASTICJOB_CHECKPOINT_DIR"
+VARIABLE: Final = contract.CHECKPOINT_DIR
 FIX: Final = (
     "mount a PersistentVolumeClaim there (ReadWriteMany when every worker must read every "
     "checkpoint, as for a sharded model)"

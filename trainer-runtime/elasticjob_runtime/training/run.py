@@ -490,8 +490,7 @@ class Run:
         if self._replica is not None and self._replica.saves_together:
             stop_here = self._loop.stop_agreed()
             if stop_here:
-                self._replica.save(step)
-                self._replica.flush_saves()
+                self.save(wait=True)
                 self.ckpt.saved_elsewhere(step)
                 log.warning("a rank was told to stop: every rank saved step %d", step)
         if stop_here:
