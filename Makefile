@@ -9,7 +9,7 @@ DEVCLUSTER_DIR := $(CURDIR)/.devcluster
 PYTEST_ARGS ?=
 SOAK_ARGS ?=
 
-.PHONY: setup lint format test test-unit test-integration test-e2e cluster cluster-down crds demo bench soak kind-e2e test-kind images images-down test-images
+.PHONY: setup lint format test test-oldest-torch test-unit test-integration test-e2e cluster cluster-down crds demo bench soak kind-e2e test-kind images images-down test-images
 
 setup:
 	@scripts/bootstrap.sh
@@ -28,6 +28,11 @@ format: setup
 # "no tests collected" (exit 5) is a failure, not a pass.
 test: lint
 	scripts/pytest-strict tests --ignore=tests/images $(PYTEST_ARGS)
+
+# the fence and the in-place recovery tests on the oldest torch supported (pyproject's
+# floor), in a second venv; CI runs it after make test (about 3 minutes)
+test-oldest-torch: setup
+	scripts/oldest-torch.sh test $(PYTEST_ARGS)
 
 test-unit: setup
 	scripts/pytest-strict tests/unit $(PYTEST_ARGS)

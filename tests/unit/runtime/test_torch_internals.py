@@ -24,6 +24,7 @@ from elasticjob_runtime.launch import torch_internals
 from elasticjob_runtime.launch.torch_internals import (
     AGENT_ATTRIBUTES,
     AGENT_HOOKS,
+    AGENT_SIGNALS,
     CONTEXT_HOOKS,
     HANDLER_ATTRIBUTES,
     PRIVATE_NAMES,
@@ -54,7 +55,7 @@ class _NoRendezvous:
         return "fence-test"
 
 
-def test_every_agent_attribute_is_set_by_torchs_constructor() -> None:
+def _agent() -> LocalElasticAgent:
     spec = WorkerSpec(
         role="default",
         local_world_size=1,
@@ -62,10 +63,27 @@ def test_every_agent_attribute_is_set_by_torchs_constructor() -> None:
         entrypoint="python",
         args=("-c", "pass"),
     )
-    agent = LocalElasticAgent(spec, logs_specs=DefaultLogsSpecs())
+    return LocalElasticAgent(spec, logs_specs=DefaultLogsSpecs())
+
+
+def test_every_agent_attribute_is_set_by_torchs_constructor() -> None:
+    agent = _agent()
     missing = [name for name in AGENT_ATTRIBUTES if not hasattr(agent, name)]
     assert not missing, GONE.format(
         version=torch.__version__, name=f"LocalElasticAgent attributes {missing}"
+    )
+
+
+@pytest.mark.parametrize(("name", "since"), AGENT_SIGNALS.items())
+def test_every_attribute_we_set_for_torch_exists_from_its_first_torch(
+    name: str, since: str
+) -> None:
+    """Set for torch's health check to read: from the torch that has it on, a rename would
+    leave us setting what nobody reads; before it, torch has none to read."""
+    if torch.__version__ < since:
+        pytest.skip(f"torch {torch.__version__} has no {name} before {since}: nothing to set")
+    assert hasattr(_agent(), name), GONE.format(
+        version=torch.__version__, name=f"LocalElasticAgent.{name}"
     )
 
 
@@ -106,7 +124,11 @@ def _private_torch_names(path: Path) -> list[str]:
             # super()._hook(): a private method of a torch base class
             if isinstance(base, ast.Call) and ast.unparse(base.func) == "super":
                 found.append(ast.unparse(node))
-            if isinstance(base, ast.Name) and base.id == "self" and node.attr in AGENT_ATTRIBUTES:
+            if (
+                isinstance(base, ast.Name)
+                and base.id == "self"
+                and node.attr in {*AGENT_ATTRIBUTES, *AGENT_SIGNALS}
+            ):
                 found.append(ast.unparse(node))
     return found
 

@@ -18,7 +18,8 @@ runtime uses the public names this module gives them:
 
 :data:`PRIVATE_NAMES`, :data:`AGENT_HOOKS` and :data:`AGENT_ATTRIBUTES` list them;
 ``tests/unit/runtime/test_torch_internals.py`` fails, naming the name, when an installed
-torch no longer has one. Written against torch 2.13.
+torch no longer has one. Written against torch 2.13; CI runs it on the oldest torch
+supported (2.11, scripts/oldest-torch.sh) as well.
 """
 
 from __future__ import annotations
@@ -62,8 +63,11 @@ AGENT_ATTRIBUTES = (
     "_remaining_restarts",
     "_store",
     "_exit_barrier_timeout",
-    "_in_exit_barrier",
 )
+# LocalElasticAgent's instance attributes we set for torch's own health check to read,
+# with the first torch that has them: an older agent neither has nor reads one, and
+# setting it there changes nothing.
+AGENT_SIGNALS: dict[str, str] = {"_in_exit_barrier": "2.12"}
 # SubprocessContext's start and close hooks, and what SubprocessHandler.close() reads.
 CONTEXT_HOOKS = ("_start", "_close")
 HANDLER_ATTRIBUTES = ("_stdout", "_stderr")
