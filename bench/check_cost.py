@@ -44,7 +44,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.harness import free_port
+from bench.ports import free_port
 from bench.report import Figure
 
 SCENARIO = "check-cost"

@@ -27,11 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from bench import groups, phases, real_scripts
-from bench.harness import REPO
+from bench.launchers import scripts
 from bench.report import Figure, render
 
 OURS = "elasticjob-run"
-SCRIPT = REPO / "bench" / "classic_imagenet.py"
+SCRIPT = scripts.CLASSIC
 GROUP = "classic"  # --scenarios classic
 FAULTS = {  # -> bench.run's scenario
     "classic-worker-kill": "worker-kill",

@@ -31,7 +31,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from bench.harness import free_port
+from bench.ports import free_port
 
 
 def assignment(generation: int, world: int) -> Any:

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.harness import free_port
+from bench.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = [

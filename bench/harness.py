@@ -12,43 +12,24 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple, TypeVar
+from typing import TypeVar
 
+from bench.launchers import LAUNCHERS, Launcher, scripts
+from bench.ports import free_port, listening
 from elasticjob_devcluster.procs import descendants, start_ticks
 from elasticjob_runtime import contract
 from elasticjob_runtime.etcd.client import EtcdClient, EtcdError
 from elasticjob_runtime.etcd.endpoints import parse_endpoints
 
-REPO = Path(__file__).resolve().parents[1]
-SCRIPT = REPO / "examples" / "train_regression.py"
+REPO = scripts.REPO
+SCRIPT = scripts.REGRESSION
 T = TypeVar("T")
 
-
-class Launcher(NamedTuple):
-    """How the bench starts one kind of agent: its command, its rendezvous backend, and
-    the environment it runs with besides the job's."""
-
-    prefix: list[str]
-    backend: str
-    env: dict[str, str]
-
-
-_OURS = [sys.executable, "-m", "elasticjob_runtime.launch.launcher"]
-_TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
-LAUNCHERS: dict[str, Launcher] = {
-    "elasticjob-run": Launcher(_OURS, "etcd-v3", {}),
-    # ours with in-place recovery off: every worker restarts on a fault, from warm spares
-    "elasticjob-run-restart": Launcher(_OURS, "etcd-v3", {contract.IN_PLACE: "0"}),
-    "torchrun-c10d": Launcher(_TORCHRUN, "c10d", {}),
-    "torchrun-etcd-v3": Launcher(_TORCHRUN, "etcd-v3", {}),
-}
 
 _STEP_RE = re.compile(r"^step=(\d+) .*\bworld=(\d+) .*\bpid=(\d+) t=([0-9.]+)\s*$")
 _RANK_RE = re.compile(r"\brank=(\d+)\b")
@@ -124,12 +105,6 @@ def parse_startups(lines: Iterable[str]) -> list[tuple[float, float]]:
         if m is not None:
             found.append((float(m.group(2)), float(m.group(1))))
     return sorted(found)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def kill_recorded(pid: int, started: int) -> None:
@@ -304,24 +279,19 @@ class Job:
     max_restarts: int = 3
     script: Path = SCRIPT  # the training script every agent's workers run
     agents: list[Agent] = field(default_factory=list)
+    # what the launcher started for the job besides its nodes (a lighthouse), each in a
+    # session of its own: stopped with the nodes
+    services: list[subprocess.Popen[bytes]] = field(default_factory=list)
     _started: dict[int, int] = field(default_factory=dict)  # pid -> start time
 
+    @property
+    def runs(self) -> Launcher:
+        return LAUNCHERS[self.launcher]
+
     def start_agent(self) -> Agent:
-        prefix, backend, launcher_env = LAUNCHERS[self.launcher]
         name = f"agent{len(self.agents)}"
         log = self.workdir / f"{name}.log"
-        cmd = [
-            *prefix,
-            f"--nnodes={self.nnodes}",
-            "--nproc-per-node=1",
-            f"--rdzv-backend={backend}",
-            f"--rdzv-endpoint={self.rdzv_endpoint}",
-            f"--rdzv-id={self.run_id}",
-            "--local-addr=127.0.0.1",
-            f"--max-restarts={self.max_restarts}",
-            str(self.script),
-            *self.train_args,
-        ]
+        node = self.runs.node(self, len(self.agents))
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PET_", "TORCHELASTIC_"))}
         env.update(
             PYTHONUNBUFFERED="1",
@@ -338,9 +308,13 @@ class Job:
             # a pod's agent serves probes on 8090; agents sharing this host take any free port
             ELASTICJOB_HEALTH_PORT="0",
         )
-        env.update(launcher_env)
+        env.update(node.env)
         proc = subprocess.Popen(
-            cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env, start_new_session=True
+            node.argv,
+            stdout=log.open("wb"),
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
         )
         agent = Agent(name, proc, log, self.script)
         self.agents.append(agent)
@@ -402,6 +376,12 @@ class Job:
         for agent in self.agents:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 agent.proc.wait(timeout=30)
+        for service in self.services:
+            if service.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(service.pid, signal.SIGKILL)  # its own session: pgid == pid
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    service.wait(timeout=30)
         shutil.rmtree(self.memory_root(), ignore_errors=True)
 
     def tail(self, lines: int = 15) -> str:
@@ -413,17 +393,12 @@ class Job:
 
 
 def start_agents(job: Job, count: int) -> None:
+    job.runs.start(job)
     job.start_agent()
-    if LAUNCHERS[job.launcher][1] == "c10d":
-        # the first agent hosts the c10d store; start the others once it listens, so the
-        # host is known (it is never the one killed: its store would take the job down)
+    if job.runs.first_node_hosts():
+        # the first agent hosts the store; start the others once it listens, so the host
+        # is known (it is never the one killed: its store would take the job down)
         port = int(job.rdzv_endpoint.rsplit(":", 1)[1])
-        wait_for("c10d store listening", lambda: True if _listening(port) else None, 120)
+        wait_for("the first node's store listening", lambda: True if listening(port) else None, 120)
     for _ in range(count - 1):
         job.start_agent()
-
-
-def _listening(port: int) -> bool:
-    with socket.socket() as s:
-        s.settimeout(0.5)
-        return s.connect_ex(("127.0.0.1", port)) == 0

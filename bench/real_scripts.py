@@ -38,21 +38,19 @@ from typing import Any
 from bench import groups
 from bench.goodput import Goodput
 from bench.harness import (
-    LAUNCHERS,
-    REPO,
     Etcd,
     Job,
     Limits,
-    free_port,
     start_agents,
     wait_for,
 )
+from bench.launchers import LAUNCHERS, Workload, scripts
 from bench.report import Figure
 from elasticjob_devcluster.procs import descendants
 
 OURS = "elasticjob-run"
-OURS_SCRIPT = REPO / "examples" / "train_gpt.py"
-PLAIN_SCRIPT = REPO / "bench" / "gpt_plain.py"
+OURS_SCRIPT = scripts.GPT_RUN
+PLAIN_SCRIPT = scripts.GPT_PLAIN
 GROUP = "real-scripts"  # --scenarios real-scripts
 SCENARIOS = ("gpt-throughput", "gpt-worker-kill", "gpt-scale-up", "gpt-goodput", "check-cost")
 GROUP_SCENARIOS = ("gpt-throughput", "gpt-worker-kill", "gpt-scale-up", "check-cost")
@@ -84,9 +82,10 @@ FAULT_ARGS = [*COMMON, "--steps=1000000", "--checkpoint-interval=20"]
 _PROGRESS = re.compile(r"^step=(\d+) .*\bworld=(\d+) .*\bsamples=(\d+) pid=(\d+) t=([0-9.]+)\s*$")
 
 
-def script_for(launcher: str) -> Path:
-    """What a launcher runs: the converted script under ours, the plain one under torchrun."""
-    return OURS_SCRIPT if launcher == OURS else PLAIN_SCRIPT
+def script_for(launcher: str) -> Path | None:
+    """What a launcher runs: the converted script under ours, the plain one under torchrun,
+    None where no script was written for it."""
+    return LAUNCHERS[launcher].script(Workload.GPT)
 
 
 @dataclass(frozen=True)
@@ -96,7 +95,7 @@ class Steady:
 
     scenario: str
     case: str  # the figure's case: which scripts
-    script_for: Callable[[str], Path]
+    script_for: Callable[[str], Path | None]
     args: tuple[str, ...]
     window: tuple[int, int]
     target: float  # ours / baseline at least
@@ -241,10 +240,10 @@ def throughput_once(
 ) -> Throughput:
     """One job of 2 agents to the window's last step; its samples/s over the window."""
     result = Throughput(launcher, rep, scenario=steady.scenario)
-    backend = LAUNCHERS[launcher][1]
-    if backend != "c10d" and etcd is None:
-        raise ValueError(f"{launcher} needs the bench's etcd")
-    endpoint = f"127.0.0.1:{free_port()}" if etcd is None or backend == "c10d" else etcd.endpoint
+    script = steady.script_for(launcher)
+    if script is None:
+        raise ValueError(f"{steady.scenario}: no script written for {launcher}")
+    endpoint = LAUNCHERS[launcher].endpoint(None if etcd is None else etcd.endpoint)
     run_id = f"bench-{uuid.uuid4().hex[:10]}"
     job = Job(
         launcher,
@@ -253,7 +252,7 @@ def throughput_once(
         "2:2",
         [*steady.args, *(steady.ours_args if launcher.startswith(OURS) else ())],
         run_id,
-        script=steady.script_for(launcher),
+        script=script,
     )
     workdir.mkdir(parents=True)
     first, last = steady.window
@@ -297,8 +296,11 @@ def throughput(
 ) -> tuple[list[Figure], list[Throughput]]:
     """Ours beside each other launcher, one job at a time; the order alternates."""
     runs: list[Throughput] = []
-    baselines = [lch for lch in launchers if lch != OURS]
     name = steady.scenario
+    for lch in launchers:
+        if steady.script_for(lch) is None:
+            print(f"{name}: {lch} skipped, no script written for it", flush=True)
+    baselines = [lch for lch in launchers if lch != OURS and steady.script_for(lch) is not None]
     if OURS not in launchers or not baselines:
         print(f"{name}: skipped, it needs {OURS} and another launcher", flush=True)
         return [], runs

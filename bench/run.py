@@ -92,7 +92,6 @@ from bench import (
 )
 from bench.goodput import Goodput, run_goodput, steady_step_time
 from bench.harness import (
-    LAUNCHERS,
     REPO,
     SCRIPT,
     Etcd,
@@ -100,10 +99,10 @@ from bench.harness import (
     Limits,
     StepLine,
     first_step_after,
-    free_port,
     start_agents,
     wait_for,
 )
+from bench.launchers import LAUNCHERS, Workload
 from bench.plot import plot_goodput
 from bench.report import Figure, markdown_table, render, write
 
@@ -180,8 +179,7 @@ def run_scenario(
     """One fault (``scenario``) in a fresh job of ``launcher`` running ``script``;
     reported under ``label`` (default: the scenario)."""
     result = Result(launcher, label or scenario, rep)
-    backend = LAUNCHERS[launcher][1]
-    endpoint = etcd.endpoint if backend != "c10d" else f"127.0.0.1:{free_port()}"
+    endpoint = LAUNCHERS[launcher].endpoint(etcd.endpoint)
     run_id = f"bench-{uuid.uuid4().hex[:10]}"
     nnodes, agents, world_after = {
         "worker-kill": ("2:2", 2, 2),
@@ -283,8 +281,7 @@ def goodput_run(
     label: str = "goodput",
 ) -> Goodput:
     """Two agents, a worker SIGKILLed every 30 s (same seeded draws for every launcher)."""
-    backend = LAUNCHERS[launcher][1]
-    endpoint = etcd.endpoint if backend != "c10d" else f"127.0.0.1:{free_port()}"
+    endpoint = LAUNCHERS[launcher].endpoint(etcd.endpoint)
     run_id = f"bench-{uuid.uuid4().hex[:10]}"
     # every kill is charged to the victim's agent: give both launchers room for all of them
     restarts = int(minutes * 60 / GOODPUT_INTERVAL) + 1
@@ -631,7 +628,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                 for launcher in args.launchers:
                     where = workdir / f"{scenario}-{launcher}-{rep}"
                     # the fault bench.run knows, and the script it runs this time
-                    fault, script, train_args = scenario, SCRIPT, list(TRAIN_ARGS)
+                    fault, train_args = scenario, list(TRAIN_ARGS)
+                    script: Path | None = SCRIPT
                     if scenario in real_scripts.FAULTS:
                         fault = real_scripts.FAULTS[scenario]
                         script = real_scripts.script_for(launcher)
@@ -645,6 +643,11 @@ def main(argv: Sequence[str] | None = None) -> None:
                         fault = sharded.FAULTS[scenario]
                         script = sharded.script_for(launcher)
                         train_args = sharded.train_args(scenario)
+                    else:
+                        script = LAUNCHERS[launcher].script(Workload.REGRESSION)
+                    if script is None:
+                        print(f"{scenario:<15} {launcher:<17} no script written for it", flush=True)
+                        continue
                     r = run_scenario(
                         fault, launcher, rep, etcd, where, limits, script, train_args, scenario
                     )
@@ -656,10 +659,14 @@ def main(argv: Sequence[str] | None = None) -> None:
                 continue
             for launcher in args.launchers:
                 where = workdir / f"{scenario}-{launcher}"
-                script, train_args = SCRIPT, TRAIN_ARGS
+                script = LAUNCHERS[launcher].script(Workload.REGRESSION)
+                train_args = TRAIN_ARGS
                 if scenario == "gpt-goodput":
                     script = real_scripts.script_for(launcher)
                     train_args = real_scripts.FAULT_ARGS
+                if script is None:
+                    print(f"{scenario:<15} {launcher:<17} no script written for it", flush=True)
+                    continue
                 g = goodput_run(
                     launcher,
                     etcd,

@@ -34,11 +34,11 @@ from pathlib import Path
 from typing import Any
 
 from bench import groups, real_scripts
-from bench.harness import REPO
+from bench.launchers import LAUNCHERS, Workload, scripts
 from bench.report import Figure
 
-OURS_SCRIPT = REPO / "examples" / "train_gpt_fsdp.py"
-PLAIN_SCRIPT = REPO / "bench" / "gpt_fsdp_plain.py"
+OURS_SCRIPT = scripts.GPT_FSDP_RUN
+PLAIN_SCRIPT = scripts.GPT_FSDP_PLAIN
 GROUP = "fsdp"  # --scenarios fsdp
 FAULTS = {  # -> bench.run's scenario
     "fsdp-worker-kill": "worker-kill",
@@ -115,9 +115,10 @@ TARGETS = (
 )
 
 
-def script_for(launcher: str) -> Path:
-    """The converted script under ours (in place or not), the plain one under torchrun."""
-    return OURS_SCRIPT if launcher.startswith("elasticjob-run") else PLAIN_SCRIPT
+def script_for(launcher: str) -> Path | None:
+    """The converted script under ours (in place or not), the plain one under torchrun,
+    None where no script was written for the launcher."""
+    return LAUNCHERS[launcher].script(Workload.GPT_FSDP)
 
 
 def _baseline_name(launcher: str) -> str:

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.checkpoint_stall import parse_size, size_label
-from bench.harness import free_port
+from bench.ports import free_port
 from bench.report import Figure, markdown_table
 
 SCENARIO = "sharded-stall"

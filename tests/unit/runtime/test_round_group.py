@@ -11,7 +11,7 @@ from datetime import timedelta
 import pytest
 from torch.distributed import PrefixStore  # type: ignore[attr-defined]
 
-from bench.harness import free_port
+from bench.ports import free_port
 from elasticjob_runtime.launch.channel import Assignment
 from elasticjob_runtime.training.round_group import (
     RoundSuperseded,

@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from bench.harness import free_port
+from bench.ports import free_port
 from elasticjob_runtime.checkpoints.format import serialize
 from elasticjob_runtime.checkpoints.sharded import (
     ShardedCheckpoints,

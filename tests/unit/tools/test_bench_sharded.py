@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from bench import real_scripts, sharded
-from bench.harness import LAUNCHERS
+from bench.harness import Job
+from bench.launchers import LAUNCHERS
 from bench.real_scripts import Throughput
 from bench.run import Result, summarize
 
@@ -13,8 +16,10 @@ def test_each_launcher_runs_the_script_written_for_it() -> None:
     assert sharded.script_for("elasticjob-run-restart") == sharded.OURS_SCRIPT
     assert sharded.script_for("torchrun-c10d") == sharded.PLAIN_SCRIPT
     # the restart path is ours with in-place recovery off, and nothing else differs
-    ours, restart = LAUNCHERS["elasticjob-run"], LAUNCHERS["elasticjob-run-restart"]
-    assert (ours.prefix, ours.backend) == (restart.prefix, restart.backend)
+    job = Job("elasticjob-run", Path("/unused"), "127.0.0.1:2379", "2:3", ["--steps=9"], "r1")
+    ours = LAUNCHERS["elasticjob-run"].node(job, 0)
+    restart = LAUNCHERS["elasticjob-run-restart"].node(job, 0)
+    assert ours.argv == restart.argv
     assert restart.env == {"ELASTICJOB_IN_PLACE": "0"} and ours.env == {}
 
 

@@ -1,0 +1,20 @@
+"""The launchers the bench races, by name (``--launchers``): ours and its peers, one
+module each behind :class:`bench.launchers.api.Launcher`."""
+
+from __future__ import annotations
+
+from bench.launchers.api import Launcher, NodeCommand, Workload
+from bench.launchers.elasticjob import ElasticjobRun
+from bench.launchers.torchrun import Torchrun
+
+__all__ = ["LAUNCHERS", "Launcher", "NodeCommand", "Workload"]
+
+LAUNCHERS: dict[str, Launcher] = {
+    launcher.name: launcher
+    for launcher in (
+        ElasticjobRun(),
+        ElasticjobRun(in_place=False),
+        Torchrun("c10d"),
+        Torchrun("etcd-v3"),
+    )
+}

@@ -1,0 +1,54 @@
+"""elasticjob-run: ours, on the bench's etcd; in place, or with in-place recovery off."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from bench.launchers import scripts
+from bench.launchers.api import NodeCommand, Workload
+from bench.launchers.torchrun import elastic_argv
+from elasticjob_runtime import contract
+
+if TYPE_CHECKING:
+    from bench.harness import Job
+
+ELASTICJOB_RUN = [sys.executable, "-m", "elasticjob_runtime.launch.launcher"]
+CONVERTED: dict[Workload, Path] = {
+    Workload.REGRESSION: scripts.REGRESSION,
+    Workload.GPT: scripts.GPT_RUN,
+    Workload.GPT_FSDP: scripts.GPT_FSDP_RUN,
+    Workload.CLASSIC: scripts.CLASSIC,  # unchanged: the point of that workload
+}
+
+
+@dataclass(frozen=True)
+class ElasticjobRun:
+    """``in_place=False`` is the restart path: every worker restarts on a fault (from
+    warm spares); nothing else differs."""
+
+    in_place: bool = True
+
+    @property
+    def name(self) -> str:
+        return "elasticjob-run" if self.in_place else "elasticjob-run-restart"
+
+    def script(self, workload: Workload) -> Path | None:
+        return CONVERTED[workload]
+
+    def endpoint(self, etcd: str | None) -> str:
+        if etcd is None:
+            raise ValueError(f"{self.name} needs the bench's etcd")
+        return etcd
+
+    def start(self, job: Job) -> None:
+        return None
+
+    def node(self, job: Job, index: int) -> NodeCommand:
+        env = {} if self.in_place else {contract.IN_PLACE: "0"}
+        return NodeCommand(elastic_argv(ELASTICJOB_RUN, "etcd-v3", job), env)
+
+    def first_node_hosts(self) -> bool:
+        return False
