@@ -44,7 +44,7 @@ from elasticjob_devcluster.pod_env import (
 )
 from elasticjob_devcluster.pod_runtime import PodRuntime
 from elasticjob_devcluster.pod_status import ContainerRun, restart_policy, should_restart
-from elasticjob_devcluster.probes import LIVENESS
+from elasticjob_devcluster.probes import LIVENESS, STARTUP
 from elasticjob_devcluster.services import service_env
 from elasticjob_devcluster.volumes import VolumeError
 
@@ -141,6 +141,7 @@ def start(ctx: NodeContext, rt: PodRuntime, name: str, now: float, services: lis
     run.started(proc.pid, f"devcluster://{rt.uid}/{name}/{n}", now)
     rt.probes.pop(name, None)
     rt.probes.pop(name + LIVENESS, None)
+    rt.probes.pop(name + STARTUP, None)
     pump_logs(proc, log_path)
     threading.Thread(target=_wake_on_exit, args=(proc, ctx.wake), daemon=True).start()
     log.info("pod %s/%s container %s started pid %d", rt.namespace, rt.name, name, proc.pid)

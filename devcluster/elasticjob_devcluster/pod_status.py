@@ -51,6 +51,7 @@ class ContainerRun:
     next_start_at: float = 0.0
     ready: bool = False
     probe_ok: bool = False
+    startup_ok: bool = False  # its startup probe succeeded (liveness and readiness wait)
 
     @property
     def restart_count(self) -> int:
@@ -66,6 +67,7 @@ class ContainerRun:
         self.container_id = container_id
         self.running_since = now
         self.probe_ok = False
+        self.startup_ok = False
         self.waiting_reason = ""
         self.waiting_message = ""
 
@@ -87,6 +89,7 @@ class ContainerRun:
         self.pid = None
         self.ready = False
         self.probe_ok = False
+        self.startup_ok = False
         self.next_start_at = now + backoff_delay(self.restart_count)
 
 
@@ -211,7 +214,7 @@ def container_status(
         "imageID": "",
         "restartCount": run.restart_count,
         "ready": run.running and run.ready,
-        "started": run.running,
+        "started": run.running and (run.startup_ok or not c.get("startupProbe")),
         "lastState": {},
     }
     if run.container_id:

@@ -1,12 +1,14 @@
-"""Readiness and liveness probes: tcpSocket, httpGet and exec, run as kubelet runs them.
+"""Startup, readiness and liveness probes: tcpSocket, httpGet and exec, as kubelet runs them.
 
 One prober thread looks at every running container twice a second and runs each probe
 its period makes due (from the pod's netns; exec inside the container's namespaces).
-Readiness flips the container's Ready (then wakes the reconcile loop to report it);
-liveness failing its threshold SIGKILLs the container's process group, and its
-restartPolicy decides what follows (kubelet would SIGTERM first and wait the grace
-period). A container whose process is stopped (the freeze fault) still answers a TCP
-connect from the kernel, but not an HTTP request or an exec probe that checks it.
+A container with a startup probe gets no other probe until that one succeeded once;
+failing its threshold first kills it as liveness does. Readiness flips the container's
+Ready (then wakes the reconcile loop to report it); liveness failing its threshold
+SIGKILLs the container's process group, and its restartPolicy decides what follows
+(kubelet would SIGTERM first and wait the grace period). A container whose process is
+stopped (the freeze fault) still answers a TCP connect from the kernel, but not an HTTP
+request or an exec probe that checks it.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ log = logging.getLogger("elasticjob_devcluster.probes")
 
 PROBER_PERIOD_S = 0.5
 LIVENESS = "#liveness"  # suffix of a liveness probe's key (readiness: the container name)
+STARTUP = "#startup"  # suffix of a startup probe's key
 
 
 @dataclass
@@ -71,6 +74,16 @@ def liveness_failed(st: ProbeState, probe: Obj) -> bool:
     return st.failures >= int(probe.get("failureThreshold") or 3)
 
 
+def startup_verdict(st: ProbeState, probe: Obj) -> bool | None:
+    """True once the startup probe succeeded (kubelet takes one success), False once it
+    failed its threshold (the container is killed), None while it is still trying."""
+    if st.successes >= 1:
+        return True
+    if st.failures >= int(probe.get("failureThreshold") or 3):
+        return False
+    return None
+
+
 def container_ready(rt: PodRuntime, name: str) -> bool:
     """Ready as far as probes go: no readiness probe, or its last verdict was success."""
     if not rt.container(name).get("readinessProbe"):
@@ -94,6 +107,9 @@ class Prober:
                     try:
                         c = rt.container(name)
                     except KeyError:
+                        continue
+                    if c.get("startupProbe") and not run.startup_ok:
+                        self.startup(rt, name, run, c["startupProbe"])
                         continue
                     if c.get("readinessProbe"):
                         self.readiness(rt, name, run, c["readinessProbe"])
@@ -123,16 +139,35 @@ class Prober:
             run.probe_ok = ready
             self.ctx.wake.set()
 
+    def startup(self, rt: PodRuntime, name: str, run: ContainerRun, probe: Obj) -> None:
+        """Until it succeeds once, the container's only probe; its threshold failed, the
+        container is killed as a failed liveness probe kills it."""
+        key = name + STARTUP
+        if self.due_probe(rt, key, run, probe) is None:
+            return
+        verdict = startup_verdict(rt.probes[key], probe)
+        if verdict:
+            run.startup_ok = True
+            rt.probes.pop(key, None)
+            self.ctx.wake.set()  # containerStatuses' started flips
+        elif verdict is False:
+            self.kill(rt, name, run, key, "startup")
+
     def liveness(self, rt: PodRuntime, name: str, run: ContainerRun, probe: Obj) -> None:
         """A container failing its liveness probe is killed; restartPolicy brings it back."""
         key = name + LIVENESS
         if self.due_probe(rt, key, run, probe) is None:
             return
-        if liveness_failed(rt.probes[key], probe) and run.pid:
-            log.info("pod %s/%s container %s failed liveness", rt.namespace, rt.name, name)
-            rt.probes.pop(key, None)
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(run.pid, signal.SIGKILL)  # a stopped process dies of it too
+        if liveness_failed(rt.probes[key], probe):
+            self.kill(rt, name, run, key, "liveness")
+
+    def kill(self, rt: PodRuntime, name: str, run: ContainerRun, key: str, probe: str) -> None:
+        if not run.pid:
+            return
+        log.info("pod %s/%s container %s failed %s", rt.namespace, rt.name, name, probe)
+        rt.probes.pop(key, None)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(run.pid, signal.SIGKILL)  # a stopped process dies of it too
 
     def probe_once(self, rt: PodRuntime, run: ContainerRun, probe: Obj) -> bool:
         timeout = float(probe.get("timeoutSeconds") or 1)

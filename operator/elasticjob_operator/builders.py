@@ -54,14 +54,12 @@ ETCD_RESOURCES: Final = {"requests": {"cpu": "100m", "memory": "128Mi"}}
 HEALTH_PROBES = True
 LAUNCHER: Final = "elasticjob-run"
 HEALTH_PORT_NAME: Final = "health"
-# Generous: a busy 2-core node must never trip it, and the launcher imports torch before
-# it listens; a frozen agent is still killed (and its pod replaced) within about 1.5 min.
-LIVENESS: Final = {
-    "initialDelaySeconds": 60,
-    "periodSeconds": 10,
-    "timeoutSeconds": 5,
-    "failureThreshold": 3,
-}
+# The launcher imports torch before it listens, which took up to a minute on a busy
+# 2-core node: a startup probe gives it three minutes, and no other probe runs before it
+# answered once. Then liveness is generous (a busy node must never trip it) and still
+# kills a frozen agent about 30 s after it froze, from its first minute on.
+STARTUP: Final = {"periodSeconds": 2, "timeoutSeconds": 5, "failureThreshold": 90}
+LIVENESS: Final = {"periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 3}
 READINESS: Final = {"periodSeconds": 5, "timeoutSeconds": 5, "failureThreshold": 3}
 # How long a worker pod stays bound to a node the node controller has tainted unreachable
 # or not ready before the taint manager evicts it (Kubernetes' default is 300 s). Its
@@ -319,17 +317,19 @@ def health_port(container: Obj) -> int | None:
 
 def add_health_probes(pod_spec: Obj) -> None:
     """Probe the runtime's health server in the container that runs elasticjob-run, in
-    place: ``livenessProbe`` on /healthz (a frozen agent does not answer; its pod fails
-    and is replaced), ``readinessProbe`` on /readyz (ready once its workers have run in a
-    round), and a containerPort named ``health``. A probe the template sets is kept."""
+    place: ``startupProbe`` and ``livenessProbe`` on /healthz (a frozen agent does not
+    answer; its pod fails and is replaced; the startup probe covers the imports before
+    it listens), ``readinessProbe`` on /readyz (ready once its workers have run in a
+    round), and a containerPort named ``health``. A probe the template sets is kept (and
+    a template's own liveness probe gets no startup probe in front of it)."""
     container = launcher_container(pod_spec)
     port = health_port(container) if container is not None else None
     if container is None or port is None:
         return
-    for key, path, timing in (
-        ("livenessProbe", "/healthz", LIVENESS),
-        ("readinessProbe", "/readyz", READINESS),
-    ):
+    probes = [("readinessProbe", "/readyz", READINESS)]
+    if "livenessProbe" not in container:
+        probes += [("livenessProbe", "/healthz", LIVENESS), ("startupProbe", "/healthz", STARTUP)]
+    for key, path, timing in probes:
         if key not in container:
             container[key] = {"httpGet": {"path": path, "port": port}, **timing}
     ports = list(container.get("ports") or [])

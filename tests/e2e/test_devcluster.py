@@ -558,6 +558,54 @@ def test_failing_liveness_probe_restarts_the_container(api: client.CoreV1Api, ns
     wait_for("the unhealthy container to be restarted", restarted)
 
 
+def test_a_startup_probe_holds_liveness_back_until_it_passes_and_kills_what_never_starts(
+    api: client.CoreV1Api, ns: str
+) -> None:
+    """kubelet's startupProbe: no liveness probe runs before it succeeded once (a slow
+    start is not a hang), and a container that never passes it is killed like one
+    failing liveness."""
+    slow = "import time; time.sleep(3)\n" + textwrap.dedent(SERVE_8080_SAY_PID)
+    liveness = {"tcpSocket": {"port": 8080}, "periodSeconds": 1, "failureThreshold": 1}
+    startup = {"tcpSocket": {"port": 8080}, "periodSeconds": 1, "failureThreshold": 30}
+    create(
+        api,
+        ns,
+        pod_manifest(
+            "slow-start",
+            slow,
+            restart="Always",
+            container={"livenessProbe": liveness, "startupProbe": startup},
+        ),
+    )
+    never = {**startup, "tcpSocket": {"port": 9}, "failureThreshold": 2}
+    create(
+        api,
+        ns,
+        pod_manifest(
+            "never-starts",
+            "import time; time.sleep(600)",
+            restart="Always",
+            container={"startupProbe": never},
+        ),
+    )
+
+    def status(name: str) -> Any:
+        statuses = api.read_namespaced_pod(name, ns).status.container_statuses or []
+        return statuses[0] if statuses else None
+
+    wait_for(
+        "never-starts to be killed by its startup probe",
+        lambda: ((cs := status("never-starts")) is not None and cs.restart_count >= 1) or None,
+    )
+    wait_for(
+        "slow-start to pass its startup probe",
+        lambda: ((cs := status("slow-start")) is not None and cs.started) or None,
+    )
+    time.sleep(2)  # liveness now probes a server that answers
+    cs = status("slow-start")
+    assert cs.restart_count == 0 and cs.state.running, cs
+
+
 def test_a_pod_no_node_fits_says_why_it_is_pending(api: client.CoreV1Api, ns: str) -> None:
     create(api, ns, pod_manifest("nowhere", "pass", nodeSelector={"disk": "floppy"}))
 

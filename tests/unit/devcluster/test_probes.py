@@ -1,4 +1,4 @@
-"""Probe decisions: ports by name, thresholds for readiness and liveness."""
+"""Probe decisions: ports by name, thresholds for startup, readiness and liveness."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from elasticjob_devcluster.probes import (
     liveness_failed,
     probe_port,
     readiness_after,
+    startup_verdict,
 )
 
 
@@ -52,3 +53,11 @@ def test_liveness_fails_at_the_failure_threshold() -> None:
     assert liveness_failed(states(False, False, False), {})
     assert liveness_failed(states(False), {"failureThreshold": 1})
     assert not liveness_failed(states(False, True), {"failureThreshold": 1})
+
+
+def test_a_startup_probe_passes_at_its_first_success_and_fails_at_its_threshold() -> None:
+    probe = {"failureThreshold": 3}
+    assert startup_verdict(states(False, False), probe) is None
+    assert startup_verdict(states(False, False, True), probe) is True
+    assert startup_verdict(states(False, False, False), probe) is False
+    assert startup_verdict(states(True), {"successThreshold": 5}) is True  # kubelet takes 1

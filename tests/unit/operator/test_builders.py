@@ -332,10 +332,16 @@ def test_the_container_running_elasticjob_run_is_probed_on_its_health_server() -
     c = trainer(builders.worker_pod(REF, make_spec(), 0, 0))
     assert c["livenessProbe"] == {
         "httpGet": {"path": "/healthz", "port": contract.DEFAULT_HEALTH_PORT},
-        "initialDelaySeconds": 60,
         "periodSeconds": 10,
         "timeoutSeconds": 5,
         "failureThreshold": 3,
+    }
+    # the imports before the health server listens: three minutes, liveness held back
+    assert c["startupProbe"] == {
+        "httpGet": {"path": "/healthz", "port": contract.DEFAULT_HEALTH_PORT},
+        "periodSeconds": 2,
+        "timeoutSeconds": 5,
+        "failureThreshold": 90,
     }
     assert c["readinessProbe"] == {
         "httpGet": {"path": "/readyz", "port": contract.DEFAULT_HEALTH_PORT},
@@ -362,7 +368,7 @@ def test_the_container_running_elasticjob_run_is_probed_on_its_health_server() -
 def test_a_container_without_elasticjob_run_gets_no_probe(container: dict[str, Any]) -> None:
     pod = builders.worker_pod(REF, make_spec(container=container), 0, 0)
     for c in pod["spec"]["containers"]:
-        assert "livenessProbe" not in c and "readinessProbe" not in c and "ports" not in c
+        assert not {"livenessProbe", "readinessProbe", "startupProbe", "ports"} & set(c)
 
 
 def test_only_the_first_container_running_elasticjob_run_is_probed() -> None:
@@ -388,6 +394,7 @@ def test_a_probe_the_template_sets_is_kept() -> None:
     }
     c = trainer(builders.worker_pod(REF, make_spec(container=container), 0, 0))
     assert c["livenessProbe"] == mine
+    assert "startupProbe" not in c  # nothing in front of the template's own liveness probe
     assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": 8090}
     assert c["ports"] == [
         {"name": "metrics", "containerPort": 9000},
