@@ -282,6 +282,7 @@ class Job:
     # what the launcher started for the job besides its nodes (a lighthouse), each in a
     # session of its own: stopped with the nodes
     services: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    cleanups: list[Callable[[], object]] = field(default_factory=list)  # run last, in order
     _started: dict[int, int] = field(default_factory=dict)  # pid -> start time
 
     @property
@@ -382,6 +383,8 @@ class Job:
                     os.killpg(service.pid, signal.SIGKILL)  # its own session: pgid == pid
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     service.wait(timeout=30)
+        for cleanup in self.cleanups:
+            cleanup()
         shutil.rmtree(self.memory_root(), ignore_errors=True)
 
     def tail(self, lines: int = 15) -> str:

@@ -77,6 +77,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -132,6 +133,7 @@ WARMUP_STEPS = 2 * CHECKPOINT_INTERVAL  # a checkpoint exists before any fault
 # still importing torch: no slower than a cold start, but not the common case).
 SETTLE_SECONDS = 8.0
 GOODPUT_INTERVAL = 30.0  # seconds between the goodput run's worker kills
+SAME_STEP_S = 0.5  # two lines of a step this close are one step logged twice
 TRAIN_ARGS = [
     "--steps=1000000",
     "--epochs=1000",
@@ -243,8 +245,7 @@ def run_scenario(
         result.world_after = after.world
         result.steps_redone = steps_redone(job.steps(), old_pids, fault_at, after)
         last = max((s.t for s in job.steps() if s.t < after.t and s.pid in old_pids), default=None)
-        if last is not None:
-            result.pause = round(after.t - last, 2)
+        result.pause = longest_pause(job.steps(), fault_at, after)
         if scenario in ("scale-up", "scale-down"):  # the group trains on after the fault
             result.phases = recovery_phases(job, last, after, reacted_after=fault_at)
         else:
@@ -258,14 +259,32 @@ def run_scenario(
     return result
 
 
+def longest_pause(steps: Sequence[StepLine], fault_at: float, after: StepLine) -> float | None:
+    """How long training stopped: the longest time without a step line, from the last
+    step before the fault to ``after``. Every logged step counts, whoever logged it (a
+    peer whose replica groups all log their steps, an old worker finishing a step in
+    flight, a step trained again after a restore)."""
+    times = sorted(s.t for s in steps if s.t <= after.t)
+    before = [t for t in times if t <= fault_at]
+    if not before:
+        return None
+    window = [before[-1], *(t for t in times if t > fault_at)]
+    return round(max((b - a for a, b in pairwise(window)), default=0.0), 2)
+
+
 def steps_redone(
     steps: Sequence[StepLine], old_pids: set[int], fault_at: float, after: StepLine
 ) -> int | None:
     """How many steps the group that trained ``after`` trains again: the last step done
     before it (at the fault, or later by an old worker: a scale-up's group trains on
     while the newcomer starts, a step in flight may finish) less the step ``after``
-    resumed from."""
-    before = [s.step for s in steps if s.t <= fault_at or (s.t < after.t and s.pid in old_pids)]
+    resumed from. Lines within :data:`SAME_STEP_S` of ``after`` are the same step logged
+    by another replica group (torchft's groups each log every step), not one before it."""
+    before = [
+        s.step
+        for s in steps
+        if s.t <= fault_at or (s.t < after.t - SAME_STEP_S and s.pid in old_pids)
+    ]
     return max(0, max(before) - (after.step - 1)) if before else None
 
 

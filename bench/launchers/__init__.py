@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from bench.launchers.api import Launcher, NodeCommand, Workload
 from bench.launchers.elasticjob import ElasticjobRun
+from bench.launchers.torchft import Torchft
 from bench.launchers.torchrun import Torchrun
 
 __all__ = ["LAUNCHERS", "Launcher", "NodeCommand", "Workload"]
@@ -16,5 +17,7 @@ LAUNCHERS: dict[str, Launcher] = {
         ElasticjobRun(in_place=False),
         Torchrun("c10d"),
         Torchrun("etcd-v3"),
+        Torchft(),  # its lighthouse's default heartbeat timeout (5 s)
+        Torchft(heartbeat_ms=1000),  # tuned: a lost group noticed in 1 s
     )
 }
