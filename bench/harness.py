@@ -119,6 +119,15 @@ def kill_recorded(pid: int, started: int) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
+def stop_session(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL a process the bench started in a session of its own, with its group (its
+    pgid is its pid), and reap it."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+
+
 def processes_of_run(run_id: str) -> list[int]:
     """Processes whose environment names ``run_id`` (unique per bench job)."""
     needle = f"TORCHELASTIC_RUN_ID={run_id}\0".encode()
@@ -202,9 +211,7 @@ class Etcd:
         return etcd
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)  # its own session: pgid == pid
-            self.proc.wait(timeout=30)
+        stop_session(self.proc)
 
 
 # ---------------------------------------------------------------- a job's agents
@@ -378,11 +385,8 @@ class Job:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 agent.proc.wait(timeout=30)
         for service in self.services:
-            if service.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(service.pid, signal.SIGKILL)  # its own session: pgid == pid
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    service.wait(timeout=30)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                stop_session(service)
         for cleanup in self.cleanups:
             cleanup()
         shutil.rmtree(self.memory_root(), ignore_errors=True)

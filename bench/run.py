@@ -648,14 +648,14 @@ def main(argv: Sequence[str] | None = None) -> None:
                     where = workdir / f"{scenario}-{launcher}-{rep}"
                     # the fault bench.run knows, and the script it runs this time
                     fault, train_args = scenario, list(TRAIN_ARGS)
-                    script: Path | None = SCRIPT
                     if scenario in real_scripts.FAULTS:
                         fault = real_scripts.FAULTS[scenario]
                         script = real_scripts.script_for(launcher)
                         train_args = list(real_scripts.FAULT_ARGS)
                     elif scenario in classic.FAULTS:
                         fault = classic.FAULTS[scenario]
-                        script, train_args = classic.SCRIPT, classic.train_args(where)
+                        script = LAUNCHERS[launcher].script(Workload.CLASSIC)
+                        train_args = classic.train_args(where)
                     elif scenario in sharded.FAULTS:
                         if not sharded.runs_under(scenario, launcher):
                             continue

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from bench.launchers import scripts
 from bench.launchers.api import NodeCommand, Workload
-from bench.launchers.torchrun import elastic_argv
+from bench.launchers.torchrun import elastic_argv, needs_etcd
 from elasticjob_runtime import contract
 
 if TYPE_CHECKING:
@@ -39,9 +39,7 @@ class ElasticjobRun:
         return CONVERTED[workload]
 
     def endpoint(self, etcd: str | None) -> str:
-        if etcd is None:
-            raise ValueError(f"{self.name} needs the bench's etcd")
-        return etcd
+        return needs_etcd(self.name, etcd)
 
     def start(self, job: Job) -> None:
         return None

@@ -40,6 +40,13 @@ def elastic_argv(prefix: list[str], backend: str, job: Job) -> list[str]:
     ]
 
 
+def needs_etcd(launcher: str, etcd: str | None) -> str:
+    """The bench's etcd, for a launcher whose nodes meet there."""
+    if etcd is None:
+        raise ValueError(f"{launcher} needs the bench's etcd")
+    return etcd
+
+
 @dataclass(frozen=True)
 class Torchrun:
     """torchrun as its docs run it; ``backend`` c10d (the first node hosts a TCPStore) or
@@ -57,9 +64,7 @@ class Torchrun:
     def endpoint(self, etcd: str | None) -> str:
         if self.backend == "c10d":
             return f"127.0.0.1:{free_port()}"
-        if etcd is None:
-            raise ValueError(f"{self.name} needs the bench's etcd")
-        return etcd
+        return needs_etcd(self.name, etcd)
 
     def start(self, job: Job) -> None:
         return None

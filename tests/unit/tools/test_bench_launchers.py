@@ -29,6 +29,7 @@ def test_ours_and_torchrun_run_the_same_regression_script_and_torchft_its_own() 
     assert LAUNCHERS["torchrun-c10d"].script(Workload.REGRESSION) == scripts.REGRESSION
     assert LAUNCHERS["torchft"].script(Workload.REGRESSION) == scripts.REGRESSION_TORCHFT
     assert LAUNCHERS["torchft"].script(Workload.GPT) is None  # not written yet: skipped
+    assert LAUNCHERS["torchft"].script(Workload.CLASSIC) is None  # a torchelastic script
 
 
 def test_a_torchft_node_is_a_replica_group_under_its_own_torchrun_in_the_jobs_namespace() -> None:
