@@ -21,6 +21,7 @@ from elasticjob_runtime.training.round_group import (
     round_group,
     round_store,
     shut_down,
+    wait_for_listener,
 )
 from elasticjob_runtime.training.worker_rounds import collective_failed
 
@@ -85,6 +86,17 @@ def test_a_build_whose_rank_0_never_serves_gives_up_once_a_newer_round_is_there(
             window=0.5,
         )
     assert time.monotonic() - started < 20  # generous: a few windows, not the timeout
+
+
+def test_a_member_waits_for_rank_0_to_listen_and_says_when_nothing_does() -> None:
+    port = free_port()
+    assert not wait_for_listener("127.0.0.1", port, 0.2)
+    served: list[socket.socket] = []
+    server = threading.Timer(0.3, lambda: served.append(socket.create_server(("127.0.0.1", port))))
+    server.start()
+    assert wait_for_listener("127.0.0.1", port, 30)
+    assert served, "it said yes before anything listened"
+    served[0].close()
 
 
 def test_a_store_connected_after_some_windows_keeps_the_group_timeout() -> None:

@@ -13,6 +13,11 @@ already formed round N+1. TCPStore's client retries its connect for the whole gr
 timeout; ``build`` connects in short windows instead and gives up with
 :class:`RoundSuperseded` once ``superseded()`` says a newer round is there.
 
+A member that asks before rank 0 serves waits for the listener itself, in 5 ms polls,
+and only then opens the store: TCPStore's client backs off after a refused connect, and
+a replacement that came before a survivor rank 0 served lost 0.3-0.8 s to that backoff
+(the worker-kill outlier of issue 36, measured in docs/recovery.md).
+
 * **gloo** has no abort. Every socket the group opened is recorded when it is built
   (the store connection and gloo's full mesh, which it connects eagerly); ``abort``
   shuts them down. The blocked collective's reads fail at once and it raises in the
@@ -50,6 +55,9 @@ _SOCKET = re.compile(r"socket:\[(\d+)\]")
 # round is still wanted: long enough that a rank 0 still starting (its imports) costs no
 # retry, short enough that a dead one costs seconds, not the group timeout.
 STORE_CONNECT_WINDOW_S = 5.0
+# How often a member asks whether rank 0 listens yet: a refused connect on loopback or a
+# pod network costs microseconds, so 5 ms polls cost nothing and wait at most 5 ms more.
+LISTENER_POLL_S = 0.005
 
 
 class RoundSuperseded(dist.DistError):
@@ -126,6 +134,19 @@ class RoundGroup(Protocol):
         """Release the group (after ``abort`` or at the end of training)."""
 
 
+def wait_for_listener(host: str, port: int, within: float) -> bool:
+    """Does something accept connections at ``host:port`` within ``within`` seconds?"""
+    until = time.monotonic() + within
+    while True:
+        try:
+            socket.create_connection((host, port), timeout=max(0.01, min(1.0, within))).close()
+            return True
+        except OSError:
+            if time.monotonic() >= until:
+                return False
+            time.sleep(LISTENER_POLL_S)
+
+
 def round_store(
     assignment: Assignment,
     timeout: timedelta,
@@ -138,13 +159,16 @@ def round_store(
     deadline = time.monotonic() + timeout.total_seconds()
     while True:
         left = deadline - time.monotonic()
+        window_s = max(min(window, left), 0.001)
         try:
+            if assignment.rank != 0 and not wait_for_listener(host, port, window_s):
+                raise dist.DistNetworkError(f"nothing listens at {host}:{port} yet")
             store = TCPStore(
                 host,
                 port,
                 assignment.world_size,
                 is_master=assignment.rank == 0,
-                timeout=timedelta(seconds=max(min(window, left), 0.001)),
+                timeout=timedelta(seconds=window_s),
                 wait_for_workers=False,
                 multi_tenant=True,
             )
