@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,11 +26,13 @@ os.environ[GRPC_DNS_RESOLVER] = grpc_dns_resolver(os.environ)
 import grpc  # type: ignore[import-untyped]
 import pyetcd.events
 import pyetcd.exceptions
+from pyetcd import etcdrpc
 from pyetcd.client import Endpoint as _PyEndpoint
 from pyetcd.client import MultiEndpointEtcd3Client
 
 # where an etcd is and how to trust it, grpc-free (the operator reads etcd without grpc)
 from elasticjob_runtime.etcd.endpoints import Endpoint, TLSCredentials
+from elasticjob_runtime.etcd.keep_alive_stream import KeepAliveStream, StreamBroken
 
 RECHECK_AFTER = 5.0
 
@@ -232,6 +234,9 @@ class EtcdClient:
         self._pyetcd: Any = MultiEndpointEtcd3Client(
             endpoints=channels, timeout=timeout, failover=len(endpoints) > 1
         )
+        self._keep_alive = KeepAliveStream(
+            self._open_keep_alive, lambda lease: etcdrpc.LeaseKeepAliveRequest(ID=lease)
+        )
 
     @property
     def _client(self) -> Any:
@@ -406,12 +411,31 @@ class EtcdClient:
         return Lease(id=int(granted.id), ttl=int(granted.ttl))
 
     def refresh(self, lease: int) -> bool:
-        """Keep a lease alive; False if it has already expired."""
+        """Keep a lease alive; False if it has already expired.
+
+        One message on this connection's keep-alive stream (keep_alive_stream.py says
+        why); when the stream broke, one request of its own, so that an error reads as
+        any other request's and pyetcd's endpoint failover sees it."""
+        try:
+            return self._keep_alive.refresh(lease, self._timeout) > 0
+        except TimeoutError as exc:
+            raise EtcdError(
+                f"etcd at {self.where}: lease keep-alive failed (no answer within "
+                f"{self._timeout:.2f} s)"
+            ) from exc
+        except StreamBroken:
+            pass
         try:
             responses = list(self._client.refresh_lease(lease))
         except (pyetcd.exceptions.Etcd3Exception, grpc.RpcError) as exc:
             raise self._fail("lease keep-alive", exc) from exc
         return bool(responses) and responses[-1].TTL > 0
+
+    def _open_keep_alive(self, requests: Iterator[Any]) -> Any:
+        client = self._client
+        return client.leasestub.LeaseKeepAlive(
+            requests, credentials=client.call_credentials, metadata=client.metadata
+        )
 
     def revoke(self, lease: int) -> None:
         try:
@@ -484,6 +508,7 @@ class EtcdClient:
 
     def close(self) -> None:
         self._closed = True
+        self._keep_alive.close()
         if self._ready is not None:
             self._ready.cancel()
         # Closing a broken channel must not mask the error that got us here.

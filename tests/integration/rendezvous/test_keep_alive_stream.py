@@ -1,0 +1,67 @@
+"""Lease refreshes over one keep-alive stream, on a real etcd: a lease outlives many TTLs
+on one stream, an expired lease reads as such, and an etcd restart costs a refresh or
+two, not the lease keeper."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from conftest import EtcdServer, start_etcd
+
+from elasticjob_runtime.etcd.client import EtcdClient, EtcdError
+from elasticjob_runtime.etcd.endpoints import parse_endpoints
+
+pytestmark = pytest.mark.integration
+
+
+def streams() -> int:
+    return sum(t.name == "etcd-keep-alive-stream" for t in threading.enumerate())
+
+
+def test_a_lease_outlives_many_ttls_on_one_stream_and_a_revoked_one_reads_expired(
+    etcd: EtcdServer,
+) -> None:
+    client = EtcdClient(parse_endpoints(etcd.endpoint), timeout=0.5)
+    before = streams()
+    try:
+        lease = client.grant(1)
+        client.put("ka-stream/held", b"x", lease)
+        for _ in range(20):  # 4 s: four TTLs
+            assert client.refresh(lease)
+            time.sleep(0.2)
+        assert client.get("ka-stream/held") is not None
+        # one stream carried them all (the library opened a stream and two threads each)
+        assert streams() == before + 1
+        client.revoke(lease)
+        assert not client.refresh(lease)
+    finally:
+        client.close()
+    deadline = time.monotonic() + 10
+    while streams() > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert streams() == before, "closing the client left its stream's reader behind"
+
+
+def test_after_an_etcd_restart_the_next_refreshes_work_again(tmp_path: Path) -> None:
+    server = start_etcd("3.6", tmp_path / "etcd")
+    client = EtcdClient(parse_endpoints(server.endpoint), timeout=0.5, reconnect_within=0.2)
+    try:
+        lease = client.grant(10)
+        assert client.refresh(lease)
+        server.restart()  # the stream's connection is gone; the lease is in etcd's data
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if client.refresh(lease):
+                    break
+            except EtcdError:
+                pass  # the refresh that found the stream broken
+            assert time.monotonic() < deadline, "no refresh worked after the restart"
+            time.sleep(0.2)
+        assert client.refresh(lease)  # and on the new stream
+    finally:
+        client.close()
+        server.stop()
