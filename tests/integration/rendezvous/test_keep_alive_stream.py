@@ -4,6 +4,8 @@ two, not the lease keeper."""
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -63,5 +65,37 @@ def test_after_an_etcd_restart_the_next_refreshes_work_again(tmp_path: Path) -> 
             time.sleep(0.2)
         assert client.refresh(lease)  # and on the new stream
     finally:
+        client.close()
+        server.stop()
+
+
+def test_closing_the_client_ends_a_refresh_that_waits_on_a_frozen_etcd(tmp_path: Path) -> None:
+    """A lease keeper replaced while its refresh waits must not hold the replacement for
+    the refresh's timeout."""
+    server = start_etcd("3.6", tmp_path / "etcd")
+    client = EtcdClient(parse_endpoints(server.endpoint), timeout=30)
+    failed: list[BaseException] = []
+
+    def refresh() -> None:
+        try:
+            client.refresh(lease)
+        except BaseException as exc:  # the test looks at it
+            failed.append(exc)
+
+    try:
+        lease = client.grant(60)
+        assert client.refresh(lease)
+        os.kill(server.proc.pid, signal.SIGSTOP)
+        waiting = threading.Thread(target=refresh)
+        waiting.start()
+        time.sleep(0.5)
+        closed_at = time.monotonic()
+        client.close()
+        waiting.join(timeout=20)
+        assert not waiting.is_alive(), "the refresh went on waiting after the close"
+        assert time.monotonic() - closed_at < 10  # generous: not the 30 s timeout
+        assert failed and isinstance(failed[0], EtcdError), failed
+    finally:
+        os.kill(server.proc.pid, signal.SIGCONT)
         client.close()
         server.stop()

@@ -35,6 +35,7 @@ class KeepAliveStream:
         self._request = request  # lease id -> LeaseKeepAliveRequest
         self._lock = threading.Lock()  # one refresh at a time
         self._call: Any = None
+        self._closed = False
         self._requests: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._responses: queue.SimpleQueue[object] = queue.SimpleQueue()
 
@@ -43,6 +44,8 @@ class KeepAliveStream:
         :class:`TimeoutError` (no answer within ``timeout``) or :class:`StreamBroken`;
         either way the stream is closed and the next call opens a new one."""
         with self._lock:
+            if self._closed:
+                raise StreamBroken("the keep-alive stream was closed")
             if self._call is None:
                 self._open()
             self._requests.put(self._request(lease))
@@ -58,8 +61,13 @@ class KeepAliveStream:
             return int(answer.TTL)  # type: ignore[attr-defined]
 
     def close(self) -> None:
-        with self._lock:
-            self._close()
+        """End the stream now, from any thread: a refresh waiting on it (a keeper being
+        replaced) fails at once instead of holding this call for its timeout."""
+        self._closed = True
+        call = self._call
+        if call is not None:
+            self._requests.put(_CLOSE)
+            call.cancel()
 
     def _open(self) -> None:
         requests: queue.SimpleQueue[object] = queue.SimpleQueue()
