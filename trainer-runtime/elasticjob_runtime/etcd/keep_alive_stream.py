@@ -64,10 +64,7 @@ class KeepAliveStream:
         """End the stream now, from any thread: a refresh waiting on it (a keeper being
         replaced) fails at once instead of holding this call for its timeout."""
         self._closed = True
-        call = self._call
-        if call is not None:
-            self._requests.put(_CLOSE)
-            call.cancel()
+        self._close()
 
     def _open(self) -> None:
         requests: queue.SimpleQueue[object] = queue.SimpleQueue()
@@ -91,6 +88,8 @@ class KeepAliveStream:
         self._call, self._requests, self._responses = call, requests, responses
 
     def _close(self) -> None:
+        """End the current stream (lock-free: ``close`` calls it while a refresh waits;
+        a cancel twice, or a second end marker, is harmless)."""
         call, self._call = self._call, None
         if call is not None:
             self._requests.put(_CLOSE)
