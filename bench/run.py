@@ -155,6 +155,8 @@ class Result:
     pause: float | None = None  # the last step before the first step after (training stopped)
     phases: dict[str, float] | None = None  # bench.phases.breakdown of the recovery
     step_time: float | None = None  # steady seconds per step before the fault (pause includes one)
+    # a resize: steady seconds per step at the new world, of which the pause holds one
+    step_time_after: float | None = None
     load: float | None = None  # 1-minute load average when the fault was injected
     gave_up_after: float | None = None  # no recovery within this many seconds of the fault
     world_before: int | None = None
@@ -248,6 +250,7 @@ def run_scenario(
         result.pause = longest_pause(job.steps(), fault_at, after)
         if scenario in ("scale-up", "scale-down"):  # the group trains on after the fault
             result.phases = recovery_phases(job, last, after, reacted_after=fault_at)
+            result.step_time_after = step_time_after(job, after)
         else:
             result.phases = recovery_phases(job, fault_at, after)
     except TimeoutError as exc:
@@ -257,6 +260,28 @@ def run_scenario(
         job.stop()
         shutil.rmtree(Path("/dev/shm/elasticjob") / run_id, ignore_errors=True)
     return result
+
+
+def step_time_after(
+    job: Job, after: StepLine, steps: int = 4, within: float = 30.0
+) -> float | None:
+    """The median time between the next ``steps`` steps at ``after``'s world (the pause
+    of a resize holds one step at the new world, slower or faster than one before it);
+    None when they do not come within ``within`` seconds."""
+
+    def gaps() -> list[float] | None:
+        later = [s for s in job.steps() if s.t > after.t and s.world == after.world]
+        out = [
+            b.t - a.t
+            for a, b in pairwise([after, *later])
+            if a.pid == b.pid and b.step == a.step + 1
+        ]
+        return out if len(out) >= steps else None
+
+    try:
+        return round(statistics.median(wait_for("steps at the new world", gaps, within)), 3)
+    except TimeoutError:
+        return None
 
 
 def longest_pause(steps: Sequence[StepLine], fault_at: float, after: StepLine) -> float | None:
@@ -376,6 +401,7 @@ def summarize(results: Sequence[Result]) -> dict[str, dict[str, dict[str, Any]]]
                 "pause": [],
                 "phases": [],
                 "step_time": [],
+                "step_time_after": [],
             },
         )
         if r.seconds is None:
@@ -394,6 +420,8 @@ def summarize(results: Sequence[Result]) -> dict[str, dict[str, dict[str, Any]]]
                 cell["phases"].append(r.phases)
             if r.step_time is not None:
                 cell["step_time"].append(r.step_time)
+            if r.step_time_after is not None:
+                cell["step_time_after"].append(r.step_time_after)
     for scenarios in out.values():
         for cell in scenarios.values():
             secs = cell["seconds"]
@@ -404,6 +432,8 @@ def summarize(results: Sequence[Result]) -> dict[str, dict[str, dict[str, Any]]]
             cell["pause_median"] = (
                 round(statistics.median(cell["pause"]), 2) if cell["pause"] else None
             )
+            after = cell.get("step_time_after") or []
+            cell["step_time_after_median"] = round(statistics.median(after), 3) if after else None
             # the names every run of the cell has (a coarse breakdown may lack "ready")
             runs = cell["phases"]
             names = [n for n in runs[0] if all(n in p for p in runs)] if runs else []
@@ -485,6 +515,7 @@ def table(
             pause = ["  training paused (last step -> next step)"]
             split = ["  " + PHASE_LABELS[names]]
             redone = ["  steps redone (median)"]
+            one_step = ["  of the pause, one step at the new world"]
             for lch in launchers:
                 cell = summary.get(lch, {}).get(scenario, {})
                 value = cell.get("pause_median")
@@ -495,7 +526,11 @@ def table(
                 )
                 steps = cell.get("steps_redone") or []
                 redone.append(f"{statistics.median(steps):g}" if steps else "-")
+                step = cell.get("step_time_after_median")
+                one_step.append(f"{step:.1f} s" if step is not None else "-")
             rows += [pause, split, redone]
+            if any(v != "-" for v in one_step[1:]):
+                rows.append(one_step)
     for scenario, label in GOODPUT_LABELS.items():
         by = {g.launcher: g for g in goodputs if g.scenario == scenario}
         if not by:

@@ -14,9 +14,12 @@ import torch
 import torch.distributed as dist
 
 from elasticjob_runtime.training.reshard import (
+    ShardMove,
+    buckets,
     chunk_rows,
     complete_holders,
     exchange,
+    exchange_all,
     old_shards_of,
     own_shards,
     transfers,
@@ -176,6 +179,61 @@ def test_the_exchange_leaves_each_rank_exactly_its_new_rows(
         assert proc.exitcode == 0
     for rank in range(3):
         assert got[rank] == WHOLE[slice(*chunk_rows(ROWS, new_shards, rank % new_shards))].tolist()
+
+
+# tensors of three dtypes, one of them empty on some ranks, one 1-D (a bias)
+MANY = {
+    "a": WHOLE,
+    "b": torch.arange(5 * 4, dtype=torch.int32).reshape(5, 4),
+    "c": torch.arange(2, dtype=torch.float32) + 0.5,
+    "d": torch.arange(7, dtype=torch.float32) * -1.0,
+    "e": torch.arange(9 * 2, dtype=torch.bfloat16).reshape(9, 2),
+}
+
+
+def _exchange_all(rank: int, port: int, holders: dict[int, int], old: int, out: Any) -> None:
+    """:func:`_exchange` for the tensors of :data:`MANY` in one call, in buckets of a
+    few dozen bytes (so some hold several tensors and some one)."""
+    store = dist.TCPStore(  # type: ignore[attr-defined]
+        "127.0.0.1", port, 3, is_master=rank == 0, timeout=timedelta(seconds=60)
+    )
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=3)
+    mine_old = {r for r, n in holders.items() if n == rank}
+    moves = []
+    for whole in MANY.values():
+        rows = whole.shape[0]
+        held = {r: whole[slice(*chunk_rows(rows, old, r))].clone() for r in mine_old}
+        start, stop = chunk_rows(rows, 3, rank)
+        mine = torch.full((stop - start, *whole.shape[1:]), -7, dtype=whole.dtype)
+        moves.append(ShardMove(held, mine, rows))
+    exchange_all(moves, old, holders, rank, 3, bucket_bytes=64)
+    out.put((rank, [m.out.tolist() for m in moves]))
+    dist.destroy_process_group()
+
+
+def test_many_tensors_of_mixed_dtypes_move_together_in_buckets() -> None:
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    port = _free_port()
+    holders = {0: 2, 1: 0}  # a joiner at rank 1, the survivors renumbered
+    procs = [ctx.Process(target=_exchange_all, args=(r, port, holders, 2, out)) for r in range(3)]
+    for proc in procs:
+        proc.start()
+    got = dict(out.get(timeout=120) for _ in procs)
+    for proc in procs:
+        proc.join(timeout=60)
+        assert proc.exitcode == 0
+    for rank in range(3):
+        want = [w[slice(*chunk_rows(w.shape[0], 3, rank))].tolist() for w in MANY.values()]
+        assert got[rank] == want
+
+
+def test_buckets_are_bounded_cut_at_each_dtype_and_hold_a_large_tensor_alone() -> None:
+    f, i = torch.float32, torch.int32
+    assert buckets([10, 10, 10, 10], [f] * 4, 25) == [range(0, 2), range(2, 4)]
+    assert buckets([10, 100, 10], [f] * 3, 25) == [range(0, 1), range(1, 2), range(2, 3)]
+    assert buckets([10, 10, 10], [f, i, i], 100) == [range(0, 1), range(1, 3)]
+    assert buckets([], [], 10) == []
 
 
 def _coordinates(index: int, ports: list[int], out: Any) -> None:

@@ -52,9 +52,11 @@ from elasticjob_runtime.training.fsdp_reduce_scatter import (
 )
 from elasticjob_runtime.training.grad_allreduce import Shares
 from elasticjob_runtime.training.mesh_shape import MeshShape, mesh_shape, shape_note
+from elasticjob_runtime.training.optimizer_state import make_state, sharded_layout
 from elasticjob_runtime.training.reshard import (
+    ShardMove,
     complete_holders,
-    exchange,
+    exchange_all,
     old_shards_of,
     own_shards,
 )
@@ -487,6 +489,7 @@ class FSDPReplication:
                 fqn: {k: v for k, v in entries.items() if not is_sharded(v)}
                 for fqn, entries in osd["state"].items()
             },
+            "optim_layout": sharded_layout(self.optimizer, osd),
             "buffers": {name: b.detach().clone() for name, b in model.named_buffers()},
         }
 
@@ -540,25 +543,35 @@ class FSDPReplication:
         replicated = deserialize(broadcast_bytes(data, src, rounds.device), source=f"rank {src}")
         new_shards = self.shape.shard
 
-        def move(name: str, target: Any) -> None:
-            held = {old: rows[name] for old, rows in pieces.items()}
-            rows = target.shape[0]
-            out = target.to_local()
-            exchange(
-                held, out, rows, old_shards, holders, rank, world, new_shards, own, rounds.device
-            )
+        def move(targets: Mapping[str, Any]) -> None:
+            """Every one of ``targets`` (piece name -> its DTensor on the new mesh)."""
+            moves = [
+                ShardMove(
+                    {old: rows[name] for old, rows in pieces.items()}, t.to_local(), t.shape[0]
+                )
+                for name, t in targets.items()
+            ]
+            exchange_all(moves, old_shards, holders, rank, world, new_shards, own, rounds.device)
 
         msd = model_state(model)
-        for fqn in sorted(k for k, v in msd.items() if is_sharded(v)):
-            move(piece_name("model", fqn), msd[fqn])
+        move({piece_name("model", fqn): msd[fqn] for fqn in sorted(msd) if is_sharded(msd[fqn])})
         set_model_state_dict(model, msd)
         osd: dict[str, Any] = {"state": {}, "param_groups": []}
         if replicated["optim_scalars"]:  # an optimizer that has stepped has state to move
+            layout = replicated.get("optim_layout")
+            if layout is not None:  # made without a step where it can be (optimizer_state.py)
+                make_state(
+                    self.optimizer, replicated["param_groups"], layout, replicated["optim_scalars"]
+                )
             osd = made_optimizer_state(model, self.optimizer)  # state made, then filled
-            for fqn in sorted(osd["state"]):
-                entries = osd["state"][fqn]
-                for key in sorted(k for k, v in entries.items() if is_sharded(v)):
-                    move(piece_name("optim", fqn, key), entries[key])
+            move(
+                {
+                    piece_name("optim", fqn, key): entries[key]
+                    for fqn, entries in sorted(osd["state"].items())
+                    for key in sorted(entries)
+                    if is_sharded(entries[key])
+                }
+            )
         self._load_replicated(replicated, osd)
 
     def _resync_shards(self, model: nn.Module, optim: torch.optim.Optimizer) -> None:
