@@ -123,12 +123,18 @@ def test_a_pool_keeps_one_spare_per_local_rank_unless_told_fewer() -> None:
 
 
 def test_spares_are_replaced_once_the_round_trains_or_after_the_delay() -> None:
-    from elasticjob_runtime.launch.spare_pool import refill_due
+    from elasticjob_runtime.launch.spare_pool import REFILL_LIMIT_S, refill_due
 
     assert not refill_due(None, True, 100.0, 5.0)  # nothing taken since the last refill
     assert not refill_due(100.0, False, 102.0, 5.0)  # the workers are still starting
     assert refill_due(100.0, True, 101.0, 5.0)  # the round trains: their start-up is over
     assert refill_due(100.0, False, 105.0, 5.0)  # a script that reports no steps
+    # a Run script (it offered to regroup in place) is waited for: its first step may
+    # come late (a joiner's, after its peers' regroup), and a spare importing torch on
+    # the same cores would slow it
+    assert not refill_due(100.0, False, 105.0, 5.0, reports_steps=True)
+    assert refill_due(100.0, True, 105.0, 5.0, reports_steps=True)
+    assert refill_due(100.0, False, 100.0 + REFILL_LIMIT_S, 5.0, reports_steps=True)
 
 
 def test_a_lazily_exported_name_is_warmed_through_its_package(

@@ -401,7 +401,11 @@ class MembershipAwareAgent(TorchAgent):
             return
         handed_at, start_step = self._refill
         step = group_step(steps)
-        if refill_due(handed_at, step is not None and step != start_step, now, REFILL_DELAY_S):
+        stepped = step is not None and step != start_step
+        # only read once the plain delay is past: the in-place offers are a directory scan
+        late = not stepped and now - handed_at >= REFILL_DELAY_S
+        reports_steps = late and bool(self._channel.in_place_pids())
+        if refill_due(handed_at, stepped, now, REFILL_DELAY_S, reports_steps):
             self._refill = None
             self._spares.fill()
 

@@ -74,14 +74,26 @@ STOP_TIMEOUT_S = 5.0
 # Spares taken by a round are replaced at its first step, or this long after the
 # hand-over for a script that reports no steps (a script of its own, run unchanged).
 REFILL_DELAY_S = 5.0
+# ... and at most this long for workers that report their steps (refill_due).
+REFILL_LIMIT_S = 60.0
 
 
-def refill_due(handed_at: float | None, stepped: bool, now: float, delay: float) -> bool:
+def refill_due(
+    handed_at: float | None, stepped: bool, now: float, delay: float, reports_steps: bool = False
+) -> bool:
     """Is it time to replace the spares a round took at ``handed_at`` (None: none taken
     since the last refill)? Once the round trains (``stepped``: a step reported since),
     or ``delay`` after the hand-over, whichever comes first. A second fault before then
-    starts its workers cold: the price of not slowing every restart."""
-    return handed_at is not None and (stepped or now - handed_at >= delay)
+    starts its workers cold: the price of not slowing every restart.
+
+    Workers that report their steps (``reports_steps``: they offered to regroup in place,
+    so they run the Run's loop) are waited for up to :data:`REFILL_LIMIT_S` instead: a
+    joiner's first step comes after its peers' regroup and a cold first step, and a
+    spare importing torch on the same cores at the fifth second slowed that step's
+    optimizer from 0.2 to 0.66 s (an FSDP2 join on two cores)."""
+    if handed_at is None:
+        return False
+    return stepped or now - handed_at >= (REFILL_LIMIT_S if reports_steps else delay)
 
 
 def spare_count(requested: int | None, local_world_size: int) -> int:
