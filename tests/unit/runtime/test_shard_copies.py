@@ -133,3 +133,38 @@ def test_each_rank_keeps_exactly_its_predecessors_rows() -> None:
 @pytest.mark.parametrize("world", [2, 3])
 def test_every_rank_of_a_round_has_a_buddy_that_is_not_itself(world: int) -> None:
     assert all(buddy_of(r, world) != r for r in range(world))
+
+
+def _wait_for_a_peer_that_never_sends(rank: int, port: int, out: Any) -> None:
+    import time
+
+    store = dist.TCPStore(  # type: ignore[attr-defined]
+        "127.0.0.1", port, 2, is_master=rank == 0, timeout=timedelta(seconds=60)
+    )
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
+    if rank == 1:  # in the group, never in the swap: rank 0's all-to-all never completes
+        store.wait(["done"], timedelta(seconds=60))
+        return
+    own = take(5, 0, 2, {"model/w": (_whole()[:3], ROWS)}, b"")
+    given_up = time.monotonic() + 0.5
+    try:
+        swap_with_buddy(own, torch.device("cpu"), abandoned=lambda: time.monotonic() > given_up)
+        out.put("completed")
+    except dist.DistError as exc:
+        out.put(f"raised: {exc}")
+    store.set("done", "1")
+
+
+def test_a_swap_whose_round_was_abandoned_stops_waiting_for_its_peer() -> None:
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    port = _free_port()
+    procs = [
+        ctx.Process(target=_wait_for_a_peer_that_never_sends, args=(r, port, out)) for r in range(2)
+    ]
+    for proc in procs:
+        proc.start()
+    said = out.get(timeout=60)
+    for proc in procs:
+        proc.join(timeout=60)
+    assert said.startswith("raised: the round was abandoned"), said

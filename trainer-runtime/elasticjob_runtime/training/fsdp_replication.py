@@ -464,7 +464,7 @@ class FSDPReplication:
         replicated = serialize(self._replicated(model, osd))
         own = take(step, rounds.rank, rounds.world_size, local, replicated, old_own)
         del old_own
-        buddy = swap_with_buddy(own, rounds.device, old_buddy)
+        buddy = swap_with_buddy(own, rounds.device, old_buddy, lambda: rounds.abandoned)
         self._own, self._buddy = own, buddy
 
     def _copies(self) -> CopyHolding:

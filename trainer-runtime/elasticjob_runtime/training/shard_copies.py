@@ -30,8 +30,10 @@ buddy, on the training thread.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -123,11 +125,21 @@ def buddy_of(rank: int, world: int) -> int:
     return (rank + 1) % world
 
 
-def swap_with_buddy(own: Snapshot, device: torch.device, reuse: Snapshot | None = None) -> Snapshot:
+def swap_with_buddy(
+    own: Snapshot,
+    device: torch.device,
+    reuse: Snapshot | None = None,
+    abandoned: Callable[[], bool] = lambda: False,
+) -> Snapshot:
     """Send ``own``'s shards to this rank's buddy and receive its predecessor's (into
     ``reuse``'s buffers when they fit); every rank of the round calls it. Returns the
     predecessor's snapshot (its rows, no replicated state). The layout is the same on
-    every rank, so only the rows travel."""
+    every rank, so only the rows travel.
+
+    It waits for its all-to-all only while the round stands (``abandoned``: the worker
+    gave the round up, worker_rounds.abandons): a peer killed while this rank took its
+    snapshot left gloo's all-to-all waiting for ever (seen twice in 18 bench runs, the
+    process group's threads gone), and the regroup waited with it."""
     rank, world = own.rank, own.world
     before = (rank - 1) % world
     theirs = numel_by_dtype(own.layout, world, before)
@@ -142,9 +154,21 @@ def swap_with_buddy(own: Snapshot, device: torch.device, reuse: Snapshot | None 
             if into is not None
             else torch.empty(theirs[dtype], dtype=dtype, device=device)
         )
-        dist.all_to_all_single(received, flat.to(device), recv_counts, send_counts)
+        work = dist.all_to_all_single(
+            received, flat.to(device), recv_counts, send_counts, async_op=True
+        )
+        wait_while_standing(work, abandoned)
         flats[dtype] = received.to("cpu")
     return Snapshot(own.step, before, world, own.layout, flats)
+
+
+def wait_while_standing(work: Any, abandoned: Callable[[], bool], poll: float = 0.002) -> None:
+    """``work.wait()``, or a ``DistError`` once the round is ``abandoned`` first."""
+    while not work.is_completed():
+        if abandoned():
+            raise dist.DistError("the round was abandoned while a shard copy waited for a peer")
+        time.sleep(poll)
+    work.wait()  # raises what the collective raised
 
 
 @dataclass(frozen=True)

@@ -238,19 +238,22 @@ class StepLoop:
         # Committed before the commit's side effects: a SIGTERM saves this step there and
         # exits 143 from inside the block's end, and the script may still record it.
         outcome.committed = True
-        self._commit()
-        # after the commit, collectives the step's group makes together: what the
-        # replication keeps (shard copies), then the agreement check when one is due; a
-        # group that broke in one regroups, and the new group checks at its own first step
-        if self._standing("what the replication keeps", self._keep):
+        # after the commit, collectives the step's group makes together: the interval's
+        # checkpoint (a sharded save plans together), what the replication keeps (shard
+        # copies), then the agreement check when one is due; a group that broke in one
+        # regroups, and the new group checks at its own first step
+        if self._commit() and self._standing("what the replication keeps", self._keep):
             self._check_due()
 
-    def _commit(self) -> None:
+    def _commit(self) -> bool:
+        """Count the step, then its checkpoint and progress; False when the group broke in
+        the checkpoint's collectives (a peer died as the ranks planned a sharded save) and
+        this rank regrouped: the step stands, the save never commits."""
         st = self._state
         st.step += 1
         st.samples += self.global_batch
         self.sampler.advance(self._rounds.world_size * self.batch_size)
-        self._committed()
+        return self._standing("the checkpoint", self._committed)
 
     def _standing(self, what: str, collective: Callable[[], None]) -> bool:
         """Run a collective after a commit; False when the group broke in it and this

@@ -103,6 +103,22 @@ def departure_seen(
     return newer and latest is not None and latest.world_size < world_size
 
 
+def abandons(latest: Assignment | None, generation: int, world_size: int, building: bool) -> bool:
+    """Must this worker abandon the collectives of its round ``generation`` (of
+    ``world_size`` ranks) now that its agent delivered ``latest``?
+
+    Yes when the agent says the round lost a peer (``abort``), when the round was still
+    being built, and when the newer round is of the same size: a member was replaced (a
+    worker killed and restarted by its agent), so the old group is broken, though its
+    collectives may not fail by themselves (a survivor sat 150 s in a shard copy's
+    all-to-all with a killed peer, the agent's new round delivered). A larger round is a
+    join and a smaller one a planned departure: the ranks finish the step and switch
+    together (switch_vote.py)."""
+    if latest is None or latest.generation <= generation:
+        return False
+    return latest.abort or building or latest.world_size == world_size
+
+
 class WorkerRounds:
     """The current round's assignment and process group; the regroup that replaces them."""
 
@@ -196,6 +212,11 @@ class WorkerRounds:
             self.on_leave()
             raise HandedOver()
 
+    @property
+    def abandoned(self) -> bool:
+        """Did this worker give its round up (its watcher aborted the group)?"""
+        return self._aborted_generation == self.generation
+
     def group_broke(self, exc: BaseException) -> bool:
         """Did ``exc`` come from the group breaking (regroup), not from the script?"""
         return self.channel is not None and (
@@ -220,10 +241,8 @@ class WorkerRounds:
         while not self._closed.wait(WATCH_POLL_S):
             latest = channel.latest()
             generation = self.generation
-            newer = latest is not None and latest.generation > generation
-            # a round still being built is given up for any newer one: it cannot form
-            wanted = latest is not None and (latest.abort or self._building)
-            if not self.orphaned() and not (newer and wanted):
+            wanted = abandons(latest, generation, self.world_size, self._building)
+            if not self.orphaned() and not wanted:
                 continue
             if self._aborted_generation < generation:
                 self._aborted_generation = generation
