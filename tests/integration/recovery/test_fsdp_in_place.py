@@ -74,15 +74,13 @@ def test_a_killed_fsdp_worker_goes_back_to_the_shard_copies_or_the_checkpoint_in
     agents: list[subprocess.Popen[bytes]], etcd: EtcdServer, tmp_path: Path
 ) -> None:
     # Rank 1 dies with its shard; its agent restarts it, the survivor keeps its process.
-    # With copies every 4 steps (it dies as step 14's checkpoint begins, the survivor in
-    # the save's planning collectives, which break as any other collective does), rank 0
-    # holds its own snapshot of step 12 and rank 1's copy: the group goes back to step 12
-    # from memory, not to the step-7 checkpoint. With no copies (it dies after step 13)
-    # every rank reads the step-10 checkpoint. Either way the steps since are trained
-    # again, to the state the unfaulted run reaches (copies and checkpoints change no
-    # state: one reference).
-    copies = ("--copy-every=4", "--checkpoint-interval=7")
-    crash = {**FSDP, "CRASH_IN_SAVE_AT_STEP": "14", "CRASH_RANK": "1"}
+    # With copies every 4 steps and no checkpoint before the end (it dies after step 14),
+    # rank 0 holds its own snapshot of step 12 and rank 1's copy: the group goes back to
+    # step 12 from memory. With no copies (it dies after step 13) every rank reads the
+    # step-10 checkpoint. Either way the steps since are trained again, to the state the
+    # unfaulted run reaches (copies and checkpoints change no state: one reference).
+    copies = ("--copy-every=4", "--checkpoint-interval=1000")
+    crash = {**FSDP, "CRASH_AT_STEP": "14", "CRASH_RANK": "1"}
     from_copies = run_job(agents, etcd, tmp_path / "copies", crash, 2, "2", extra=copies)
     crash = {**FSDP, "CRASH_AT_STEP": "13", "CRASH_RANK": "1"}
     no_copies = ("--copy-every=0",)
@@ -93,8 +91,7 @@ def test_a_killed_fsdp_worker_goes_back_to_the_shard_copies_or_the_checkpoint_in
     found = re.search(r"^regrouped at step 12 \(shard copies at step 12\)", from_copies, re.M)
     assert found, from_copies[-3000:]
     assert re.search(r"^started \(shard copies at step 12\)", from_copies, re.M)
-    assert "the checkpoint after step 14 broke" in from_copies, from_copies[-3000:]
-    assert "checkpoint step 7" not in from_copies, "read from disk"
+    assert "(checkpoint step" not in from_copies, "read from disk"
     assert_same_training(from_copies, reference)
     assert_every_sample_once_per_epoch(from_copies)
 
