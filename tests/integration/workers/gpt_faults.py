@@ -9,8 +9,6 @@ optional):
   never regrouped: a survivor that rolled back to a checkpoint trains step N again);
   ``CRASH_IN_STEP``: the same in the middle of that step, at its last micro-batch (its
   peers then hold the first micro-batches' gradients when the step fails);
-  ``CRASH_IN_SAVE_AT_STEP``: the same as that step's checkpoint begins, its peers then
-  in the save's planning collectives (a sharded save plans together);
 * ``HOLD_AT_STEP``: after step N - 1 every worker waits until its agent has a new round
   for it (a node that the test starts once it sees ``held before step N`` joins); each
   then votes in step N to switch (training/switch_vote.py), so the world changes after
@@ -50,7 +48,6 @@ import torch
 import torch.distributed as dist
 
 from elasticjob_runtime import Run
-from elasticjob_runtime.checkpoints.sharded import ShardedCheckpoints
 
 
 def _at(name: str) -> int:
@@ -62,7 +59,6 @@ def main() -> None:
         f"elasticjob_examples.{os.environ.get('GPT_SCRIPT', 'train_gpt')}"
     )
     log_step, wrap, accumulate = train_gpt.log_step, Run.wrap, Run.accumulate
-    sharded_save = ShardedCheckpoints.save
     init = Run.__init__
     first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
     dropped = {n for n in os.environ.get("UNREGISTERED", "").split(",") if n}
@@ -103,12 +99,6 @@ def main() -> None:
             while not run._rounds.switch_pending() and time.monotonic() < deadline:
                 time.sleep(0.05)
 
-    def crashing_save(self: Any, step: int, *args: Any, **kwargs: Any) -> None:
-        crash = step == _at("CRASH_IN_SAVE_AT_STEP") and first_attempt
-        if crash and str(dist.get_rank()) == os.environ["CRASH_RANK"]:
-            os.kill(os.getpid(), signal.SIGKILL)
-        sharded_save(self, step, *args, **kwargs)
-
     def faulty_accumulate(self: Run, micro_batches: Any) -> Any:
         crash = self.global_step + 1 == _at("CRASH_IN_STEP") and first_attempt
         for i, micro in enumerate(accumulate(self, micro_batches)):
@@ -134,7 +124,6 @@ def main() -> None:
 
     train_gpt.log_step = faulty_log_step
     Run.accumulate = faulty_accumulate  # type: ignore[method-assign]
-    ShardedCheckpoints.save = crashing_save  # type: ignore[method-assign]
 
     def configured_init(self: Run, **kw: Any) -> None:
         check_every = int(os.environ.get("CHECK_EVERY", "100"))

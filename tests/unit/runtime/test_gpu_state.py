@@ -70,7 +70,7 @@ def test_shard_rows_held_in_cpu_copies_reach_a_shard_on_the_gpu() -> None:
 
     import torch.distributed as dist
 
-    from elasticjob_runtime.training.reshard import exchange
+    from elasticjob_runtime.training.reshard import ShardMove, exchange_all
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -81,7 +81,7 @@ def test_shard_rows_held_in_cpu_copies_reach_a_shard_on_the_gpu() -> None:
         whole = torch.arange(12.0).reshape(6, 2)
         held = {0: whole[:3].clone(), 1: whole[3:].clone()}  # two old shards, both copies
         out = torch.full((6, 2), float("nan"), device="cuda")
-        exchange(held, out, 6, 2, {0: 0, 1: 0}, 0, 1, via=torch.device("cpu"))
+        exchange_all([ShardMove(held, out, 6)], 2, {0: 0, 1: 0}, 0, 1, via=torch.device("cpu"))
         assert torch.equal(out.cpu(), whole)
     finally:
         dist.destroy_process_group()

@@ -65,12 +65,19 @@ def described(osd: dict[str, Any]) -> dict[str, list[tuple[str, Any, Any, Any]]]
     }
 
 
+def trained_adamw() -> tuple[dict[str, Any], Any]:
+    """A trained AdamW's state dict, and its layout (which there is: Adam's entries are
+    shaped and placed as their parameters)."""
+    model, optim = trained(lambda p: torch.optim.AdamW(p, lr=0.1))
+    old = osd_of(model, optim)
+    layout = sharded_layout(optim, old)
+    assert layout is not None
+    return old, layout
+
+
 @pytest.mark.usefixtures("group")
 def test_adamw_state_on_a_new_mesh_is_torchs_without_a_step() -> None:
-    old_model, old_optim = trained(lambda p: torch.optim.AdamW(p, lr=0.1))
-    old = osd_of(old_model, old_optim)
-    layout = sharded_layout(old_optim, old)
-    assert layout is not None
+    old, layout = trained_adamw()
     scalars = {
         fqn: {k: v for k, v in e.items() if not hasattr(v, "placements")}
         for fqn, e in old["state"].items()
@@ -115,10 +122,7 @@ def test_state_shaped_otherwise_than_its_parameter_is_left_to_torchs_step() -> N
 
 @pytest.mark.usefixtures("group")
 def test_an_optimizer_with_other_groups_gets_nothing() -> None:
-    old_model, old_optim = trained(lambda p: torch.optim.AdamW(p, lr=0.1))
-    old = osd_of(old_model, old_optim)
-    layout = sharded_layout(old_optim, old)
-    assert layout is not None
+    old, layout = trained_adamw()
     model = sharded(1)
     params = list(model.parameters())
     optim = torch.optim.AdamW([{"params": params[:2]}, {"params": params[2:]}], lr=0.1)

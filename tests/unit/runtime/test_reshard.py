@@ -18,7 +18,6 @@ from elasticjob_runtime.training.reshard import (
     buckets,
     chunk_rows,
     complete_holders,
-    exchange,
     exchange_all,
     old_shards_of,
     own_shards,
@@ -120,12 +119,28 @@ ROWS, COLS = 11, 3
 WHOLE = torch.arange(ROWS * COLS, dtype=torch.float64).reshape(ROWS, COLS)
 
 
+def _on_three_ranks(target: Any, *args: Any) -> dict[int, Any]:
+    """``target(rank, port, out, *args)`` in three spawned processes of one gloo group;
+    what each put on ``out``, by rank."""
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=target, args=(r, port, out, *args)) for r in range(3)]
+    for proc in procs:
+        proc.start()
+    got = dict(out.get(timeout=120) for _ in procs)
+    for proc in procs:
+        proc.join(timeout=60)
+        assert proc.exitcode == 0
+    return got
+
+
 def _exchange(
     rank: int,
     port: int,
+    out: Any,
     holders: dict[int, int],
     old: int,
-    out: Any,
     new_shards: int = 3,
     own: dict[int, int] | None = None,
 ) -> None:
@@ -141,7 +156,7 @@ def _exchange(
     held = {r: WHOLE[slice(*chunk_rows(ROWS, old, r))].clone() for r in mine_old}
     start, stop = chunk_rows(ROWS, new_shards, rank % new_shards)
     mine = torch.full((stop - start, COLS), float("nan"), dtype=torch.float64)
-    exchange(held, mine, ROWS, old, holders, rank, 3, new_shards, own)
+    exchange_all([ShardMove(held, mine, ROWS)], old, holders, rank, 3, new_shards, own)
     out.put((rank, mine.tolist()))
     dist.destroy_process_group()
 
@@ -164,19 +179,7 @@ def _exchange(
 def test_the_exchange_leaves_each_rank_exactly_its_new_rows(
     old: int, holders: dict[int, int], new_shards: int, own: dict[int, int] | None
 ) -> None:
-    ctx = multiprocessing.get_context("spawn")
-    out = ctx.Queue()
-    port = _free_port()
-    procs = [
-        ctx.Process(target=_exchange, args=(r, port, holders, old, out, new_shards, own))
-        for r in range(3)
-    ]
-    for proc in procs:
-        proc.start()
-    got = dict(out.get(timeout=120) for _ in procs)
-    for proc in procs:
-        proc.join(timeout=60)
-        assert proc.exitcode == 0
+    got = _on_three_ranks(_exchange, holders, old, new_shards, own)
     for rank in range(3):
         assert got[rank] == WHOLE[slice(*chunk_rows(ROWS, new_shards, rank % new_shards))].tolist()
 
@@ -191,7 +194,7 @@ MANY = {
 }
 
 
-def _exchange_all(rank: int, port: int, holders: dict[int, int], old: int, out: Any) -> None:
+def _exchange_all(rank: int, port: int, out: Any, holders: dict[int, int], old: int) -> None:
     """:func:`_exchange` for the tensors of :data:`MANY` in one call, in buckets of a
     few dozen bytes (so some hold several tensors and some one)."""
     store = dist.TCPStore(  # type: ignore[attr-defined]
@@ -212,17 +215,8 @@ def _exchange_all(rank: int, port: int, holders: dict[int, int], old: int, out: 
 
 
 def test_many_tensors_of_mixed_dtypes_move_together_in_buckets() -> None:
-    ctx = multiprocessing.get_context("spawn")
-    out = ctx.Queue()
-    port = _free_port()
     holders = {0: 2, 1: 0}  # a joiner at rank 1, the survivors renumbered
-    procs = [ctx.Process(target=_exchange_all, args=(r, port, holders, 2, out)) for r in range(3)]
-    for proc in procs:
-        proc.start()
-    got = dict(out.get(timeout=120) for _ in procs)
-    for proc in procs:
-        proc.join(timeout=60)
-        assert proc.exitcode == 0
+    got = _on_three_ranks(_exchange_all, holders, 2)
     for rank in range(3):
         want = [w[slice(*chunk_rows(w.shape[0], 3, rank))].tolist() for w in MANY.values()]
         assert got[rank] == want

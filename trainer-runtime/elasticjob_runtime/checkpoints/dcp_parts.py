@@ -18,12 +18,26 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.filesystem import FileSystemWriter
 from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.distributed.tensor import DTensor
+
+
+def laid_out_as(template: DTensor, local: torch.Tensor) -> DTensor:
+    """``local`` as this rank's rows of a DTensor laid out as ``template`` (its mesh,
+    placements, global shape and stride), with no op on the mesh."""
+    return DTensor.from_local(
+        local,
+        template.device_mesh,
+        template.placements,
+        run_check=False,
+        shape=template.shape,
+        stride=template.stride(),
+    )
 
 
 def stage(state: Mapping[str, Any], buffers: dict[str, Any] | None) -> dict[str, Any]:
@@ -41,14 +55,7 @@ def stage(state: Mapping[str, Any], buffers: dict[str, Any] | None) -> dict[str,
                 held.copy_(local)
             else:
                 held = local.detach().clone()
-            out[key] = DTensor.from_local(
-                held,
-                value.device_mesh,
-                value.placements,
-                run_check=False,
-                shape=value.shape,
-                stride=value.stride(),
-            )
+            out[key] = laid_out_as(value, held)
         else:
             raise TypeError(f"{key}: only DTensors are staged here, got {type(value).__name__}")
     return out

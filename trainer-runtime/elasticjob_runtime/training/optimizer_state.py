@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from elasticjob_runtime.checkpoints.dcp_parts import laid_out_as
+
 # fqn -> state key -> the dtype name of a sharded entry (``float32``), "" for any other
 # (Adam's ``step``), in the state's own order, which a fingerprint of it follows
 Layout = dict[str, dict[str, str]]
@@ -90,13 +92,6 @@ def make_state(
                     state[key] = value.clone() if isinstance(value, torch.Tensor) else value
                     continue
                 local = torch.empty_like(param.to_local(), dtype=getattr(torch, dtype))
-                state[key] = DTensor.from_local(
-                    local,
-                    param.device_mesh,
-                    param.placements,
-                    run_check=False,
-                    shape=param.shape,
-                    stride=param.stride(),
-                )
+                state[key] = laid_out_as(param, local)
             optim.state[param] = state
     return True

@@ -166,24 +166,6 @@ def buckets(sizes: Sequence[int], kinds: Sequence[object], limit: int) -> list[r
     return out
 
 
-def exchange(
-    held: Mapping[int, torch.Tensor],
-    out: torch.Tensor,
-    rows: int,
-    old_shards: int,
-    holders: Mapping[int, int],
-    rank: int,
-    new_world: int,
-    new_shards: int | None = None,
-    own: Mapping[int, int] | None = None,
-    via: torch.device | None = None,
-) -> None:
-    """:func:`exchange_all` for one tensor."""
-    exchange_all(
-        [ShardMove(held, out, rows)], old_shards, holders, rank, new_world, new_shards, own, via
-    )
-
-
 def exchange_all(
     moves: Sequence[ShardMove],
     old_shards: int,

@@ -219,9 +219,7 @@ class WorkerRounds:
 
     def group_broke(self, exc: BaseException) -> bool:
         """Did ``exc`` come from the group breaking (regroup), not from the script?"""
-        return self.channel is not None and (
-            collective_failed(exc) or self._aborted_generation == self.generation
-        )
+        return self.channel is not None and (collective_failed(exc) or self.abandoned)
 
     def watch(self) -> None:
         """Offer this worker for in-place rounds and start abandoning broken ones."""
