@@ -19,9 +19,9 @@ from elasticjob_operator.deletions import Deletions
 from elasticjob_operator.etcd.access import SharedAccess, open_shared
 from elasticjob_operator.etcd.secrets import EtcdSecrets
 from elasticjob_operator.kube import Kube, load_config
+from elasticjob_operator.pod_watch import PodWatch
 from elasticjob_operator.reconcile import Config
 from elasticjob_operator.settings import Settings
-from elasticjob_operator.taken_pods import TakenPods
 from elasticjob_operator.workqueue import WorkQueue
 
 log = logging.getLogger("elasticjob_operator")
@@ -39,7 +39,7 @@ class Operator:
             lambda key, progress: job_round.reconcile_job(self, *key, progress), settings.workers
         )
         self.deletions = Deletions(self.delete_children)
-        self.taken = TakenPods()  # worker pods the cluster took, from their DELETED events
+        self.pods = PodWatch()  # what the pod watch knows that a listing cannot
         self.stopping = threading.Event()
         self.last_sweep = 0.0  # the liveness probe's: when the resync last listed the jobs
 

@@ -31,8 +31,8 @@ import kopf
 from elasticjob_operator import builders, models, rest
 from elasticjob_operator.assembly import Operator, assemble
 from elasticjob_operator.kueue import workload as kueue_workload
+from elasticjob_operator.pod_watch import taken_index, worker_index
 from elasticjob_operator.settings import from_env, kueue_enabled
-from elasticjob_operator.taken_pods import taken_index
 
 log = logging.getLogger("elasticjob_operator")
 
@@ -113,10 +113,13 @@ async def pod_event(
     type: str, labels: Mapping[str, str], namespace: str | None, body: Mapping[str, Any], **_: Any
 ) -> None:
     if _operator is not None and namespace:
-        job = labels[builders.LABEL_JOB]
-        if type == "DELETED" and (taken := taken_index(body)) is not None:
-            _operator.taken.note(namespace, job, taken)  # its last state: the cluster took it
-        _operator.queue.add((namespace, job))
+        key = (namespace, labels[builders.LABEL_JOB])
+        name = (body.get("metadata") or {}).get("name") or ""
+        if type == "DELETED":  # its last state says whether the cluster took it
+            _operator.pods.deleted(key, name, taken_index(body))
+        elif (index := worker_index(body)) is not None:
+            _operator.pods.saw(key, name, index)
+        _operator.queue.add(key)
 
 
 async def workload_event(labels: Mapping[str, str], namespace: str | None, **_: Any) -> None:

@@ -80,7 +80,9 @@ def _round(op: Operator, namespace: str, name: str, read_progress: bool) -> None
         queued=queue is not None and op.config.kueue,
         priority=priority_ref(meta.get("labels"), spec),
     )
-    observed = replace(observed, taken=op.taken.take(namespace, name))
+    listed = frozenset(p.name for p in observed.pods)
+    news = op.pods.settle((namespace, name), listed, time.monotonic())
+    observed = replace(observed, taken=news.taken, departing=news.departing)
     shared = shared_etcd_of(ref, spec, observed, op.config)
     if read_progress and not status.finished and spec.rdzv_backend is not models.RdzvBackend.C10D:
         observed = _with_records(op, ref, spec, status, observed, shared)

@@ -76,8 +76,10 @@ class Observed:
     priority: Priority | None = None  # the class it names, read while it has no Workload
     # where its admitted flavors put the workers
     placement: Placement = field(default_factory=Placement)
-    # (index, incarnation) of workers the cluster took, seen only as DELETED (taken_pods.py)
+    # (index, incarnation) of workers the cluster took, seen only as DELETED (pod_watch.py)
     taken: frozenset[tuple[int, int]] = frozenset()
+    # indexes whose pod is gone from the listing before its DELETED event came (pod_watch.py)
+    departing: frozenset[int] = frozenset()
     # its kube-scheduler Workload (gang.py): there at all, and its gang's minCount
     gang_workload: bool = False
     gang_min_count: int | None = None

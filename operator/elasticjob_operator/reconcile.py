@@ -601,7 +601,7 @@ def with_taken(
     current: Mapping[int, ObservedPod],
 ) -> models.WorkerIndexes:
     """The remembered indexes, plus as disrupted each worker of this run the cluster took
-    whose pod this round no longer lists (taken_pods.py)."""
+    whose pod this round no longer lists (pod_watch.py)."""
     gone = {i for i, inc in taken if inc == incarnation and i not in current}
     if not gone:
         return indexes
@@ -621,6 +621,7 @@ def _workers(d: Decision, r: Round) -> WorkerRound:
     start = worker_context(
         r.ref.name, r.spec, st.incarnation, st.restart_count, indexes, current, lost
     )
+    start = replace(start, departing=r.observed.departing - current.keys())
     actions, ctx = decide_workers(start, current, desired)
     created: list[str] = []
     deleted: list[str] = []

@@ -23,7 +23,8 @@ from elasticjob_operator.observe import ObservedPod
 
 class Act(StrEnum):
     KEEP = "keep"  # pending, running or succeeded; or an index already retired
-    WAIT = "wait"  # an older pod (terminating, foreign, an earlier run's) holds the name
+    # an older pod (terminating, foreign, an earlier run's, departing) holds the name
+    WAIT = "wait"
     CREATE = "create"  # never launched in this run
     RECREATE = "recreate"  # the pod deleted to be replaced is gone: create its successor
     REPLACE = "replace"  # a pod this run launched vanished: create it again at once
@@ -65,6 +66,8 @@ class WorkerContext:
     replacing: frozenset[int]
     retired: frozenset[int]
     disrupted: frozenset[int] = frozenset()
+    # gone from the listing, its DELETED event (its last state) not yet come (pod_watch.py)
+    departing: frozenset[int] = frozenset()
 
     def of_run(self, pod: ObservedPod) -> bool:
         """The pod is ours and belongs to the current run."""
@@ -162,6 +165,8 @@ def decide_worker(index: int, pod: ObservedPod | None, ctx: WorkerContext) -> Wo
     "Worker on a lost node" and "Success"."""
     if index in ctx.retired:
         return WorkerAction(Act.KEEP, index)
+    if pod is None and index in ctx.departing:  # its last state is on its way
+        return WorkerAction(Act.WAIT, index)
     if pod is not None and (pod.terminating or not ctx.of_run(pod)):
         # the name is stable: the old pod goes first
         return WorkerAction(Act.WAIT, index, disrupted=_disrupted(pod, ctx))

@@ -1,0 +1,104 @@
+"""What the pod watch tells a round that its listing cannot: a worker the cluster took and
+that was gone before a round listed it (replaced, not charged to backoffLimit), and a
+worker whose pod is gone before its DELETED event came (decided only once it comes)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from elasticjob_operator import builders
+from elasticjob_operator.models import ElasticJobSpec, WorkerIndexes
+from elasticjob_operator.observe import ObservedPod
+from elasticjob_operator.pod_watch import (
+    DEPARTING_LIMIT_S,
+    PodWatch,
+    WatchNews,
+    taken_index,
+    worker_index,
+)
+from elasticjob_operator.reconcile import with_taken
+from elasticjob_operator.workers import Act, decide_workers, worker_context
+
+JOB = ("ns", "job")
+
+
+def deleted_pod(reason: str | None, index: str = "1") -> dict[str, object]:
+    conditions = (
+        [] if reason is None else [{"type": "DisruptionTarget", "status": "True", "reason": reason}]
+    )
+    labels = {builders.LABEL_INDEX: index, builders.LABEL_INCARNATION: "2"}
+    return {"metadata": {"labels": labels}, "status": {"conditions": conditions}}
+
+
+def test_a_deleted_pod_the_cluster_took_is_noted_by_index_and_run() -> None:
+    assert taken_index(deleted_pod("EvictionByEvictionAPI")) == (1, 2)
+    assert taken_index(deleted_pod(None)) is None  # a plain delete is a failure
+    assert taken_index(deleted_pod("DeletionByTaintManager")) is None  # a lost node too
+    assert taken_index(deleted_pod("PreemptionByScheduler", index="x")) is None
+    assert worker_index(deleted_pod(None, index="3")) == 3
+    assert worker_index({"metadata": {}}) is None
+
+
+def test_a_round_takes_the_notes_of_its_job_once() -> None:
+    watch = PodWatch()
+    watch.deleted(JOB, "job-worker-1", (1, 2))
+    watch.deleted(("ns", "other"), "other-worker-0", (0, 0))
+    watch.deleted(JOB, "job-worker-0", None)  # a plain delete: nothing to note
+    assert watch.settle(JOB, frozenset(), 0.0) == WatchNews(taken=frozenset({(1, 2)}))
+    assert watch.settle(JOB, frozenset(), 0.0) == WatchNews()
+    assert watch.settle(("ns", "other"), frozenset(), 0.0).taken == {(0, 0)}
+
+
+def test_a_pod_gone_from_the_listing_departs_until_its_deleted_event_comes() -> None:
+    watch = PodWatch()
+    watch.saw(JOB, "job-worker-0", 0)
+    watch.saw(JOB, "job-worker-1", 1)
+    both = frozenset({"job-worker-0", "job-worker-1"})
+    assert watch.settle(JOB, both, 0.0) == WatchNews()
+    # the listing already lacks worker 1; the watch has not delivered its DELETED event
+    assert watch.settle(JOB, frozenset({"job-worker-0"}), 1.0).departing == {1}
+    assert watch.settle(JOB, frozenset({"job-worker-0"}), 2.0).departing == {1}
+    watch.deleted(JOB, "job-worker-1", (1, 0))  # its last state: the cluster took it
+    news = watch.settle(JOB, frozenset({"job-worker-0"}), 3.0)
+    assert news == WatchNews(taken=frozenset({(1, 0)}))  # taken in the same read
+
+
+def test_a_departure_whose_deleted_event_never_comes_ends_at_the_limit() -> None:
+    watch = PodWatch()
+    watch.saw(JOB, "job-worker-0", 0)
+    assert watch.settle(JOB, frozenset(), 5.0).departing == {0}
+    assert watch.settle(JOB, frozenset(), 5.0 + DEPARTING_LIMIT_S - 0.1).departing == {0}
+    assert watch.settle(JOB, frozenset(), 5.0 + DEPARTING_LIMIT_S).departing == frozenset()
+    assert watch.settle(JOB, frozenset(), 100.0) == WatchNews()  # forgotten for good
+
+
+def test_a_pod_listed_again_is_no_longer_departing() -> None:
+    watch = PodWatch()
+    watch.saw(JOB, "job-worker-0", 0)
+    assert watch.settle(JOB, frozenset(), 0.0).departing == {0}
+    listed = frozenset({"job-worker-0"})  # the listing and the watch disagreed for a moment
+    assert watch.settle(JOB, listed, 1.0) == WatchNews()
+    assert watch.settle(JOB, frozenset(), 50.0).departing == {0}  # its clock starts again
+
+
+def test_a_departing_worker_waits_where_a_vanished_one_would_spend_the_backoff_limit() -> None:
+    template = {"spec": {"containers": [{"name": "t", "image": "i"}]}}
+    spec = ElasticJobSpec.model_validate(
+        {"backoffLimit": 0, "replicaSpecs": {"Worker": {"replicas": 2, "template": template}}}
+    )
+    running = {0: ObservedPod(name="train-worker-0", index=0, phase="Running")}
+    start = worker_context(
+        "train", spec, 0, 0, WorkerIndexes(launched=[0, 1]), running, frozenset()
+    )
+    vanished, _ = decide_workers(start, running, 2)
+    assert vanished[1].act is Act.FAIL_JOB  # what the CI run saw: a drain failed the job
+    departing, _ = decide_workers(replace(start, departing=frozenset({1})), running, 2)
+    assert [a.act for a in departing] == [Act.KEEP, Act.WAIT]
+
+
+def test_only_this_runs_workers_whose_pod_is_gone_count_as_disrupted() -> None:
+    remembered = WorkerIndexes(launched=[0, 1, 2], disrupted=[3])
+    present = {0: ObservedPod(name="w-0", index=0, phase="Running", incarnation=2)}
+    out = with_taken(remembered, frozenset({(1, 2), (0, 2), (2, 1)}), 2, present)
+    assert out.disrupted == [1, 3]  # 0 has a pod again; 2 was an earlier run's
+    assert with_taken(remembered, frozenset(), 2, present) is remembered
