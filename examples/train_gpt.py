@@ -38,7 +38,7 @@ from torch import nn
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from torch.utils.data import Dataset
 
-from elasticjob_runtime import ElasticSampler, Run  # elastic
+from elasticjob_runtime import ElasticSampler, Run, StepOutcome  # elastic
 from elasticjob_runtime.training.fingerprint import fingerprint
 
 # the installed name of examples/ (this file runs as a script or a module of it)
@@ -206,7 +206,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 ema.update_parameters(model)
             if not step.committed:
                 continue
-            log_step(args, run, step.round_id, epoch, total, sched, scaler, ema, model, optim)
+            log_step(args, run, step, epoch, total, sched, scaler, ema, model, optim)
             if args.sleep:
                 time.sleep(args.sleep)
     run.finish()  # elastic
@@ -226,7 +226,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 def log_step(
     args: argparse.Namespace,
     run: Run,
-    round_id: str,
+    step: StepOutcome,
     epoch: int,
     loss: float,
     sched: Any,
@@ -236,7 +236,7 @@ def log_step(
     optim: torch.optim.Optimizer,
 ) -> None:
     now = time.time()
-    say_committed(args, run, round_id, now)
+    say_committed(args, run, step, now)
     if args.log_state:
         say(
             f"state step={run.global_step} rank={run.rank} world={run.world_size} "
@@ -258,11 +258,12 @@ def say_samples(args: argparse.Namespace, run: Run, epoch: int, micro_batches: A
         say(samples_line(step, epoch, world, rank, run.round_id, indices, time.time()))
 
 
-def say_committed(args: argparse.Namespace, run: Run, round_id: str, now: float) -> None:
-    """With ``--log-samples 1``: the step this rank just committed in ``round_id`` (the
-    step's own: a regroup right after the commit has a new one; sample_audit.py)."""
+def say_committed(args: argparse.Namespace, run: Run, step: StepOutcome, now: float) -> None:
+    """With ``--log-samples 1``: the step this rank just committed, in the step's own round
+    (a regroup right after the commit has a new one, and may have rolled the state back;
+    sample_audit.py)."""
     if args.log_samples:
-        say(committed_line(run.global_step, round_id, run.rank, now))
+        say(committed_line(step.step, step.round_id, run.rank, now))
 
 
 def say_progress(

@@ -36,7 +36,7 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import fully_shard
 
-from elasticjob_runtime import ElasticSampler, Run  # elastic
+from elasticjob_runtime import ElasticSampler, Run, StepOutcome  # elastic
 from elasticjob_runtime.training.fingerprint import fingerprint, sharded_fingerprint
 from elasticjob_runtime.training.run import DEFAULT_COPY_EVERY
 
@@ -154,7 +154,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             if not step.committed:
                 continue
             steady_peak[0] = peak_rss_mb()
-            log_step(args, run, step.round_id, epoch, total, model, optim, sched)
+            log_step(args, run, step, epoch, total, model, optim, sched)
             if args.sleep:
                 time.sleep(args.sleep)
     whole_model = sharded_fingerprint(model)  # a collective: before the group is gone
@@ -186,7 +186,7 @@ def dump_whole_model(model: Any, path: str, rank: int) -> None:
 def log_step(
     args: argparse.Namespace,
     run: Run,
-    round_id: str,
+    step: StepOutcome,
     epoch: int,
     loss: float,
     model: Any,
@@ -194,8 +194,10 @@ def log_step(
     sched: Any,
 ) -> None:
     now = time.time()
-    say_committed(args, run, round_id, now)
-    if args.log_state:
+    say_committed(args, run, step, now)
+    # collectives of the step's group: not once this rank is in another (a peer died in
+    # the checkpoint or the shard copy after the commit), whose new member never ran it
+    if args.log_state and not step.regrouped:
         say(
             f"state step={run.global_step} rank={run.rank} world={run.world_size} "
             f"model={sharded_fingerprint(model)} optim={sharded_fingerprint(optim)} "

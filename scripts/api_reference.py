@@ -20,6 +20,7 @@ TARGET = ROOT / "docs" / "api.md"
 # The order a reader needs them in: the loop, its data, its checkpoints, its errors.
 ORDER = (
     "Run",
+    "StepOutcome",
     "ElasticSampler",
     "CheckpointManager",
     "StepBrokeAfterUpdate",
@@ -119,7 +120,8 @@ def class_section(name: str, cls: type) -> list[str]:
         lines += ["```python", signature(name, cls), "```", ""]
     lines += [markdown(inspect.getdoc(cls) or "(no docstring)"), ""]
     init = vars(cls).get("__init__")
-    if init is not None and inspect.getdoc(init) and not issubclass(cls, BaseException):
+    own = init is not None and inspect.getdoc(init) != inspect.getdoc(object.__init__)
+    if own and inspect.getdoc(init) and not issubclass(cls, BaseException):
         lines += [markdown(inspect.getdoc(init) or ""), ""]
     if "__enter__" in vars(cls):
         lines += [f"`with {name}(...) as x:` enters it and finishes it when the block ends.", ""]

@@ -23,12 +23,13 @@ if TYPE_CHECKING:
     from elasticjob_runtime.training.fingerprint import DivergenceError
     from elasticjob_runtime.training.run import Run
     from elasticjob_runtime.training.sampler import ElasticSampler
-    from elasticjob_runtime.training.step_loop import StepBrokeAfterUpdate
+    from elasticjob_runtime.training.step_loop import StepBrokeAfterUpdate, StepOutcome
 
 # public name -> the module that defines it
 _EXPORTS = {
     "Run": "elasticjob_runtime.training.run",
     "StepBrokeAfterUpdate": "elasticjob_runtime.training.step_loop",
+    "StepOutcome": "elasticjob_runtime.training.step_loop",
     "ElasticSampler": "elasticjob_runtime.training.sampler",
     "CheckpointManager": "elasticjob_runtime.checkpoints.manager",
     "CheckpointError": "elasticjob_runtime.checkpoints.format",
@@ -43,6 +44,7 @@ __all__ = [
     "ElasticSampler",
     "Run",
     "StepBrokeAfterUpdate",
+    "StepOutcome",
     "UnsafeCheckpointError",
 ]
 

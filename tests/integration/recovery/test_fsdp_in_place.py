@@ -74,23 +74,27 @@ def test_a_killed_fsdp_worker_goes_back_to_the_shard_copies_or_the_checkpoint_in
     agents: list[subprocess.Popen[bytes]], etcd: EtcdServer, tmp_path: Path
 ) -> None:
     # Rank 1 dies with its shard; its agent restarts it, the survivor keeps its process.
-    # With copies every 4 steps and no checkpoint before the end (it dies after step 14),
-    # rank 0 holds its own snapshot of step 12 and rank 1's copy: the group goes back to
-    # step 12 from memory. With no copies (it dies after step 13) every rank reads the
-    # step-10 checkpoint. Either way the steps since are trained again, to the state the
-    # unfaulted run reaches (copies and checkpoints change no state: one reference).
-    copies = ("--copy-every=4", "--checkpoint-interval=1000")
-    crash = {**FSDP, "CRASH_AT_STEP": "14", "CRASH_RANK": "1"}
-    from_copies = run_job(agents, etcd, tmp_path / "copies", crash, 2, "2", extra=copies)
+    # With copies every 4 steps, it dies as step 10's checkpoint begins, after the step's
+    # commit: the survivor's planning collective fails after the step counted (the script
+    # must not make a collective of the step's group after the block then: its new group's
+    # member never ran the step), the save never commits, and rank 0 holds its own snapshot
+    # of step 8 and rank 1's copy: the group goes back to step 8 from memory. With no
+    # copies (it dies after step 13) every rank reads the step-10 checkpoint. Either way
+    # the steps since are trained again, to the state the unfaulted run reaches (copies
+    # and checkpoints change no state: one reference).
+    crash = {**FSDP, "CRASH_IN_SAVE_AT_STEP": "10", "CRASH_RANK": "1"}
+    from_copies = run_job(
+        agents, etcd, tmp_path / "copies", crash, 2, "2", extra=("--copy-every=4",)
+    )
     crash = {**FSDP, "CRASH_AT_STEP": "13", "CRASH_RANK": "1"}
     no_copies = ("--copy-every=0",)
     from_disk = run_job(agents, etcd, tmp_path / "disk", crash, 2, "2", extra=no_copies)
     reference = unfaulted_at_2(agents, etcd, tmp_path / "reference")
 
-    assert "the group goes back to step 12, whose every shard a survivor holds" in from_copies
-    found = re.search(r"^regrouped at step 12 \(shard copies at step 12\)", from_copies, re.M)
+    assert "the group goes back to step 8, whose every shard a survivor holds" in from_copies
+    found = re.search(r"^regrouped at step 8 \(shard copies at step 8\)", from_copies, re.M)
     assert found, from_copies[-3000:]
-    assert re.search(r"^started \(shard copies at step 12\)", from_copies, re.M)
+    assert re.search(r"^started \(shard copies at step 8\)", from_copies, re.M)
     assert "(checkpoint step" not in from_copies, "read from disk"
     assert_same_training(from_copies, reference)
     assert_every_sample_once_per_epoch(from_copies)

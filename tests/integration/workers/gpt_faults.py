@@ -9,6 +9,9 @@ optional):
   never regrouped: a survivor that rolled back to a checkpoint trains step N again);
   ``CRASH_IN_STEP``: the same in the middle of that step, at its last micro-batch (its
   peers then hold the first micro-batches' gradients when the step fails);
+  ``CRASH_IN_SAVE_AT_STEP``: the same as that step's checkpoint begins, after its
+  commit (a sharded save plans together: its peers' planning collective fails, and they
+  regroup with the step committed);
 * ``HOLD_AT_STEP``: after step N - 1 every worker waits until its agent has a new round
   for it (a node that the test starts once it sees ``held before step N`` joins); each
   then votes in step N to switch (training/switch_vote.py), so the world changes after
@@ -48,6 +51,7 @@ import torch
 import torch.distributed as dist
 
 from elasticjob_runtime import Run
+from elasticjob_runtime.checkpoints.sharded import ShardedCheckpoints
 
 
 def _at(name: str) -> int:
@@ -59,7 +63,8 @@ def main() -> None:
         f"elasticjob_examples.{os.environ.get('GPT_SCRIPT', 'train_gpt')}"
     )
     log_step, wrap, accumulate = train_gpt.log_step, Run.wrap, Run.accumulate
-    init = Run.__init__
+    init, sharded_save = Run.__init__, ShardedCheckpoints.save
+    runs: list[Run] = []  # this process's Run, once made
     first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
     dropped = {n for n in os.environ.get("UNREGISTERED", "").split(",") if n}
 
@@ -74,7 +79,7 @@ def main() -> None:
             os.kill(os.getppid(), signal.SIGKILL)
             os.kill(os.getpid(), signal.SIGKILL)
         if step == _at("TAMPER_AT_STEP") and rank == os.environ["TAMPER_RANK"]:
-            model = rest[3]  # train_gpt_fsdp.log_step(args, run, round_id, epoch, loss, model..)
+            model = rest[3]  # train_gpt_fsdp.log_step(args, run, step, epoch, loss, model..)
             with torch.no_grad():
                 next(iter(model.parameters())).to_local().add_(1e-3)
         if step == _at("STOP_JOB_AT_STEP") and first_attempt:  # every agent told to stop
@@ -107,6 +112,13 @@ def main() -> None:
                 os.kill(os.getpid(), signal.SIGKILL)
             yield micro
 
+    def crashing_save(self: ShardedCheckpoints, step: int, *args: Any, **kw: Any) -> None:
+        once = first_attempt and runs[0].regroups == 0
+        rank = str(runs[0].rank)
+        if step == _at("CRASH_IN_SAVE_AT_STEP") and once and rank == os.environ["CRASH_RANK"]:
+            os.kill(os.getpid(), signal.SIGKILL)
+        sharded_save(self, step, *args, **kw)
+
     def forgetful_wrap(self: Run, *args: Any, state: Any = None, **kw: Any) -> Any:
         kept = {k: v for k, v in (state or {}).items() if k not in dropped}
         wrapped = wrap(self, *args, state=kept, **kw)
@@ -124,11 +136,13 @@ def main() -> None:
 
     train_gpt.log_step = faulty_log_step
     Run.accumulate = faulty_accumulate  # type: ignore[method-assign]
+    ShardedCheckpoints.save = crashing_save  # type: ignore[method-assign]
 
     def configured_init(self: Run, **kw: Any) -> None:
         check_every = int(os.environ.get("CHECK_EVERY", "100"))
         on_divergence = os.environ.get("ON_DIVERGENCE", "stop")
         init(self, **kw, on_divergence=on_divergence, check_every=check_every)
+        runs.append(self)
 
     Run.wrap = forgetful_wrap  # type: ignore[method-assign]
     Run.__init__ = configured_init  # type: ignore[method-assign]

@@ -477,7 +477,10 @@ class Run:
     def step(self) -> contextlib.AbstractContextManager[StepOutcome]:
         """One optimizer step: committed when the block ends; dropped (and the group
         rebuilt) when a collective in it fails because the group broke. A dropped step
-        leaves no gradient behind, wherever the script calls ``zero_grad``."""
+        leaves no gradient behind, wherever the script calls ``zero_grad``. After the
+        block, ``outcome.committed`` says whether the step counts and ``outcome.regrouped``
+        whether this rank has moved to another group since it began (a collective of
+        your own after the block belongs only where it is False)."""
         return self._loop.step()
 
     def _committed(self) -> None:

@@ -56,10 +56,21 @@ def broke_after_update(step: int, exc: BaseException) -> StepBrokeAfterUpdate:
 
 @dataclass
 class StepOutcome:
-    """What ``with run.step() as outcome:`` tells the code after the block."""
+    """What ``with run.step() as outcome:`` tells the code after the block: whether the
+    step counts (``committed``), the round it ran in (``round_id``), its number (``step``),
+    and whether this rank has moved to another group since it began (``regrouped``: the
+    step was dropped, or it committed and the group then broke in its checkpoint or shard
+    copy). A collective of your own after the block runs only where ``regrouped`` is
+    False: the new group's new member never ran the step, and would never join it."""
 
     committed: bool = False  # False: the step was dropped (the group broke in it)
     round_id: str = ""  # the round the step ran in (Run.round_id as it began)
+    step: int = 0  # its number (Run.global_step once it commits, unless a regroup rolls back)
+    # True: this rank is in another group than the step's (it regrouped as the step was
+    # dropped, or after its commit, when the checkpoint or the shard copy found the group
+    # broken): a collective of the step's group after the block would meet a new group
+    # that never ran the step, so one of your own runs only when this is False
+    regrouped: bool = False
 
 
 class StepLoop:
@@ -216,7 +227,7 @@ class StepLoop:
         next_step = self._state.step + 1
         if self.seed is not None:
             seed_all(step_seed(self.seed, next_step, self._rounds.rank))
-        outcome = StepOutcome(round_id=self._rounds.round_id)
+        outcome = StepOutcome(round_id=self._rounds.round_id, step=next_step)
         self._cast_vote()
         try:
             yield outcome
@@ -226,6 +237,7 @@ class StepLoop:
             self.vote.discard()
             if not self._rounds.group_broke(exc):
                 raise
+            outcome.regrouped = True
             if self._rounds.handed_over():
                 self._regroup(True)  # leaves: the peers went on without this node
             if self._updated:
@@ -242,8 +254,8 @@ class StepLoop:
         # checkpoint (a sharded save plans together), what the replication keeps (shard
         # copies), then the agreement check when one is due; a group that broke in one
         # regroups, and the new group checks at its own first step
-        if self._commit() and self._standing("what the replication keeps", self._keep):
-            self._check_due()
+        kept = self._commit() and self._standing("what the replication keeps", self._keep)
+        outcome.regrouped = not (kept and self._check_due())
 
     def _commit(self) -> bool:
         """Count the step, then its checkpoint and progress; False when the group broke in
@@ -272,10 +284,10 @@ class StepLoop:
         assert self.replica is not None, "a step commits only once the model is wrapped"
         self.replica.committed(self._state.step, self._rounds, self._switch_due())
 
-    def _check_due(self) -> None:
+    def _check_due(self) -> bool:
+        """The agreement check when one is due; False when the group broke in it."""
         when = self._agreement.due(self._state.step)
-        if when is not None:
-            self._standing("agreement check", lambda: self.check(when))
+        return when is None or self._standing("agreement check", lambda: self.check(when))
 
     def check(self, when: str) -> None:
         """Compare every rank's state now (agreement.py); a resync plans the round anew."""
