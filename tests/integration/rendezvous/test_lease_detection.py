@@ -293,3 +293,34 @@ def test_a_node_keeps_its_first_lease_when_a_new_connection_is_slow_to_open(
         handler._leave()
         client.close()
         proxy.close()
+
+
+def test_a_node_that_left_never_announces_itself_again(etcd: EtcdServer) -> None:
+    """Leaving revokes the member lease, and the round watch or a join that then sees the
+    key gone must not take a new one: the key of an agent that exited 143 came back once
+    (a flaky departure test). Rejoins race the leave from another thread, as they do."""
+    client = EtcdClient(parse_endpoints(etcd.endpoint), timeout=10)
+    run_id = uuid.uuid4().hex
+    handler = EtcdV3RendezvousHandler(client, run_id, Limits(1, 2, 15), "127.0.0.1")
+    leases = handler._leases
+    stop = threading.Event()
+
+    def rejoin_until_stopped() -> None:
+        while not stop.is_set():
+            leases.rejoin()  # as after a lapse: a new lease unless the node left
+
+    try:
+        handler.register()
+        assert len(member_keys(client, run_id)) == 1
+        racer = threading.Thread(target=rejoin_until_stopped)
+        racer.start()
+        time.sleep(0.2)
+        handler._leave()
+        leases.renew_member("the round watch saw this node's member key deleted")
+        stop.set()
+        racer.join(timeout=30)
+        assert member_keys(client, run_id) == {}
+    finally:
+        stop.set()
+        handler._leave()
+        client.close()

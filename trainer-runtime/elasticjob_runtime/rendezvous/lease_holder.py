@@ -176,6 +176,8 @@ class LeaseHolder:
         :class:`MembershipGivenUp` says why. Without that bound a node that cannot hold
         its lease regrouped the whole job every TTL and a half, for ever (issue 34)."""
         with self._lock:
+            if self.stop.is_set():
+                return  # the node left: its key went with the revoked lease, for good
             if self.given_up is not None:
                 raise MembershipGivenUp(self.given_up)
             if lapsed is None:
@@ -295,12 +297,20 @@ class LeaseHolder:
 
     def leave(self) -> None:
         """Stop the keeper and revoke the member lease, so peers learn at once, not after
-        the TTL."""
+        the TTL. A rejoin under way (the round watch or a join that saw the key go) ends
+        first and the lease it took is the one revoked; any later one sees ``stop`` and
+        announces nothing: else the node's key came back after it left (a flaky test)."""
         self.stop.set()
-        if not self.member_lease:
+        locked = self._lock.acquire(timeout=5.0)  # bounded: never wait on a stuck etcd call
+        try:
+            lease = self.member_lease
+        finally:
+            if locked:
+                self._lock.release()
+        if not lease:
             return  # never started: nothing to drop
         try:
-            self._client.revoke(self.member_lease)
+            self._client.revoke(lease)
         except EtcdError as exc:
             log.warning("etcd-v3: could not revoke the lease of %s: %s", self._node, exc)
 
