@@ -285,6 +285,7 @@ class Job:
     run_id: str
     max_restarts: int = 3
     script: Path = SCRIPT  # the training script every agent's workers run
+    extra_env: dict[str, str] = field(default_factory=dict)  # a fault's, for every agent
     agents: list[Agent] = field(default_factory=list)
     # what the launcher started for the job besides its nodes (a lighthouse), each in a
     # session of its own: stopped with the nodes
@@ -317,6 +318,7 @@ class Job:
             ELASTICJOB_HEALTH_PORT="0",
         )
         env.update(node.env)
+        env.update(self.extra_env)
         proc = subprocess.Popen(
             node.argv,
             stdout=log.open("wb"),

@@ -11,6 +11,9 @@ timestamp), same machine, a real etcd on loopback. Scenarios:
   departure and hands over (rendezvous/departure.py), torchrun stops its workers.
 * ``node-freeze`` (not run by default): like node-kill, but SIGSTOP: a node that vanishes
   without closing its connections, so no peer sees a reset socket.
+* ``allreduce-kill`` (not run by default): like worker-kill, but the worker SIGKILLs
+  itself inside its gradient all-reduce (bench/allreduce_kill/sitecustomize.py), 0-3 ms
+  into it by repetition, and the table says in how many runs the survivor kept its process.
 
 Recovery time is from the kill to the first training step completed after it by a
 worker process started after it (an old worker finishing a step already in flight does
@@ -108,7 +111,15 @@ from bench.plot import plot_goodput
 from bench.report import Figure, markdown_table, render, write
 
 RESULTS = REPO / "bench" / "results"
-SCENARIOS = ("worker-kill", "node-kill", "scale-up", "scale-down", "goodput", "node-freeze")
+SCENARIOS = (
+    "worker-kill",
+    "node-kill",
+    "scale-up",
+    "scale-down",
+    "goodput",
+    "node-freeze",
+    "allreduce-kill",
+)
 SCALE_SCENARIOS = ("checkpoint-stall", *rdzv_scale.SCENARIOS, *operator_load.SCENARIOS)
 # goodput (10 minutes) and node-freeze (torchrun's full --recover-timeout) only on demand
 DEFAULT_SCENARIOS = (
@@ -161,6 +172,8 @@ class Result:
     gave_up_after: float | None = None  # no recovery within this many seconds of the fault
     world_before: int | None = None
     world_after: int | None = None
+    # allreduce-kill: every survivor's process still the same one once training went on
+    survivors_kept: bool | None = None
     error: str | None = None
 
 
@@ -188,12 +201,17 @@ def run_scenario(
     nnodes, agents, world_after = {
         "worker-kill": ("2:2", 2, 2),
         "worker-kill-4": ("4:4", 4, 4),
+        "allreduce-kill": ("2:2", 2, 2),
         "node-kill": ("2:3", 3, 2),
         "node-freeze": ("2:3", 3, 2),
         "scale-up": ("2:3", 2, 3),
         "scale-down": ("2:3", 3, 2),
     }[scenario]
     job = Job(launcher, workdir, endpoint, nnodes, list(train_args), run_id, script=script)
+    trigger = workdir / "allreduce-kill"
+    if scenario == "allreduce-kill":
+        job.extra_env = allreduce_kill_env(launcher, trigger)
+    survivors: list[int] = []
     workdir.mkdir(parents=True)
     try:
         start_agents(job, agents)
@@ -212,6 +230,13 @@ def run_scenario(
             fault_at = time.time()
             for pid in workers:
                 os.kill(pid, 9)
+        elif scenario == "allreduce-kill":  # it dies at its next gradient all-reduce
+            victim = job.agents[-1]
+            workers = wait_for("a worker process", lambda: victim.workers() or None, 30)
+            survivors = [pid for agent in job.agents[:-1] for pid in agent.workers()]
+            old_pids.update(workers, survivors)
+            fault_at = time.time()
+            write_trigger(trigger, workers[0], ALLREDUCE_KILL_DELAYS_MS[rep % 5])
         elif scenario in ("node-kill", "node-freeze"):
             for agent in job.agents:
                 old_pids.update(agent.workers())
@@ -240,6 +265,8 @@ def run_scenario(
             result.gave_up_after = limits.recover
             raise
         result.seconds = round(after.t - fault_at, 2)
+        if scenario == "allreduce-kill":
+            result.survivors_kept = bool(survivors) and all(map(alive, survivors))
         before_fault = steady_step_time(job.steps(), fault_at)
         result.step_time = None if before_fault is None else round(before_fault, 3)
         startup = [secs for t, secs in job.startups() if fault_at < t <= after.t]
@@ -260,6 +287,38 @@ def run_scenario(
         job.stop()
         shutil.rmtree(Path("/dev/shm/elasticjob") / run_id, ignore_errors=True)
     return result
+
+
+# how long the victim lets its all-reduce run before it dies, by repetition: from at once
+# to past the whole collective (a few hundred microseconds for this model on loopback)
+ALLREDUCE_KILL_DELAYS_MS = (0.0, 0.1, 0.3, 1.0, 3.0)
+ALLREDUCE_KILL_HOOK = REPO / "bench" / "allreduce_kill"
+
+
+def allreduce_kill_env(launcher: str, trigger: Path) -> dict[str, str]:
+    """The workers' environment for bench/allreduce_kill/sitecustomize.py."""
+    path = os.environ.get("PYTHONPATH")
+    return {
+        "PYTHONPATH": f"{ALLREDUCE_KILL_HOOK}:{path}" if path else str(ALLREDUCE_KILL_HOOK),
+        "BENCH_ALLREDUCE_KILL": str(trigger),
+        "BENCH_ALLREDUCE_KILL_IN": "torchft" if launcher.startswith("torchft") else "torch",
+    }
+
+
+def write_trigger(trigger: Path, pid: int, delay_ms: float) -> None:
+    """Name the victim, whole or not at all (a worker reads it every step)."""
+    partial = trigger.with_suffix(".partial")
+    partial.write_text(f"{pid} {delay_ms}")
+    partial.rename(trigger)
+
+
+def alive(pid: int) -> bool:
+    """The process is there and not a zombie."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
 
 
 def step_time_after(
@@ -410,6 +469,8 @@ def summarize(results: Sequence[Result]) -> dict[str, dict[str, dict[str, Any]]]
                 cell.setdefault("gave_up_after", []).append(r.gave_up_after)
         else:
             cell["seconds"].append(r.seconds)
+            if r.survivors_kept is not None:
+                cell.setdefault("survivors_kept", []).append(r.survivors_kept)
             if r.steps_redone is not None:
                 cell["steps_redone"].append(r.steps_redone)
             if r.worker_startup is not None:
@@ -445,6 +506,15 @@ def summarize(results: Sequence[Result]) -> dict[str, dict[str, dict[str, Any]]]
     return out
 
 
+def survivors_kept(cell: dict[str, Any]) -> str:
+    """'k of n': runs whose survivors trained on in their own process, of every run (one
+    that never trained again kept nothing)."""
+    kept = cell.get("survivors_kept")
+    if kept is None:
+        return "-"
+    return f"{sum(kept)} of {len(cell['seconds']) + len(cell['failures'])}"
+
+
 def format_cell(cell: dict[str, Any] | None) -> str:
     if cell is None:
         return "-"
@@ -462,6 +532,7 @@ def format_cell(cell: dict[str, Any] | None) -> str:
 
 LABELS = {
     "worker-kill": "SIGKILL a worker -> next step",
+    "allreduce-kill": "a worker SIGKILLed inside its gradient all-reduce -> next step",
     "node-kill": "SIGKILL an agent (3->2) -> next step",
     "node-freeze": "SIGSTOP an agent (3->2) -> next step",
     "scale-up": "agent joins (2->3) -> step at 3",
@@ -516,6 +587,7 @@ def table(
             split = ["  " + PHASE_LABELS[names]]
             redone = ["  steps redone (median)"]
             one_step = ["  of the pause, one step at the new world"]
+            kept = ["  survivor kept its process (of all runs)"]
             for lch in launchers:
                 cell = summary.get(lch, {}).get(scenario, {})
                 value = cell.get("pause_median")
@@ -528,9 +600,12 @@ def table(
                 redone.append(f"{statistics.median(steps):g}" if steps else "-")
                 step = cell.get("step_time_after_median")
                 one_step.append(f"{step:.1f} s" if step is not None else "-")
+                kept.append(survivors_kept(cell))
             rows += [pause, split, redone]
             if any(v != "-" for v in one_step[1:]):
                 rows.append(one_step)
+            if any(v != "-" for v in kept[1:]):
+                rows.append(kept)
     for scenario, label in GOODPUT_LABELS.items():
         by = {g.launcher: g for g in goodputs if g.scenario == scenario}
         if not by:
