@@ -4,7 +4,8 @@ Two agents (``--nnodes=2:2``) train; every ``interval`` seconds the worker proce
 agent drawn by a seeded random generator (the same draws for every launcher) is
 SIGKILLed, for ``minutes``. Goodput = new steps in the window (redone steps do not
 count: the newest step is what advanced) x the steady step time measured before the
-first fault / the window's length. The step timeline is kept for the plot.
+first fault / the window's length; ``goodput_samples`` weighs each new step by the share
+of the group that trained it. The step timeline is kept for the plot.
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ class Goodput:
     steps: int = 0  # net new steps in the window
     step_time: float | None = None  # steady seconds per step before the first fault
     goodput: float | None = None
+    # the same, each new step counted by the share of the full group that trained it: a
+    # peer whose survivors step on alone while a group restarts (torchft) trains a step on
+    # part of the batch, and its sampler skips the rest
+    goodput_samples: float | None = None
     faults: list[float] = field(default_factory=list)  # seconds into the window
     timeline: list[tuple[float, int]] = field(default_factory=list)  # (seconds, step)
     error: str | None = None
@@ -48,6 +53,20 @@ def goodput(steps: list[StepLine], start: float, end: float, step_time: float) -
     at_end = max((s.step for s in steps if s.t <= end), default=at_start)
     gained = at_end - at_start
     return gained, round(gained * step_time / (end - start), 4)
+
+
+def goodput_by_share(
+    steps: list[StepLine], start: float, end: float, step_time: float, full: int
+) -> float:
+    """Goodput with each new step of the window weighed by ``world / full``: the share of
+    the group (of ``full`` members) that trained it."""
+    newest = max((s.step for s in steps if s.t <= start), default=0)
+    trained = 0.0
+    for s in sorted((s for s in steps if start < s.t <= end), key=lambda s: s.t):
+        if s.step > newest:
+            trained += (s.step - newest) * min(1.0, s.world / full)
+            newest = s.step
+    return round(trained * step_time / (end - start), 4)
 
 
 def run_goodput(
@@ -73,5 +92,7 @@ def run_goodput(
     result.step_time = steady_step_time(steps, start)
     if result.step_time is not None:
         result.steps, result.goodput = goodput(steps, start, end, result.step_time)
+        full = max((s.world for s in steps if s.t <= start), default=1)
+        result.goodput_samples = goodput_by_share(steps, start, end, result.step_time, full)
     result.timeline = [(round(s.t - start, 3), s.step) for s in steps if start - 5 <= s.t <= end]
     return result

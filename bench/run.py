@@ -615,6 +615,12 @@ def table(
             g = by.get(lch)
             row.append("-" if g is None or g.goodput is None else f"{g.goodput:.1%}")
         rows.append(row)
+        share = ["  each step weighed by the share of the group that trained it"]
+        for lch in launchers:
+            g = by.get(lch)
+            value = None if g is None else g.goodput_samples
+            share.append("-" if value is None else f"{value:.1%}")
+        rows.append(share)
     return render(rows)
 
 

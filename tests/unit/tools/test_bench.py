@@ -130,3 +130,14 @@ def test_goodput_counts_net_new_steps_at_the_steady_step_time() -> None:
     gained, share = goodput(steps, 104.0, 108.0, 0.1)
     # at 104.0 the newest step was 40 (t=104.0); at 108.0 it is 59 (t=107.9)
     assert gained == 59 - 40 and share == pytest.approx(19 * 0.1 / 4.0)
+
+
+def test_goodput_by_share_counts_a_step_a_lone_survivor_trained_as_half_a_step() -> None:
+    from bench.goodput import goodput_by_share
+
+    steps = [StepLine(i, 2, 1, 100.0 + 0.1 * i) for i in range(1, 11)]  # both groups
+    steps += [StepLine(10 + i, 1, 1, 101.0 + 0.1 * i) for i in range(1, 11)]  # one alone
+    steps += [StepLine(20 + i, 2, 1, 102.0 + 0.1 * i) for i in range(1, 11)]  # both again
+    steps += [StepLine(25, 2, 2, 102.55)]  # a step logged again is not new
+    share = goodput_by_share(steps, 100.0, 103.0, 0.1, full=2)
+    assert share == pytest.approx((10 + 10 * 0.5 + 10) * 0.1 / 3.0, abs=1e-4)
