@@ -31,7 +31,8 @@ import kopf
 from elasticjob_operator import builders, models, rest
 from elasticjob_operator.assembly import Operator, assemble
 from elasticjob_operator.kueue import workload as kueue_workload
-from elasticjob_operator.pod_watch import taken_index, worker_index
+from elasticjob_operator.observe import worker_labels
+from elasticjob_operator.pod_watch import taken_index
 from elasticjob_operator.settings import from_env, kueue_enabled
 
 log = logging.getLogger("elasticjob_operator")
@@ -117,8 +118,8 @@ async def pod_event(
         name = (body.get("metadata") or {}).get("name") or ""
         if type == "DELETED":  # its last state says whether the cluster took it
             _operator.pods.deleted(key, name, taken_index(body))
-        elif (index := worker_index(body)) is not None:
-            _operator.pods.saw(key, name, index)
+        elif (worker := worker_labels(body)) is not None:
+            _operator.pods.saw(key, name, worker[0])
         _operator.queue.add(key)
 
 

@@ -8,7 +8,7 @@ the records the runtime publishes in the run's etcd (decoded by
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -163,15 +163,21 @@ def disruption_of(pod: Obj) -> str:
     return "Evicted" if status.get("reason") == "Evicted" else ""
 
 
+def worker_labels(pod: Mapping[str, Any]) -> tuple[int, int] | None:
+    """(index, incarnation) a worker pod's labels give; None if it is not a worker."""
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    try:
+        return int(labels[builders.LABEL_INDEX]), int(labels.get(builders.LABEL_INCARNATION, "0"))
+    except (KeyError, ValueError):
+        return None
+
+
 def observe_pod(pod: Obj, job_uid: str) -> ObservedPod | None:
     """Reduce a worker pod to the facts the decisions need; None if it is not a worker."""
     meta = pod.get("metadata") or {}
-    labels = meta.get("labels") or {}
-    try:
-        index = int(labels[builders.LABEL_INDEX])
-        incarnation = int(labels.get(builders.LABEL_INCARNATION, "0"))
-    except (KeyError, ValueError):
+    if (worker := worker_labels(pod)) is None:
         return None
+    index, incarnation = worker
     owners = meta.get("ownerReferences") or []
     foreign = not any(o.get("uid") == job_uid for o in owners)
     status = pod.get("status") or {}

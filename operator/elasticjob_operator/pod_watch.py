@@ -25,8 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from elasticjob_operator import builders
-from elasticjob_operator.observe import disruption_of
+from elasticjob_operator.observe import disruption_of, worker_labels
 
 # longer than any watch lag seen (milliseconds), shorter than a resync (which ends the wait)
 DEPARTING_LIMIT_S: Final = 10.0
@@ -36,22 +35,7 @@ JobKey = tuple[str, str]  # (namespace, job)
 
 def taken_index(body: Mapping[str, Any]) -> tuple[int, int] | None:
     """(index, incarnation) of a deleted worker pod the cluster took, else None."""
-    if not disruption_of(dict(body)):
-        return None
-    labels = (body.get("metadata") or {}).get("labels") or {}
-    try:
-        return int(labels[builders.LABEL_INDEX]), int(labels.get(builders.LABEL_INCARNATION, "0"))
-    except (KeyError, ValueError):
-        return None
-
-
-def worker_index(body: Mapping[str, Any]) -> int | None:
-    """The worker index a pod's labels give, None if they give none."""
-    labels = (body.get("metadata") or {}).get("labels") or {}
-    try:
-        return int(labels[builders.LABEL_INDEX])
-    except (KeyError, ValueError):
-        return None
+    return worker_labels(body) if disruption_of(dict(body)) else None
 
 
 @dataclass(frozen=True)

@@ -8,13 +8,12 @@ from dataclasses import replace
 
 from elasticjob_operator import builders
 from elasticjob_operator.models import ElasticJobSpec, WorkerIndexes
-from elasticjob_operator.observe import ObservedPod
+from elasticjob_operator.observe import ObservedPod, worker_labels
 from elasticjob_operator.pod_watch import (
     DEPARTING_LIMIT_S,
     PodWatch,
     WatchNews,
     taken_index,
-    worker_index,
 )
 from elasticjob_operator.reconcile import with_taken
 from elasticjob_operator.workers import Act, decide_workers, worker_context
@@ -35,8 +34,8 @@ def test_a_deleted_pod_the_cluster_took_is_noted_by_index_and_run() -> None:
     assert taken_index(deleted_pod(None)) is None  # a plain delete is a failure
     assert taken_index(deleted_pod("DeletionByTaintManager")) is None  # a lost node too
     assert taken_index(deleted_pod("PreemptionByScheduler", index="x")) is None
-    assert worker_index(deleted_pod(None, index="3")) == 3
-    assert worker_index({"metadata": {}}) is None
+    assert worker_labels(deleted_pod(None, index="3")) == (3, 2)
+    assert worker_labels({"metadata": {}}) is None
 
 
 def test_a_round_takes_the_notes_of_its_job_once() -> None:
