@@ -5,14 +5,15 @@ must hold; and each round's mesh of its own (fsdp_replication.round_dims)."""
 from __future__ import annotations
 
 import multiprocessing
-import socket
 from datetime import timedelta
 from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
+from spawned_ranks import on_ranks
 
+from bench.ports import free_port
 from elasticjob_runtime.training.reshard import (
     ShardMove,
     buckets,
@@ -109,30 +110,8 @@ def test_replicas_of_a_shard_make_it_complete_and_the_lowest_sends_it() -> None:
     assert complete_holders([(12, 0, 2), (12, 0, 2)], 12) is None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 ROWS, COLS = 11, 3
 WHOLE = torch.arange(ROWS * COLS, dtype=torch.float64).reshape(ROWS, COLS)
-
-
-def _on_three_ranks(target: Any, *args: Any) -> dict[int, Any]:
-    """``target(rank, port, out, *args)`` in three spawned processes of one gloo group;
-    what each put on ``out``, by rank."""
-    ctx = multiprocessing.get_context("spawn")
-    out = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=target, args=(r, port, out, *args)) for r in range(3)]
-    for proc in procs:
-        proc.start()
-    got = dict(out.get(timeout=120) for _ in procs)
-    for proc in procs:
-        proc.join(timeout=60)
-        assert proc.exitcode == 0
-    return got
 
 
 def _exchange(
@@ -179,7 +158,7 @@ def _exchange(
 def test_the_exchange_leaves_each_rank_exactly_its_new_rows(
     old: int, holders: dict[int, int], new_shards: int, own: dict[int, int] | None
 ) -> None:
-    got = _on_three_ranks(_exchange, holders, old, new_shards, own)
+    got = dict(on_ranks(_exchange, 3, holders, old, new_shards, own))
     for rank in range(3):
         assert got[rank] == WHOLE[slice(*chunk_rows(ROWS, new_shards, rank % new_shards))].tolist()
 
@@ -216,7 +195,7 @@ def _exchange_all(rank: int, port: int, out: Any, holders: dict[int, int], old: 
 
 def test_many_tensors_of_mixed_dtypes_move_together_in_buckets() -> None:
     holders = {0: 2, 1: 0}  # a joiner at rank 1, the survivors renumbered
-    got = _on_three_ranks(_exchange_all, holders, 2)
+    got = dict(on_ranks(_exchange_all, 3, holders, 2))
     for rank in range(3):
         want = [w[slice(*chunk_rows(w.shape[0], 3, rank))].tolist() for w in MANY.values()]
         assert got[rank] == want
@@ -257,7 +236,7 @@ def _coordinates(index: int, ports: list[int], out: Any) -> None:
 def test_a_rank_that_moves_between_rounds_holds_its_new_ranks_rows() -> None:
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
-    ports = [_free_port(), _free_port()]
+    ports = [free_port(), free_port()]
     procs = [ctx.Process(target=_coordinates, args=(i, ports, out)) for i in range(2)]
     for proc in procs:
         proc.start()

@@ -4,14 +4,15 @@ a snapshot's buffers and views, and the swap with the buddy over real gloo proce
 from __future__ import annotations
 
 import multiprocessing
-import socket
 from datetime import timedelta
 from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
+from spawned_ranks import on_ranks
 
+from bench.ports import free_port
 from elasticjob_runtime.training.reshard import chunk_rows
 from elasticjob_runtime.training.shard_copies import (
     NO_COPIES,
@@ -84,12 +85,6 @@ def test_the_next_snapshot_goes_into_the_last_ones_buffers_when_they_fit() -> No
     assert third.flats[torch.float32].data_ptr() != second.flats[torch.float32].data_ptr()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 ROWS = 7  # over 3 ranks: 3, 3, 1 rows
 
 
@@ -114,16 +109,7 @@ def _swap(rank: int, port: int, out: Any) -> None:
 
 
 def test_each_rank_keeps_exactly_its_predecessors_rows() -> None:
-    ctx = multiprocessing.get_context("spawn")
-    out = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_swap, args=(r, port, out)) for r in range(3)]
-    for proc in procs:
-        proc.start()
-    got = {rank: rest for rank, *rest in (out.get(timeout=120) for _ in procs)}
-    for proc in procs:
-        proc.join(timeout=60)
-        assert proc.exitcode == 0
+    got = {rank: rest for rank, *rest in on_ranks(_swap, 3)}
     for rank in range(3):
         before = (rank - 1) % 3
         expected = _whole()[slice(*chunk_rows(ROWS, 3, before))].tolist()
@@ -158,7 +144,7 @@ def _wait_for_a_peer_that_never_sends(rank: int, port: int, out: Any) -> None:
 def test_a_swap_whose_round_was_abandoned_stops_waiting_for_its_peer() -> None:
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [
         ctx.Process(target=_wait_for_a_peer_that_never_sends, args=(r, port, out)) for r in range(2)
     ]

@@ -5,7 +5,6 @@ save one rank could not write is never committed, and goes at the next commit.""
 
 from __future__ import annotations
 
-import multiprocessing
 import threading
 from datetime import timedelta
 from pathlib import Path
@@ -14,8 +13,8 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+from spawned_ranks import on_ranks
 
-from bench.ports import free_port
 from elasticjob_runtime.checkpoints.format import serialize
 from elasticjob_runtime.checkpoints.sharded import (
     ShardedCheckpoints,
@@ -53,7 +52,7 @@ def _full(state: dict[str, Any]) -> dict[str, list[Any]]:
     }
 
 
-def _save_in_background(rank: int, port: int, directory: str, out: Any) -> None:
+def _save_in_background(rank: int, port: int, out: Any, directory: str) -> None:
     from torch.distributed.checkpoint import load, save
 
     from elasticjob_runtime.checkpoints import dcp_parts
@@ -89,18 +88,8 @@ def _save_in_background(rank: int, port: int, directory: str, out: Any) -> None:
 
 
 def _on_two_ranks(target: Any, directory: Path) -> dict[int, Any]:
-    """Run ``target(rank, port, directory, out)`` in two spawned processes; what each put."""
-    ctx = multiprocessing.get_context("spawn")
-    out = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=target, args=(r, port, str(directory), out)) for r in range(2)]
-    for proc in procs:
-        proc.start()
-    got = {r[0]: r[1:] for r in (out.get(timeout=120) for _ in procs)}
-    for proc in procs:
-        proc.join(timeout=60)
-        assert proc.exitcode == 0
-    return got
+    """``target(rank, port, out, directory)`` on two ranks; what each put, by rank."""
+    return {r[0]: r[1:] for r in on_ranks(target, 2, str(directory))}
 
 
 def test_a_background_save_commits_what_dcp_itself_saves_of_that_step(tmp_path: Path) -> None:
@@ -123,7 +112,7 @@ def test_a_background_save_commits_what_dcp_itself_saves_of_that_step(tmp_path: 
     )
 
 
-def _one_part_fails(rank: int, port: int, directory: str, out: Any) -> None:
+def _one_part_fails(rank: int, port: int, out: Any, directory: str) -> None:
     from elasticjob_runtime.checkpoints import dcp_parts
 
     mesh = _join(rank, port)

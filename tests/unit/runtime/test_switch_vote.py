@@ -3,8 +3,6 @@ DDP's gradient all-reduce over gloo, and sent alone when no gradient was reduced
 
 from __future__ import annotations
 
-import multiprocessing
-import socket
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -12,8 +10,10 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+from spawned_ranks import on_ranks
 from torch import nn
 
+from bench.ports import free_port
 from elasticjob_runtime.training.current_ddp import CurrentDDP
 from elasticjob_runtime.training.switch_vote import SwitchVote, ballot, switch_due
 
@@ -43,15 +43,9 @@ def test_a_ballot_rides_on_the_gradients_only_while_one_is_cast() -> None:
     assert vote.carry(grads) is grads
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def world_of_one() -> Iterator[None]:
-    store = dist.TCPStore("127.0.0.1", _free_port(), 1, is_master=True)  # type: ignore[attr-defined]
+    store = dist.TCPStore("127.0.0.1", free_port(), 1, is_master=True)  # type: ignore[attr-defined]
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     yield
     dist.destroy_process_group()
@@ -94,7 +88,8 @@ class SparseAndWide(nn.Module):
         return self.wide(self.narrow(self.emb(idx))).sum()
 
 
-def _rank(rank: int, port: int, ballots: list[int], out: Any) -> None:
+def _rank(rank: int, port: int, out: Any, ballots_by_rank: dict[int, list[int]]) -> None:
+    ballots = ballots_by_rank[rank]
     store = dist.TCPStore(  # type: ignore[attr-defined]
         "127.0.0.1", port, 2, is_master=rank == 0, timeout=timedelta(seconds=60)
     )
@@ -137,17 +132,8 @@ def _rank(rank: int, port: int, ballots: list[int], out: Any) -> None:
 def test_two_ranks_that_heard_at_different_steps_agree_on_the_same_step() -> None:
     """Rank 1 hears of the round before step 2, rank 0 only before step 4: both read
     "switch" first at step 2; the gradients are DDP's average all along."""
-    ctx = multiprocessing.get_context("spawn")
-    out = ctx.Queue()
-    port = _free_port()
     ballots = {0: [0, 0, 0, 0, 1, 1], 1: [0, 0, 1, 1, 1, 0]}
-    procs = [ctx.Process(target=_rank, args=(r, port, ballots[r], out)) for r in (0, 1)]
-    for p in procs:
-        p.start()
-    got = dict(out.get(timeout=120) for _ in procs)
-    for p in procs:
-        p.join(timeout=30)
-        assert p.exitcode == 0
+    got = dict(on_ranks(_rank, 2, ballots, join_timeout=30))
     average = [[1.5, 1.5, 1.5], [1.5, 1.5, 1.5]]  # inputs 1 and 2, d(sum)/dW = input
     switch = [False, False, True, True, True, True]
     for rank in (0, 1):
