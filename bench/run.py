@@ -236,7 +236,8 @@ def run_scenario(
             survivors = [pid for agent in job.agents[:-1] for pid in agent.workers()]
             old_pids.update(workers, survivors)
             fault_at = time.time()
-            write_trigger(trigger, workers[0], ALLREDUCE_KILL_DELAYS_MS[rep % 5])
+            delays = ALLREDUCE_KILL_DELAYS_MS
+            write_trigger(trigger, workers[0], delays[rep % len(delays)])
         elif scenario in ("node-kill", "node-freeze"):
             for agent in job.agents:
                 old_pids.update(agent.workers())
