@@ -5,7 +5,9 @@ agent drawn by a seeded random generator (the same draws for every launcher) is
 SIGKILLed, for ``minutes``. Goodput = new steps in the window (redone steps do not
 count: the newest step is what advanced) x the steady step time measured before the
 first fault / the window's length; ``goodput_samples`` weighs each new step by the share
-of the group that trained it. The step timeline is kept for the plot.
+of the group that trained it. The step timeline is kept for the plot, and with the
+scripts' ``--log-samples 1`` lines, how evenly the run trained its data
+(:mod:`bench.coverage`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 from itertools import pairwise
 
+from bench.coverage import Coverage, coverage, trained
 from bench.harness import Job, StepLine, wait_for
 
 
@@ -34,6 +37,7 @@ class Goodput:
     goodput_samples: float | None = None
     faults: list[float] = field(default_factory=list)  # seconds into the window
     timeline: list[tuple[float, int]] = field(default_factory=list)  # (seconds, step)
+    coverage: Coverage | None = None  # the data the whole run trained, from its first step
     error: str | None = None
 
 
@@ -70,9 +74,15 @@ def goodput_by_share(
 
 
 def run_goodput(
-    job: Job, minutes: float, interval: float, seed: int, scenario: str = "goodput"
+    job: Job,
+    minutes: float,
+    interval: float,
+    seed: int,
+    scenario: str = "goodput",
+    samples: int | None = None,
 ) -> Goodput:
-    """Inject the faults into ``job`` (already training steadily) and measure."""
+    """Inject the faults into ``job`` (already training steadily) and measure; with
+    ``samples`` (the data set's size; the job logs its samples), the data it trained."""
     result = Goodput(job.launcher, scenario)
     rng = random.Random(seed)
     start = time.time()
@@ -95,4 +105,7 @@ def run_goodput(
         full = max((s.world for s in steps if s.t <= start), default=1)
         result.goodput_samples = goodput_by_share(steps, start, end, result.step_time, full)
     result.timeline = [(round(s.t - start, 3), s.step) for s in steps if start - 5 <= s.t <= end]
+    indices = [] if samples is None else trained(line for log in job.logs() for line in log)
+    if samples is not None and indices:  # a script that logs no samples says nothing here
+        result.coverage = coverage(indices, samples)
     return result

@@ -84,8 +84,14 @@ _PROGRESS = re.compile(r"^step=(\d+) .*\bworld=(\d+) .*\bsamples=(\d+) pid=(\d+)
 
 def script_for(launcher: str) -> Path | None:
     """What a launcher runs: the converted script under ours, the plain one under torchrun,
-    None where no script was written for it."""
+    torchft's own shape under torchft, None where no script was written for it."""
     return LAUNCHERS[launcher].script(Workload.GPT)
+
+
+def baseline_name(launcher: str) -> str:
+    """What a baseline launcher ran, in words: its script and itself."""
+    script = script_for(launcher)
+    return f"{script.name if script else '-'}, {launcher}"
 
 
 @dataclass(frozen=True)
@@ -105,12 +111,12 @@ class Steady:
 
 GPT_STEADY = Steady(
     "gpt-throughput",
-    f"train_gpt.py vs gpt_plain.py, steps {WINDOW[0]}-{WINDOW[1]}",
+    f"train_gpt.py vs the launcher's own script, steps {WINDOW[0]}-{WINDOW[1]}",
     script_for,
     tuple(THROUGHPUT_ARGS),
     WINDOW,
     THROUGHPUT_TARGET,
-    lambda launcher: f"gpt_plain.py, {launcher}",
+    baseline_name,
 )
 
 
@@ -392,8 +398,8 @@ def fault_figures(
     summary: dict[str, dict[str, dict[str, Any]]],
     launchers: Sequence[str],
     rows: Sequence[Row] = GPT_ROWS,
-    case: str = "train_gpt.py vs gpt_plain.py",
-    baseline_name: Callable[[str], str] = lambda launcher: f"gpt_plain.py, {launcher}",
+    case: str = "train_gpt.py vs the launcher's own script",
+    baseline_name: Callable[[str], str] = baseline_name,
     note_name: Callable[[str], str] = lambda launcher: "baseline",
 ) -> list[Figure]:
     """Recovery ``rows`` (the GPT ones by default; bench/classic.py passes its own), ours
@@ -441,12 +447,12 @@ def goodput_figures(goodputs: Sequence[Goodput], launchers: Sequence[str]) -> li
         theirs = by[baseline]
         fig = Figure(
             "gpt-goodput",
-            "train_gpt.py vs gpt_plain.py",
+            "train_gpt.py vs the launcher's own script",
             f"goodput, a worker SIGKILLed every 30 s for {theirs.window / 60:.1f} min",
             "%",
             ours=[100 * ours.goodput] if ours is not None and ours.goodput is not None else [],
             baseline=[100 * theirs.goodput] if theirs.goodput is not None else [],
-            baseline_name=f"gpt_plain.py, {baseline}",
+            baseline_name=baseline_name(baseline),
             target=f">= {100 * GOODPUT_TARGET:g} %",
             failures=[g.error for g in (ours, theirs) if g is not None and g.error],
         )

@@ -152,6 +152,7 @@ TRAIN_ARGS = [
     "--sleep=0.05",
     f"--checkpoint-interval={CHECKPOINT_INTERVAL}",
     "--batch-size=32",
+    "--samples=8192",
 ]
 
 
@@ -373,6 +374,14 @@ def steps_redone(
     return max(0, max(before) - (after.step - 1)) if before else None
 
 
+def flag_value(args: Sequence[str], flag: str) -> int:
+    """The integer a ``--flag=N`` of ``args`` gives."""
+    for arg in args:
+        if arg.startswith(f"{flag}="):
+            return int(arg.split("=", 1)[1])
+    raise ValueError(f"{flag}=N is not among {list(args)}")
+
+
 def goodput_run(
     launcher: str,
     etcd: Etcd,
@@ -384,7 +393,8 @@ def goodput_run(
     train_args: Sequence[str] = TRAIN_ARGS,
     label: str = "goodput",
 ) -> Goodput:
-    """Two agents, a worker SIGKILLed every 30 s (same seeded draws for every launcher)."""
+    """Two agents, a worker SIGKILLed every 30 s (same seeded draws for every launcher);
+    every rank logs its samples, for the data the run trained (bench/coverage.py)."""
     endpoint = LAUNCHERS[launcher].endpoint(etcd.endpoint)
     run_id = f"bench-{uuid.uuid4().hex[:10]}"
     # every kill is charged to the victim's agent: give both launchers room for all of them
@@ -394,7 +404,7 @@ def goodput_run(
         workdir,
         endpoint,
         "2:2",
-        list(train_args),
+        [*train_args, "--log-samples=1"],
         run_id,
         max_restarts=restarts,
         script=script,
@@ -404,7 +414,8 @@ def goodput_run(
         start_agents(job, 2)
         first = wait_for("training at world size 2", lambda: steady(job, 2), limits.start)
         time.sleep(max(0.0, first.t + SETTLE_SECONDS - time.time()))
-        return run_goodput(job, minutes, GOODPUT_INTERVAL, seed, label)
+        samples = flag_value(train_args, "--samples")
+        return run_goodput(job, minutes, GOODPUT_INTERVAL, seed, label, samples)
     except TimeoutError as exc:
         (workdir / "timeout.txt").write_text(job.tail(40))
         return Goodput(launcher, label, error=str(exc))
@@ -622,6 +633,12 @@ def table(
             value = None if g is None else g.goodput_samples
             share.append("-" if value is None else f"{value:.1%}")
         rows.append(share)
+        spread = ["  samples trained evenly / more / less often (bench/coverage.py)"]
+        for lch in launchers:
+            c = None if (g := by.get(lch)) is None else g.coverage
+            spread.append("-" if c is None else f"{c.even:.1%} / {c.repeated:.1%} / {c.missed:.1%}")
+        if any(v != "-" for v in spread[1:]):
+            rows.append(spread)
     return render(rows)
 
 

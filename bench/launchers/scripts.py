@@ -15,5 +15,7 @@ GPT_PLAIN = REPO / "bench" / "gpt_plain.py"
 GPT_FSDP_PLAIN = REPO / "bench" / "gpt_fsdp_plain.py"
 # an unchanged classic torchelastic script (its own checkpoints): the same under every launcher
 CLASSIC = REPO / "bench" / "classic_imagenet.py"
-# the regression model written the way torchft's docs and examples write a script
+# the regression model and the realistic script written the way torchft's docs and
+# examples write a script
 REGRESSION_TORCHFT = REPO / "bench" / "torchft_regression.py"
+GPT_TORCHFT = REPO / "bench" / "torchft_gpt.py"

@@ -30,7 +30,10 @@ if TYPE_CHECKING:
 
 LIGHTHOUSE_PORT = 29510  # inside the job's own namespace: nothing else binds there
 GROUP_STORE_PORT = 29600  # + the node's index: each replica group's torchrun store
-WRITTEN_FOR_TORCHFT: dict[Workload, Path] = {Workload.REGRESSION: scripts.REGRESSION_TORCHFT}
+WRITTEN_FOR_TORCHFT: dict[Workload, Path] = {
+    Workload.REGRESSION: scripts.REGRESSION_TORCHFT,
+    Workload.GPT: scripts.GPT_TORCHFT,
+}
 
 
 def namespace_of(job: Job) -> str:

@@ -24,11 +24,11 @@ def test_every_launcher_is_one_under_its_own_name(name: str) -> None:
     assert launcher.script(Workload.REGRESSION) is not None  # every peer runs the regression
 
 
-def test_ours_and_torchrun_run_the_same_regression_script_and_torchft_its_own() -> None:
+def test_ours_and_torchrun_run_the_same_regression_script_and_torchft_its_own_of_each() -> None:
     assert LAUNCHERS["elasticjob-run"].script(Workload.REGRESSION) == scripts.REGRESSION
     assert LAUNCHERS["torchrun-c10d"].script(Workload.REGRESSION) == scripts.REGRESSION
     assert LAUNCHERS["torchft"].script(Workload.REGRESSION) == scripts.REGRESSION_TORCHFT
-    assert LAUNCHERS["torchft"].script(Workload.GPT) is None  # not written yet: skipped
+    assert LAUNCHERS["torchft"].script(Workload.GPT) == scripts.GPT_TORCHFT
     assert LAUNCHERS["torchft"].script(Workload.CLASSIC) is None  # a torchelastic script
 
 
