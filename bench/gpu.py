@@ -13,7 +13,10 @@ returns what it measured:
 3. ``stall``: the checkpoint stall at 1 GB and 10 GB of model + Adam state resident on the
    GPU, beside ``torch.save`` and the link's own copy speed (bench/gpu_stall.py);
 4. ``overhead``: the Run's cost on a GPU-bound step of a 135M-parameter GPT in bf16
-   (bench/gpu_overhead.py).
+   (bench/gpu_overhead.py);
+5. later additions, each named with ``--only``: ``nccl-monitor-100ms`` (the abort loop
+   with torch's NCCL monitor polling every 100 ms) and ``sharded`` (the HSDP join and kill
+   tests with all four ranks on ``cuda:0``, and FSDP2 against one process).
 
 ``bench/gpu.sh`` installs the carried wheels and runs this; docs/recovery.md ("On a GPU")
 has the figures of the last run and what stays unproven.
@@ -32,6 +35,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+SHARDED_TESTS = [  # the recovery tests' FSDP2 cases did not cover HSDP or the one-process twin
+    "tests/integration/recovery/test_fsdp_in_place.py::"
+    "test_fsdp_at_world_2_trains_what_one_process_trains_on_the_same_global_batch",
+    "tests/integration/recovery/test_hsdp_in_place.py::"
+    "test_an_hsdp_replica_joins_from_memory_and_trains_what_a_dcp_reshard_trains",
+    "tests/integration/recovery/test_hsdp_in_place.py::"
+    "test_a_killed_hsdp_worker_costs_no_step_and_hsdp_trains_what_one_process_trains",
+]
 RECOVERY_TESTS = [
     "tests/unit/runtime/test_gpu_state.py",
     "tests/integration/test_run_defaults.py",
@@ -56,6 +67,14 @@ def sections(out: Path) -> list[tuple[str, list[str], float, dict[str, str]]]:
     return [
         ("nccl", [py, "-m", "bench.gpu_nccl", f"--out={out / 'nccl.json'}"], 120, {}),
         ("recovery", [*pytest, *RECOVERY_TESTS], 360, shared),
+        # NCCL's abort took 1.00 s every time: with its monitor polling every 100 ms?
+        (
+            "nccl-monitor-100ms",
+            [py, "-m", "bench.gpu_nccl", "--part=loop", f"--out={out / 'nccl-monitor.json'}"],
+            60,
+            {"TORCH_NCCL_COORD_CHECK_MILSEC": "100"},
+        ),
+        ("sharded", [*pytest, *SHARDED_TESTS], 300, shared),  # HSDP: 4 ranks on the one GPU
         ("stall", [*stall, "--sizes=1GB", f"--out={out / 'stall.json'}"], 60, {}),
         (
             "stall-10GB",
