@@ -4,6 +4,7 @@ module each behind :class:`bench.launchers.api.Launcher`."""
 from __future__ import annotations
 
 from bench.launchers.api import Launcher, NodeCommand, Workload
+from bench.launchers.dlrover import DlroverRun
 from bench.launchers.elasticjob import ElasticjobRun
 from bench.launchers.torchft import Torchft
 from bench.launchers.torchrun import Torchrun
@@ -19,5 +20,6 @@ LAUNCHERS: dict[str, Launcher] = {
         Torchrun("etcd-v3"),
         Torchft(),  # its lighthouse's default heartbeat timeout (5 s)
         Torchft(heartbeat_ms=1000),  # tuned: a lost group noticed in 1 s
+        DlroverRun(),  # DLRover's dlrover-run and its job master (opt-in; not a dependency)
     )
 }
