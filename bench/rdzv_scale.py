@@ -82,6 +82,8 @@ KEEPALIVE = "LeaseKeepAlive"
 RECEIVED_BYTES = "etcd_network_client_grpc_received_bytes_total"
 SENT_BYTES = "etcd_network_client_grpc_sent_bytes_total"
 RSS = "process_resident_memory_bytes"
+CPU = "process_cpu_seconds_total"  # etcd's own CPU: the cost a machine of its own would pay
+WATCH_EVENTS = "etcd_debugging_mvcc_events_total"  # events etcd sent to its watchers
 
 
 # ---------------------------------------------------------------- pure: sizing
@@ -229,6 +231,8 @@ class EtcdLoad:
     rss_bytes: float  # process_resident_memory_bytes once the round formed
     peak_rss_bytes: float | None  # VmHWM: the most since this etcd started
     metric: str  # which counter ``requests`` comes from
+    cpu_s: float | None = None  # etcd's CPU seconds in the window
+    watch_events: float | None = None  # events etcd sent to watchers in the window
 
     def requests_per_agent(self, n: int) -> float:
         return sum(self.requests.values()) / n
@@ -255,7 +259,16 @@ def etcd_load(
         rss_bytes=total(after, RSS),
         peak_rss_bytes=peak_rss,
         metric=metric,
+        cpu_s=_grown(before, after, CPU),
+        watch_events=_grown(before, after, WATCH_EVENTS),
     )
+
+
+def _grown(before: Sequence[Sample], after: Sequence[Sample], name: str) -> float | None:
+    """How much a counter grew, None where this etcd does not export it."""
+    if not any(s.name == name for s in after):
+        return None
+    return total(after, name) - total(before, name)
 
 
 # ---------------------------------------------------------------- pure: figures
@@ -480,9 +493,13 @@ def _load_note(loads: Sequence[EtcdLoad], n: int) -> str:
         f"{m} {median([ld.requests.get(m, 0.0) / n for ld in loads]) or 0:.1f}" for m in methods
     ]
     keep = median([ld.keepalives / n for ld in loads]) or 0.0
+    cpu = median([ld.cpu_s * 1000 / n for ld in loads if ld.cpu_s is not None])
+    events = median([ld.watch_events / n for ld in loads if ld.watch_events is not None])
     return (
         f"per agent: {', '.join(parts)} ({loads[0].metric}); "
         f"lease keep-alives apart: {keep:.1f}/agent in the window"
+        + ("" if cpu is None else f"; etcd CPU {cpu:.2f} ms/agent")
+        + ("" if events is None else f"; watch events sent {events:.1f}/agent")
     )
 
 

@@ -141,6 +141,16 @@ def test_a_rounds_etcd_load_is_the_growth_with_keepalives_apart() -> None:
     assert load.rss_bytes == 40 * 2**20 and load.peak_rss_bytes == 50e6
 
 
+def test_etcds_cpu_and_watch_events_are_their_counters_growth_or_none_where_not_exported() -> None:
+    cpu_and_events = ["process_cpu_seconds_total {}", "etcd_debugging_mvcc_events_total {}"]
+    before = [line.format(v) for line, v in zip(cpu_and_events, (1.5, 100), strict=True)]
+    after = [line.format(v) for line, v in zip(cpu_and_events, (2.0, 4196), strict=True)]
+    load = etcd_load(parse_metrics("\n".join(before)), parse_metrics("\n".join(after)), None)
+    assert (load.cpu_s, load.watch_events) == (0.5, 4096)
+    bare = etcd_load(parse_metrics(METRICS_BEFORE), parse_metrics(METRICS_AFTER), None)
+    assert (bare.cpu_s, bare.watch_events) == (None, None)
+
+
 def test_etcd_load_falls_back_to_started_rpcs_without_message_counters() -> None:
     before = [line for line in METRICS_BEFORE.splitlines() if "msg_received" not in line]
     after = [line for line in METRICS_AFTER.splitlines() if "msg_received" not in line]
