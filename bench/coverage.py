@@ -13,8 +13,10 @@ What "kept" means differs by script, and each script's lines say it:
 * ours (examples/sample_audit.py's ``samples`` and ``committed`` lines, every rank): the
   last committed attempt of each step stands; an attempt a restart rolled back does not;
 * torchft's scripts (bench/torchft_*.py, ``samples step= epoch= group= idx=`` once a step
-  committed): every such line stands, since a restarted group heals from a live one and
-  so keeps what its peers trained.
+  committed): a restarted group heals from a live one and so keeps what its peers trained,
+  and its lines stand; but where no live group was left to heal from, the job starts over
+  from step 0, and a group's step going back in its own log drops its lines from that
+  step on (the model they trained is gone).
 
 Pure: lines in, counts out.
 """
@@ -32,30 +34,42 @@ from elasticjob_examples.sample_audit import (  # type: ignore[import-not-found]
 )
 
 
-def _torchft_indices(line: str) -> list[int] | None:
-    """The indices of one torchft ``samples`` line (it names a ``group=``, ours a
-    ``rank=``); None for any other line."""
+def _torchft_step(line: str) -> tuple[int, list[int]] | None:
+    """The step and indices of one torchft ``samples`` line (it names a ``group=``, ours
+    a ``rank=``); None for any other line."""
     if not line.startswith(SAMPLES_PREFIX) or " group=" not in line:
         return None
     fields = dict(tok.split("=", 1) for tok in line.split() if "=" in tok)
     try:
-        return [int(i) for i in fields["idx"].split(",") if i]
+        return int(fields["step"]), [int(i) for i in fields["idx"].split(",") if i]
     except (KeyError, ValueError):
         return None
 
 
-def trained(lines: Iterable[str]) -> list[int]:
-    """Every sample index a run trained into its model, once per time (ours and torchft's
-    lines may be mixed: each is read by its own rule)."""
-    lines = list(lines)
+def _torchft_standing(log: Iterable[str]) -> list[int]:
+    """The indices one replica group's log trained into the model that survived: a step
+    that goes back (the job started over) drops the group's lines from it on."""
+    kept: list[tuple[int, list[int]]] = []
+    for line in log:
+        found = _torchft_step(line.strip())
+        if found is None:
+            continue
+        while kept and kept[-1][0] >= found[0]:
+            kept.pop()
+        kept.append(found)
+    return [i for _, idx in kept for i in idx]
+
+
+def trained(logs: Iterable[Iterable[str]]) -> list[int]:
+    """Every sample index a run trained into its model, once per time, from each node's
+    log (ours and torchft's lines may be mixed: each is read by its own rule)."""
+    logs = [list(log) for log in logs]
     out: list[int] = []
-    for attempts in committed_attempts(parse_all(lines)).values():
+    for attempts in committed_attempts(parse_all(line for log in logs for line in log)).values():
         for record in attempts[-1]:
             out.extend(record.idx)
-    for line in lines:
-        found = _torchft_indices(line.strip())
-        if found is not None:
-            out.extend(found)
+    for log in logs:
+        out.extend(_torchft_standing(log))
     return out
 
 

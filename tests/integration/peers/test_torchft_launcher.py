@@ -59,9 +59,9 @@ def test_two_torchft_replica_groups_train_the_realistic_script_in_one_quorum(
             lambda: [s for s in job.steps() if s.step >= 5 and s.world == 2] or None,
             timeout=60,
         )
-        lines = [line for log in job.logs() for line in log]
+        logs = job.logs()
     finally:
         job.stop()
-    indices = trained(lines)
+    indices = trained(logs)
     assert len(indices) >= 5 * 2 * 8  # 5 steps, 2 groups, 2 micro-batches of 4
     assert set(indices) <= set(range(64))

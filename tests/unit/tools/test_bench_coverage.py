@@ -23,17 +23,24 @@ def test_ours_counts_the_last_committed_attempt_of_each_step_and_no_dropped_one(
         *_ours(3, "r1", [[8, 9], [10, 11]], committed=False),  # dropped by a broken group
         *_ours(2, "r2", [[4, 5], [6, 7]]),
     ]
-    assert sorted(trained(lines)) == list(range(8))
+    assert sorted(trained([lines])) == list(range(8))
 
 
-def test_torchfts_committed_lines_all_count_and_its_step_lines_do_not() -> None:
-    lines = [
+def test_torchfts_committed_lines_count_and_its_step_lines_do_not() -> None:
+    group0 = [
         "samples step=1 epoch=0 group=0 idx=0,1",
-        "samples step=1 epoch=0 group=1 idx=2,3",
         "step=1 epoch=0 loss=0.5 world=2 group=0 samples=4 pid=7 t=1.0",
-        "samples step=2 epoch=0 group=0 idx=0,1",  # a restarted group starts its epoch over
+        "samples step=2 epoch=0 group=0 idx=0,1",  # restarted, healed: its epoch over again
     ]
-    assert sorted(trained(lines)) == [0, 0, 1, 1, 2, 3]
+    group1 = ["samples step=1 epoch=0 group=1 idx=2,3"]
+    assert sorted(trained([group0, group1])) == [0, 0, 1, 1, 2, 3]
+
+
+def test_a_torchft_job_that_started_over_keeps_only_what_the_new_start_trained() -> None:
+    # no live group to heal from: both groups' steps go back to 1
+    group0 = [f"samples step={n} epoch=0 group=0 idx={n}" for n in (1, 2, 3, 1, 2)]
+    group1 = [f"samples step={n} epoch=0 group=1 idx={10 + n}" for n in (1, 2, 3, 1)]
+    assert sorted(trained([group0, group1])) == [1, 2, 11]
 
 
 def test_an_exactly_once_run_is_even_at_any_point_of_an_epoch() -> None:
