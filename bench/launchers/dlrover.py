@@ -34,7 +34,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bench.launchers.api import NodeCommand, Workload
-from bench.launchers.torchft import most_nodes, namespace_of
+from bench.launchers.namespace import namespace_of, start_service
+from bench.launchers.torchft import most_nodes
 from bench.launchers.torchrun import PLAIN
 
 if TYPE_CHECKING:
@@ -109,20 +110,11 @@ class DlroverRun:
 
     def start(self, job: Job) -> None:
         """The job's namespace (loopback up) and its master, both undone by job.stop."""
-        python = require_dlrover()
-        ns = namespace_of(job)
-        subprocess.run(["ip", "netns", "add", ns], check=True)
-        job.cleanups.append(lambda: subprocess.run(["ip", "netns", "delete", ns], check=False))
-        subprocess.run(["ip", "-n", ns, "link", "set", "lo", "up"], check=True)
-        log = (job.workdir / "dlrover-master.log").open("wb")
-        job.services.append(
-            subprocess.Popen(
-                ["ip", "netns", "exec", ns, *master_command(python, job)],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env={**os.environ, "DLROVER_EVENT_FILE_DIR": events_dir(job)},
-                start_new_session=True,
-            )
+        start_service(
+            job,
+            master_command(require_dlrover(), job),
+            job.workdir / "dlrover-master.log",
+            {"DLROVER_EVENT_FILE_DIR": events_dir(job)},
         )
 
     def node(self, job: Job, index: int) -> NodeCommand:

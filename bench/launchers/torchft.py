@@ -16,7 +16,6 @@ binds that namespace's 127.0.0.1; gloo is pinned to ``lo``.
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from bench.launchers import scripts
 from bench.launchers.api import NodeCommand, Workload
+from bench.launchers.namespace import namespace_of, start_service
 
 if TYPE_CHECKING:
     from bench.harness import Job
@@ -34,10 +34,6 @@ WRITTEN_FOR_TORCHFT: dict[Workload, Path] = {
     Workload.REGRESSION: scripts.REGRESSION_TORCHFT,
     Workload.GPT: scripts.GPT_TORCHFT,
 }
-
-
-def namespace_of(job: Job) -> str:
-    return f"ej-bench-{job.run_id}"
 
 
 def lighthouse_command(heartbeat_ms: int | None) -> list[str]:
@@ -74,19 +70,7 @@ class Torchft:
 
     def start(self, job: Job) -> None:
         """The job's namespace (loopback up) and its lighthouse, both undone by job.stop."""
-        ns = namespace_of(job)
-        subprocess.run(["ip", "netns", "add", ns], check=True)
-        job.cleanups.append(lambda: subprocess.run(["ip", "netns", "delete", ns], check=False))
-        subprocess.run(["ip", "-n", ns, "link", "set", "lo", "up"], check=True)
-        log = (job.workdir / "lighthouse.log").open("wb")
-        job.services.append(
-            subprocess.Popen(
-                ["ip", "netns", "exec", ns, *lighthouse_command(self.heartbeat_ms)],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        )
+        start_service(job, lighthouse_command(self.heartbeat_ms), job.workdir / "lighthouse.log")
 
     def node(self, job: Job, index: int) -> NodeCommand:
         argv = [

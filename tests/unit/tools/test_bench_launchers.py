@@ -9,7 +9,8 @@ import pytest
 from bench import torchft_regression
 from bench.harness import Job, StepLine, parse_regroups, parse_step_line
 from bench.launchers import LAUNCHERS, Launcher, Workload, scripts
-from bench.launchers.torchft import Torchft, lighthouse_command, most_nodes, namespace_of
+from bench.launchers.namespace import namespace_of
+from bench.launchers.torchft import Torchft, lighthouse_command, most_nodes
 from bench.run import TRAIN_ARGS, longest_pause, steps_redone
 
 
