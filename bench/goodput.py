@@ -105,7 +105,7 @@ def run_goodput(
         full = max((s.world for s in steps if s.t <= start), default=1)
         result.goodput_samples = goodput_by_share(steps, start, end, result.step_time, full)
     result.timeline = [(round(s.t - start, 3), s.step) for s in steps if start - 5 <= s.t <= end]
-    indices = [] if samples is None else trained(job.logs())
-    if samples is not None and indices:  # a script that logs no samples says nothing here
+    # a script that logs no samples says nothing of its data
+    if samples is not None and (indices := trained(job.logs())):
         result.coverage = coverage(indices, samples)
     return result

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bench.launchers.api import NodeCommand, Workload
-from bench.launchers.namespace import namespace_of, start_service
+from bench.launchers.namespace import in_namespace, start_service
 from bench.launchers.torchft import most_nodes
 from bench.launchers.torchrun import PLAIN
 
@@ -118,20 +118,19 @@ class DlroverRun:
         )
 
     def node(self, job: Job, index: int) -> NodeCommand:
-        argv = [
-            "ip",
-            "netns",
-            "exec",
-            namespace_of(job),
-            dlrover_python(),
-            "-m",
-            "dlrover.trainer.torch.main",  # dlrover-run's entry point
-            f"--nnodes={job.nnodes}",
-            "--nproc-per-node=1",
-            f"--max-restarts={job.max_restarts}",
-            str(job.script),
-            *job.train_args,
-        ]
+        argv = in_namespace(
+            job,
+            [
+                dlrover_python(),
+                "-m",
+                "dlrover.trainer.torch.main",  # dlrover-run's entry point
+                f"--nnodes={job.nnodes}",
+                "--nproc-per-node=1",
+                f"--max-restarts={job.max_restarts}",
+                str(job.script),
+                *job.train_args,
+            ],
+        )
         env = {
             "DLROVER_MASTER_ADDR": job.rdzv_endpoint,
             "NODE_RANK": str(index),

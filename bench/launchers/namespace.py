@@ -17,6 +17,11 @@ def namespace_of(job: Job) -> str:
     return f"ej-bench-{job.run_id}"
 
 
+def in_namespace(job: Job, argv: list[str]) -> list[str]:
+    """``argv`` run inside the job's namespace."""
+    return ["ip", "netns", "exec", namespace_of(job), *argv]
+
+
 def start_service(job: Job, argv: list[str], log: Path, env: dict[str, str] | None = None) -> None:
     """Create the job's namespace (loopback up) and start ``argv`` inside it, logging to
     ``log``; job.stop stops the process and then removes the namespace."""
@@ -26,7 +31,7 @@ def start_service(job: Job, argv: list[str], log: Path, env: dict[str, str] | No
     subprocess.run(["ip", "-n", ns, "link", "set", "lo", "up"], check=True)
     job.services.append(
         subprocess.Popen(
-            ["ip", "netns", "exec", ns, *argv],
+            in_namespace(job, argv),
             stdout=log.open("wb"),
             stderr=subprocess.STDOUT,
             env={**os.environ, **(env or {})},

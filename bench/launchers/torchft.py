@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from bench.launchers import scripts
 from bench.launchers.api import NodeCommand, Workload
-from bench.launchers.namespace import namespace_of, start_service
+from bench.launchers.namespace import in_namespace, start_service
 
 if TYPE_CHECKING:
     from bench.harness import Job
@@ -73,23 +73,22 @@ class Torchft:
         start_service(job, lighthouse_command(self.heartbeat_ms), job.workdir / "lighthouse.log")
 
     def node(self, job: Job, index: int) -> NodeCommand:
-        argv = [
-            "ip",
-            "netns",
-            "exec",
-            namespace_of(job),
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nnodes=1",
-            "--nproc-per-node=1",
-            "--master-addr=127.0.0.1",
-            f"--master-port={GROUP_STORE_PORT + index}",
-            f"--max-restarts={job.max_restarts}",
-            f"--rdzv-id={job.run_id}",  # the bench finds stray workers by it
-            str(job.script),
-            *job.train_args,
-        ]
+        argv = in_namespace(
+            job,
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes=1",
+                "--nproc-per-node=1",
+                "--master-addr=127.0.0.1",
+                f"--master-port={GROUP_STORE_PORT + index}",
+                f"--max-restarts={job.max_restarts}",
+                f"--rdzv-id={job.run_id}",  # the bench finds stray workers by it
+                str(job.script),
+                *job.train_args,
+            ],
+        )
         env = {
             "REPLICA_GROUP_ID": str(index),
             "NUM_REPLICA_GROUPS": str(most_nodes(job.nnodes)),
