@@ -16,6 +16,7 @@ LAUNCHERS: dict[str, Launcher] = {
     for launcher in (
         ElasticjobRun(),
         ElasticjobRun(in_place=False),
+        ElasticjobRun(fork_spares=False),  # spares import torch afresh, as before the template
         Torchrun("c10d"),
         Torchrun("etcd-v3"),
         Torchft(),  # its lighthouse's default heartbeat timeout (5 s)

@@ -27,13 +27,17 @@ CONVERTED: dict[Workload, Path] = {
 @dataclass(frozen=True)
 class ElasticjobRun:
     """``in_place=False`` is the restart path: every worker restarts on a fault (from
-    warm spares); nothing else differs."""
+    warm spares); ``fork_spares=False`` starts each spare as an interpreter of its own
+    instead of forking it from the warm template (the cost a refill used to have);
+    nothing else differs."""
 
     in_place: bool = True
+    fork_spares: bool = True
 
     @property
     def name(self) -> str:
-        return "elasticjob-run" if self.in_place else "elasticjob-run-restart"
+        base = "elasticjob-run" if self.in_place else "elasticjob-run-restart"
+        return base if self.fork_spares else f"{base}-no-fork"
 
     def script(self, workload: Workload) -> Path | None:
         return CONVERTED[workload]
@@ -46,6 +50,8 @@ class ElasticjobRun:
 
     def node(self, job: Job, index: int) -> NodeCommand:
         env = {} if self.in_place else {contract.IN_PLACE: "0"}
+        if not self.fork_spares:
+            env[contract.WARM_SPARE_FORK] = "0"
         return NodeCommand(elastic_argv(ELASTICJOB_RUN, "etcd-v3", job), env)
 
     def first_node_hosts(self) -> bool:

@@ -43,6 +43,8 @@ ETCD_KEY: Final = "ELASTICJOB_ETCD_KEY"
 WARM_SPARES: Final = "ELASTICJOB_WARM_SPARES"
 # elasticjob-run: how many warm spares a node keeps (unset: one per local rank; 0: none)
 WARM_SPARE_COUNT: Final = "ELASTICJOB_WARM_SPARE_COUNT"
+# elasticjob-run: "0" starts each spare as an interpreter of its own, not a fork of a warm one
+WARM_SPARE_FORK: Final = "ELASTICJOB_WARM_SPARE_FORK"
 WARM_IMPORT: Final = "ELASTICJOB_WARM_IMPORT"
 # elasticjob-run's directory of round assignments shared with its workers (channel.py)
 AGENT_CHANNEL: Final = "ELASTICJOB_AGENT_CHANNEL"

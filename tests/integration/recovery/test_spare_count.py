@@ -46,15 +46,17 @@ def test_one_spare_for_two_ranks_starts_rank_0_warm_and_rank_1_cold(
         },
     )
     wait_for("the restart", lambda: "restarts=1" in log.read_text() or None, 180, log)
-    # beside the two workers, one idle spare (the one that became rank 0 was replaced)
+    # beside the two workers, one idle spare (the one that became rank 0 was replaced,
+    # forked from the template, which is the fourth)
     family = wait_for(
-        "the workers and their replacement spare",
-        lambda: found if len(found := descendants(proc.pid)) >= 3 else None,
+        "the workers, their replacement spare and the template",
+        lambda: found if len(found := descendants(proc.pid)) >= 4 else None,
         60,
         log,
     )
     cmdlines = [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in family]
-    assert sum(b"elasticjob_runtime.launch.spare" in c for c in cmdlines) == 1, cmdlines
+    spares = [c for c in cmdlines if b"elasticjob_runtime.launch.spare" in c]
+    assert len(spares) == 2 and sum(b"--template" in c for c in spares) == 1, cmdlines
     assert sum(b"crash_once.py" in c for c in cmdlines) == 2, cmdlines
 
     assert wait_for("the job to finish", lambda: proc.poll(), 240, log) == 0

@@ -91,18 +91,20 @@ def test_warm_workers_leave_nothing_running_and_obey_sigterm(
         env={"CRASH_AT_STEP": "-1", "ELASTICJOB_CHECKPOINT_MEMORY_DIR": "off"},
     )
     wait_for("training", lambda: True if "step=20 " in log.read_text() else None, 180, log)
-    # Two workers, which show the worker's own command line as torch's would, and two
-    # fresh idle spares (the spares that became workers were replaced at once).
+    # Two workers, which show the worker's own command line as torch's would, two fresh
+    # idle spares (the spares that became workers were replaced at once, forked) and the
+    # template they were forked from.
     family = wait_for(
-        "the workers and their replacement spares",
-        lambda: found if len(found := descendants(proc.pid)) >= 4 else None,
+        "the workers, their replacement spares and the template",
+        lambda: found if len(found := descendants(proc.pid)) >= 5 else None,
         60,
         log,
     )
     cmdlines = [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in family]
     workers = [c for c in cmdlines if CRASH_ONCE.name.encode() in c]
     assert len(workers) == 2 and all(b"-u " + str(CRASH_ONCE).encode() in c for c in workers)
-    assert sum(b"elasticjob_runtime.launch.spare" in c for c in cmdlines) == 2, cmdlines
+    spares = [c for c in cmdlines if b"elasticjob_runtime.launch.spare" in c]
+    assert len(spares) == 3 and sum(b"--template" in c for c in spares) == 1, cmdlines
 
     os.kill(proc.pid, signal.SIGTERM)
     wait_for("the agent to exit after SIGTERM", lambda: proc.poll(), 90, log)

@@ -120,6 +120,16 @@ def test_the_spare_count_is_a_number_of_processes_or_unset() -> None:
     assert args_for("--warm-spare-count=1").warm_spare_count == "1"  # type: ignore[attr-defined]
 
 
+def test_spares_are_forked_from_the_template_unless_the_flag_or_its_variable_says_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert args_for().warm_spare_fork is True  # type: ignore[attr-defined]
+    assert args_for("--no-warm-spare-fork").warm_spare_fork is False  # type: ignore[attr-defined]
+    monkeypatch.setenv("ELASTICJOB_WARM_SPARE_FORK", "0")
+    assert args_for().warm_spare_fork is False  # type: ignore[attr-defined]
+    assert args_for("--warm-spare-fork").warm_spare_fork is True  # type: ignore[attr-defined]
+
+
 def test_a_signal_stop_exits_128_plus_the_signal_and_a_second_sigterm_cannot_change_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -141,3 +141,17 @@ def test_no_other_runtime_module_names_a_private_torch_name() -> None:
         if path.name != "torch_internals.py" and (names := _private_torch_names(path))
     }
     assert not outside, f"private torch names outside torch_internals.py: {outside}"
+
+
+def test_a_grad_scaler_forgets_an_unscale_so_a_dropped_step_can_be_retried() -> None:
+    model = torch.nn.Linear(2, 1)
+    optim = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu")
+    scaler.scale(model(torch.ones(1, 2)).sum()).backward()
+    scaler.unscale_(optim)
+    with pytest.raises(RuntimeError, match="unscale_\\(\\) has already been called"):
+        scaler.unscale_(optim)  # what a retried step met before the Run forgot it
+    torch_internals.forget_unscale(scaler)
+    scaler.unscale_(optim)  # the retry's own unscale_
+    scaler.step(optim)
+    scaler.update()

@@ -151,6 +151,7 @@ class MembershipAwareAgent(TorchAgent):
         *args: Any,
         warm_spares: bool = False,
         warm_spare_count: int | None = None,  # None: one per local rank
+        warm_spare_fork: bool = True,  # spares forked from a warm template
         warm_imports: tuple[str, ...] = (),
         joined: threading.Event | None = None,
         hang_timeout: float | None = None,
@@ -192,7 +193,11 @@ class MembershipAwareAgent(TorchAgent):
                 log.info("warm spares off: the worker command is not `python [-u] [-m] target`")
             else:
                 self._spares = SparePool(
-                    target, spec.local_world_size, warm_imports=warm_imports, size=warm_spare_count
+                    target,
+                    spec.local_world_size,
+                    warm_imports=warm_imports,
+                    size=warm_spare_count,
+                    fork=warm_spare_fork,
                 )
                 self._spares.fill()  # they warm up while the first rendezvous runs
 
@@ -329,7 +334,10 @@ class MembershipAwareAgent(TorchAgent):
         # One read for both: the step the refill waits to see change, the hang clock's start.
         steps, now = self._channel.steps(), time.monotonic()
         if spares is not None and not in_place:
-            self._refill = (now, group_step(steps))
+            if spares.forks():
+                spares.fill()  # a fork from the warm template: nothing to wait for
+            else:
+                self._refill = (now, group_step(steps))
         ranks = range(worker_group.spec.local_world_size)
         self.hang_watch.round_started(generation, ranks, in_place, steps, now)
         self._accept_departure(True)

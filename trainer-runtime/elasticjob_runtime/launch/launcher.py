@@ -13,8 +13,10 @@ environment, torch's ``LocalElasticAgent`` runs the workers), with these changes
   the script's imports (:mod:`elasticjob_runtime.launch.spare`); ``--no-warm-spares`` (or
   ``ELASTICJOB_WARM_SPARES=0``) starts every worker cold as torchrun does,
   ``--warm-spare-count N`` (``ELASTICJOB_WARM_SPARE_COUNT``) keeps fewer than one per
-  local rank (each costs memory, docs/recovery.md), and ``--warm-import mod,...`` names
-  more modules for the spares to import;
+  local rank (each costs memory, docs/recovery.md), ``--no-warm-spare-fork``
+  (``ELASTICJOB_WARM_SPARE_FORK=0``) starts each spare as an interpreter of its own
+  instead of forking it from a warm template (:mod:`elasticjob_runtime.launch.spare_template`),
+  and ``--warm-import mod,...`` names more modules for the spares to import;
 * the workers learn the etcd it rendezvouses on (``ELASTICJOB_PROGRESS_ENDPOINT``),
   where they publish progress (:mod:`elasticjob_runtime.etcd.progress`);
 * with ``--hang-timeout S`` (or ``ELASTICJOB_HANG_TIMEOUT``), a group that completes no
@@ -220,6 +222,7 @@ def parser() -> argparse.ArgumentParser:
         p.set_defaults(local_addr=os.environ[contract.POD_IP])
     try:
         warm = env_switch(contract.WARM_SPARES, True)
+        fork = env_switch(contract.WARM_SPARE_FORK, True)
     except ValueError as exc:
         _fail(str(exc))
     p.add_argument(
@@ -233,8 +236,17 @@ def parser() -> argparse.ArgumentParser:
         "--warm-spare-count",
         default=os.environ.get(contract.WARM_SPARE_COUNT, ""),
         help="how many warm spares this node keeps, at most one per local rank (default one "
-        "per local rank); each is a process with torch imported, about 360 MiB of its own, "
+        "per local rank); each is a process with torch imported (forked from one template: a "
+        "few MiB each beside its 360 MiB; without --warm-spare-fork, about 360 MiB each), "
         f"and a restart waits for any rank that starts cold (env {contract.WARM_SPARE_COUNT})",
+    )
+    p.add_argument(
+        "--warm-spare-fork",
+        action=argparse.BooleanOptionalAction,
+        default=fork,
+        help="fork spares from one warm template process, so replacing a spare that a "
+        "restart took imports nothing on the cores the training uses (default on; env "
+        f"{contract.WARM_SPARE_FORK}=0 starts each spare as an interpreter of its own)",
     )
     p.add_argument(
         "--warm-import",
@@ -363,6 +375,7 @@ def _launch(
         MembershipAwareAgent,
         warm_spares=args.warm_spares and spare_count != 0,
         warm_spare_count=spare_count,
+        warm_spare_fork=args.warm_spare_fork,
         warm_imports=warm_imports,
         joined=joined,
         hang_timeout=hang_timeout,

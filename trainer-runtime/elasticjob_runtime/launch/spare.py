@@ -253,7 +253,7 @@ def _read_exactly(sock: socket.socket, size: int, into: bytearray) -> bytes | No
     return bytes(into)
 
 
-def _set_parent_death_signal(sig: int) -> None:
+def set_parent_death_signal(sig: int) -> None:
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
@@ -315,8 +315,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m elasticjob_runtime.launch.spare")
     p.add_argument("--fd", type=int, required=True, help="the agent's socket")
     p.add_argument("--parent", type=int, required=True, help="the agent's pid")
+    p.add_argument(
+        "--template",
+        action="store_true",
+        help="warm up, then fork spares on the agent's word (spare_template.py)",
+    )
     args = p.parse_args(argv)
-    _set_parent_death_signal(int(signal.SIGKILL))
+    set_parent_death_signal(int(signal.SIGKILL))
     if os.getppid() != args.parent:
         return  # the agent died before the death signal was armed
     kind, _, name = os.environ.pop(TARGET_ENV, "").partition(":")
@@ -328,6 +333,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     sys.path[0] = os.path.dirname(target.name) if target.kind == "script" else os.getcwd()
     warm_up(target, extra)
     sock = socket.socket(fileno=args.fd)
+    if args.template:
+        with contextlib.suppress(OSError):
+            sock.sendall(WARM)
+        from elasticjob_runtime.launch.spare_template import serve_forks
+
+        forked = serve_forks(sock)
+        if forked is None:
+            return  # the template, and the agent closed it
+        sock = forked  # a spare forked from the template: warm already
+    serve_one_launch(sock, target)
+
+
+def serve_one_launch(sock: socket.socket, target: Target) -> None:
+    """Say warm, wait for the round's launch, become the worker and run it."""
     with contextlib.suppress(OSError):
         sock.sendall(WARM)  # the agent may wait for this before it joins a round
     received = receive_launch(sock)
@@ -335,7 +354,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if received is None:
         return
     launch, fds = received
-    _set_parent_death_signal(0)  # a worker now: it lives and dies like torch's own
+    set_parent_death_signal(0)  # a worker now: it lives and dies like torch's own
     _set_title(launch.args)
     _install(launch, fds)
     try:

@@ -16,9 +16,14 @@ from the per-round variables (:data:`ROUND_VARIABLES`); anything else that diffe
 could have been read at import time, so that rank starts cold and the pool renews its
 spares. The pool is off for ``--no-python`` and interpreter flags other than ``-u``.
 
-Each spare is a process with torch imported (about 360 MiB of its own, docs/recovery.md),
-so a pool may keep fewer than one per local rank (``--warm-spare-count``): the spares
-are not tied to ranks, the lowest ranks take them and the others start cold.
+Spares are forked from a warm template (:mod:`elasticjob_runtime.launch.spare_template`)
+where it can: a refill then costs milliseconds, not a fresh interpreter's imports on
+the cores the training fills, so the pool refills as soon as a round takes its spares.
+Without the template (``--no-warm-spare-fork``, or once it failed) each spare is a
+fresh interpreter that imports torch itself (about 360 MiB of its own,
+docs/recovery.md), refilled only once the round trains. So a pool may keep fewer than
+one per local rank (``--warm-spare-count``): the spares are not tied to ranks, the
+lowest ranks take them and the others start cold.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from torch.distributed.elastic.multiprocessing.subprocess_handler import (
 
 from elasticjob_runtime import contract
 from elasticjob_runtime.launch.spare import WARM, Target, WorkerLaunch, send_launch, spare_env
+from elasticjob_runtime.launch.spare_template import ForkedProcess, SpareTemplate
 from elasticjob_runtime.launch.torch_internals import AdoptedProcess, HandlerChoosingContext
 
 log = logging.getLogger(__name__)
@@ -119,7 +125,7 @@ def env_differences(spare_env: Mapping[str, str], worker_env: Mapping[str, str])
 class Spare:
     """A started spare: its process and the agent's end of its socket."""
 
-    proc: subprocess.Popen[bytes]
+    proc: subprocess.Popen[bytes] | ForkedProcess
     sock: socket.socket
     env: dict[str, str]
     warm: bool = False  # it said its imports are done
@@ -147,7 +153,9 @@ class SparePool:
     python: str = sys.executable
     warm_imports: tuple[str, ...] = ()
     size: int | None = None  # None: one per local rank
+    fork: bool = True  # fork spares from a warm template (off: each starts cold)
     spares: dict[int, Spare] = field(default_factory=dict)  # by slot, 0..capacity-1
+    template: SpareTemplate | None = None
     handed_over: int = 0
     started_cold: int = 0
 
@@ -155,17 +163,70 @@ class SparePool:
     def capacity(self) -> int:
         return spare_count(self.size, self.local_world_size)
 
+    def forks(self) -> bool:
+        """Are spares forked from a warm template (so a refill costs no imports)?"""
+        return self.template is not None and self.template.warm and self.template.alive()
+
     def fill(self) -> None:
-        """Start a spare in every slot that has none (they warm up concurrently)."""
+        """A spare in every slot that has none: forked from the template once it is warm
+        (until then the slots wait, :meth:`wait_warm`), else started as an interpreter
+        of its own (they warm up concurrently)."""
+        self._keep_template()
         for slot in range(self.capacity):
             spare = self.spares.get(slot)
             if spare is not None and spare.alive():
                 continue
             if spare is not None:
                 spare.stop()
-            self.spares[slot] = self._start()
+                del self.spares[slot]
+            if self.template is not None and not self.template.warm:
+                continue  # still importing: wait_warm forks these
+            self.spares[slot] = self._fork() if self.template is not None else self._start()
+
+    def _keep_template(self) -> None:
+        """Start the template, or a new one for an environment that changed since (its
+        forks would all start cold); give up forking if it died."""
+        if not self.fork:
+            return
+        if self.template is not None and not self.template.alive():
+            log.warning(
+                "the warm spare template exited (code %s); spares now start as fresh interpreters",
+                self.template.proc.returncode,
+            )
+            self.template.close()
+            self.template, self.fork = None, False
+            return
+        if self.template is not None and env_differences(self.template.env, os.environ):
+            self.template.close()
+            self.template = None
+        if self.template is None:
+            proc, sock, env = self._popen_spare(template=True)
+            self.template = SpareTemplate(proc, sock, env)
+
+    def _fork(self) -> Spare:
+        """A spare forked from the template; a fresh interpreter if the template fails
+        (it is then given up: every later spare starts as its own interpreter)."""
+        template = self.template
+        assert template is not None
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            proc = template.fork(theirs)
+        finally:
+            theirs.close()
+        if proc is not None:
+            return Spare(proc, ours, template.env)
+        ours.close()
+        log.warning("the warm spare template did not fork; spares now start as fresh interpreters")
+        template.close()
+        self.template, self.fork = None, False
+        return self._start()
 
     def _start(self) -> Spare:
+        return Spare(*self._popen_spare(template=False))
+
+    def _popen_spare(
+        self, template: bool
+    ) -> tuple[subprocess.Popen[bytes], socket.socket, dict[str, str]]:
         env = dict(os.environ)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         cmd = [
@@ -175,6 +236,7 @@ class SparePool:
             "elasticjob_runtime.launch.spare",
             f"--fd={theirs.fileno()}",
             f"--parent={os.getpid()}",
+            *(["--template"] if template else []),
         ]
         try:
             proc = subprocess.Popen(
@@ -185,15 +247,23 @@ class SparePool:
             )
         finally:
             theirs.close()
-        return Spare(proc, ours, env)
+        return proc, ours, env
 
     def wait_warm(self, timeout: float) -> bool:
         """Wait until every spare has done its imports (or died); False on timeout.
 
         A new agent calls this before it first joins a round, so a running group pauses
-        only for the switch, not for the newcomer's imports.
+        only for the switch, not for the newcomer's imports. With a template, that is
+        the template's imports, then the forks (warm at once).
         """
         deadline = time.monotonic() + timeout
+        template = self.template
+        if template is not None and not template.warm:
+            if not _wait_warm_byte(template.control, template.proc, deadline):
+                return False
+            with contextlib.suppress(OSError):
+                template.warm = template.control.recv(1) == WARM
+            self.fill()
         waiting = {s.sock: s for s in self.spares.values() if not s.warm}
         while waiting:
             left = deadline - time.monotonic()
@@ -237,6 +307,20 @@ class SparePool:
         for spare in self.spares.values():
             spare.stop()
         self.spares.clear()
+        if self.template is not None:
+            self.template.close()
+            self.template = None
+
+
+def _wait_warm_byte(sock: socket.socket, proc: subprocess.Popen[bytes], deadline: float) -> bool:
+    """Until ``sock`` has a byte to read (or ``proc`` died: it reads as end of file)."""
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        readable, _, _ = select.select([sock], [], [], min(left, 1.0))
+        if readable or proc.poll() is not None:
+            return True
 
 
 class SpareHandler(AdoptedProcess):

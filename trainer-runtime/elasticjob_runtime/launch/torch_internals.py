@@ -14,7 +14,8 @@ runtime uses the public names this module gives them:
 * :class:`HandlerChoosingContext` and :class:`AdoptedProcess`: a ``SubprocessContext``
   that picks each rank's handler, and a handler around a process already running (a
   warm spare);
-* :data:`TERMINAL_STATE_SYNC_ID` and :func:`abort_process_group`.
+* :data:`TERMINAL_STATE_SYNC_ID`, :func:`abort_process_group` and
+  :func:`forget_unscale` (a ``GradScaler`` whose step was dropped after ``unscale_``).
 
 :data:`PRIVATE_NAMES`, :data:`AGENT_HOOKS` and :data:`AGENT_ATTRIBUTES` list them;
 ``tests/unit/runtime/test_torch_internals.py`` fails, naming the name, when an installed
@@ -30,7 +31,7 @@ import signal
 import subprocess
 from collections.abc import Callable, Iterator
 from types import ModuleType
-from typing import Any
+from typing import Any, Protocol, cast
 
 from torch.distributed.elastic.agent.server import api as agent_api
 from torch.distributed.elastic.agent.server import local_elastic_agent
@@ -203,6 +204,16 @@ def abort_process_group() -> None:
     dist.distributed_c10d._abort_process_group()
 
 
+def forget_unscale(scaler: Any) -> None:
+    """Forget that ``unscale_`` ran on a ``GradScaler``'s optimizers since its last
+    ``update()``: a step dropped between the two (its group broke in the optimizer's
+    step, where the switch vote is counted) is retried from the start, and its
+    ``unscale_`` would otherwise raise "unscale_() has already been called". The scale
+    itself is the step's state, restored with the rest; this per-step record is not in
+    the scaler's ``state_dict``, and torch resets it only in ``update()``."""
+    scaler._per_optimizer_states.clear()  # a defaultdict: each optimizer starts afresh
+
+
 class HandlerChoosingContext(SubprocessContext):
     """torch's ``SubprocessContext``, whose start asks :meth:`start_handlers` for each
     rank's handler instead of starting a process per rank itself."""
@@ -227,6 +238,18 @@ class HandlerChoosingContext(SubprocessContext):
                     os.killpg(handler.proc.pid, signal.SIGKILL)
 
 
+class WorkerProcess(Protocol):
+    """What torch's handler uses of its ``Popen``: a spare forked from the template
+    (spare_template.ForkedProcess) has the same, built on its template's reports."""
+
+    pid: int
+    returncode: int | None
+
+    def poll(self) -> int | None: ...
+    def wait(self, timeout: float | None = None) -> int: ...
+    def send_signal(self, sig: int) -> None: ...
+
+
 class AdoptedProcess(SubprocessHandler):
     """torch's handler around a process that already runs: torch opens the worker's log
     files and keeps them until ``close()``, as for a process it started; ``proc`` is
@@ -234,7 +257,7 @@ class AdoptedProcess(SubprocessHandler):
 
     def __init__(
         self,
-        proc: subprocess.Popen[bytes],
+        proc: WorkerProcess,
         stdout: str | None,
         stderr: str | None,
         local_rank_id: int,
@@ -242,7 +265,7 @@ class AdoptedProcess(SubprocessHandler):
         self._stdout = open(stdout, "w") if stdout else None  # noqa: SIM115
         self._stderr = open(stderr, "w") if stderr else None  # noqa: SIM115
         self.local_rank_id = local_rank_id
-        self.proc = proc
+        self.proc = cast("subprocess.Popen[bytes]", proc)  # torch types it so; see WorkerProcess
 
     @classmethod
     def taking_over(cls, handler: SubprocessHandler) -> AdoptedProcess:

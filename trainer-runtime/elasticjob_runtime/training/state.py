@@ -159,9 +159,16 @@ class TrainingState:
 
     def clear_gradients(self) -> None:
         """A dropped step's gradients are partial (some buckets reduced, some not) and
-        would be added into the retried step by a script that zeroes after stepping."""
+        would be added into the retried step by a script that zeroes after stepping;
+        a registered ``GradScaler`` forgets the step's ``unscale_`` (the retry calls it
+        again, which torch refuses before an ``update()``)."""
         if self.module is not None:
             self.module.zero_grad(set_to_none=True)
         for optimizer in (self.optimizer, *self.registered.values()):
             if isinstance(optimizer, torch.optim.Optimizer):
                 optimizer.zero_grad(set_to_none=True)
+        for scaler in self.registered.values():
+            if isinstance(scaler, torch.amp.GradScaler):
+                from elasticjob_runtime.launch.torch_internals import forget_unscale
+
+                forget_unscale(scaler)
