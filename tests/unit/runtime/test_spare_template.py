@@ -1,27 +1,29 @@
 """Spares forked from a warm template: real processes, no etcd, no launcher.
 
-What the pool must keep from a spare started as an interpreter of its own: the worker's
-exit status and signals as ``Popen`` reports them, a session of its own, and that nothing
-is left once the pool closes; and what forking adds: a refill that is a fork, and a
-template that fails leaves the pool with fresh interpreters instead of no spares.
+What the pool must keep from a spare started as an interpreter of its own: the agent's
+child, its exit status and signals as ``Popen`` reports them, a session of its own, and
+nothing left once the pool closes; what forking adds: a refill that is a fork, a
+template that fails leaves the pool with fresh interpreters instead of no spares, and
+the orphans a subreaper inherits are reaped without touching a child its Popen waits for.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from elasticjob_runtime.launch.spare import Target, WorkerLaunch, send_launch
 from elasticjob_runtime.launch.spare_pool import SparePool
-from elasticjob_runtime.launch.spare_template import ForkedProcess, SpareTemplate
+from elasticjob_runtime.launch.spare_template import ForkedProcess, become_subreaper, reap_orphans
 
 SCRIPT = """
 import sys, time
@@ -49,9 +51,17 @@ def launch(pool: SparePool, slot_env: dict[str, str], args: list[str]) -> Forked
     return spare.proc
 
 
+@pytest.fixture
+def subreaper() -> Iterator[None]:
+    """The pool makes its process a child subreaper, as it does the agent; this test
+    process stops being one afterwards, so later tests' orphans go where they did."""
+    yield
+    ctypes.CDLL(None).prctl(36, 0, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER off
+
+
 @pytest.mark.slow
-def test_forked_spares_run_workers_report_their_exits_and_refill_by_forking(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+def test_forked_spares_are_our_children_run_workers_and_refill_by_forking(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, subreaper: None
 ) -> None:
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
@@ -68,11 +78,11 @@ def test_forked_spares_run_workers_report_their_exits_and_refill_by_forking(
             pid = spare.proc.pid
             pids.append(pid)
             assert os.getsid(pid) == pid  # its own session: killpg stops its tree alone
-            stat = Path(f"/proc/{pid}/stat").read_text().split(") ")[1].split()
-            assert int(stat[1]) == template  # the template's child, not the agent's
+            # the agent's child, as torch's workers are, not the template's
+            assert parent_of(pid) == os.getpid()
 
         exits = launch(pool, {"RANK": "0"}, [str(script), "3"])
-        assert exits.wait(60) == 3  # the status the template reaped
+        assert exits.wait(60) == 3
         sleeper = launch(pool, {"RANK": "1"}, [str(script), "sleep"])
         with pytest.raises(subprocess.TimeoutExpired):
             sleeper.wait(0.2)
@@ -85,17 +95,17 @@ def test_forked_spares_run_workers_report_their_exits_and_refill_by_forking(
         assert all(isinstance(s.proc, ForkedProcess) for s in pool.spares.values())
         pids += [s.proc.pid for s in pool.spares.values()]
 
-        # A template that dies leaves the pool with interpreters of their own.
+        # A template that dies leaves its spares (they are ours) and the pool with
+        # interpreters of their own from then on.
         os.killpg(template, signal.SIGKILL)
-        for spare in pool.spares.values():
-            assert spare.proc.wait(60) == 1 or gone(spare.proc.pid)  # died with it
+        assert launch(pool, {"RANK": "0"}, [str(script), "0"]).wait(60) == 0
         with caplog.at_level(logging.WARNING):
             pool.fill()
         assert "spares now start as fresh interpreters" in caplog.text
         assert pool.template is None and not pool.forks()
-        fresh = list(pool.spares.values())
-        assert len(fresh) == 2 and all(isinstance(s.proc, subprocess.Popen) for s in fresh)
-        pids += [s.proc.pid for s in fresh]
+        assert isinstance(pool.spares[0].proc, subprocess.Popen)  # the slot just refilled
+        assert isinstance(pool.spares[1].proc, ForkedProcess)  # still warm, still used
+        pids += [s.proc.pid for s in pool.spares.values()]
         assert pool.wait_warm(120)
     finally:
         pool.close()
@@ -105,19 +115,28 @@ def test_forked_spares_run_workers_report_their_exits_and_refill_by_forking(
     assert all(gone(pid) for pid in pids), [pid for pid in pids if not gone(pid)]
 
 
-def test_an_exit_reported_before_a_pid_was_reused_is_not_the_new_childs() -> None:
-    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
-    agent, template = socket.socketpair()
-    tracked = SpareTemplate(holder, agent, dict(os.environ), warm=True)
-    try:
-        # pid 4242 exited, then the template forked a new child that got pid 4242 again,
-        # which then exited in turn: each report belongs to the child it follows
-        template.sendall(b"exited 4242 0\nforked 4242\n")
-        assert tracked.returncode(4242, timeout=1.0) is None
-        template.sendall(b"exited 4242 -9\n")
-        assert tracked.returncode(4242, timeout=1.0) == -9
-    finally:
-        template.close()
-        tracked.close()
-        holder.kill()
-        holder.wait()
+def test_only_orphans_we_inherited_are_reaped_never_a_child_whose_popen_waits(
+    subreaper: None,
+) -> None:
+    assert become_subreaper()
+    # A worker-like child in its own session that leaves a process of its session behind
+    # (a DataLoader worker) and exits 3: the orphan comes to us, the worker's status
+    # stays its Popen's.
+    worker = subprocess.Popen(
+        [sys.executable, "-c", "import subprocess, sys; subprocess.Popen(['true']); sys.exit(3)"],
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 30
+    reaped: list[int] = []
+    while time.monotonic() < deadline:
+        reaped += reap_orphans()
+        if reaped and Path(f"/proc/{worker.pid}/stat").read_text().split(") ")[1][0] == "Z":
+            break
+        time.sleep(0.05)
+    assert len(reaped) == 1 and reaped[0] != worker.pid
+    assert reap_orphans() == []  # the worker's zombie is its Popen's to wait for
+    assert worker.wait(10) == 3
+
+
+def parent_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()[1])

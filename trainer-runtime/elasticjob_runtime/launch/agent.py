@@ -77,6 +77,7 @@ from elasticjob_runtime.launch.spare_pool import (
     refill_due,
     start_processes_warm,
 )
+from elasticjob_runtime.launch.spare_template import reap_orphans
 from elasticjob_runtime.launch.torch_internals import (
     TERMINAL_STATE_SYNC_ID,
     TorchAgent,
@@ -90,6 +91,9 @@ log = logging.getLogger(__name__)
 
 # How long a new agent waits for its spares' imports before it joins a round anyway.
 SPARES_WARM_TIMEOUT_S = 120.0
+# How often a monitor pass reaps the orphans a subreaper (or PID 1) inherits: a read of
+# /proc/self/task/*/children, so never a zombie for longer than this.
+REAP_EVERY_S = 1.0
 # What a hung worker's entry in torch's failure report says it exited with (it did not:
 # the agent stopped it).
 HANG_EXITCODE = 1
@@ -184,6 +188,7 @@ class MembershipAwareAgent(TorchAgent):
         self._next_start = StartKind()
         self._spares: SparePool | None = None
         self._joined_once = False
+        self._reaped_at = 0.0
         spec = self.worker_group.spec
         if warm_spares and isinstance(spec.entrypoint, str):
             target = parse_worker_command(
@@ -355,6 +360,9 @@ class MembershipAwareAgent(TorchAgent):
         if result.state == WorkerState.SUCCEEDED:
             self._accept_departure(False)  # a SIGTERM in the exit barrier stops the agent
         now = time.monotonic()
+        if now - self._reaped_at >= REAP_EVERY_S:
+            self._reaped_at = now
+            reap_orphans()  # a dead worker's DataLoader workers, inherited once they exit
         steps = self._read_steps(now)
         self._refill_spares(steps, now)
         if result.state == WorkerState.HEALTHY:

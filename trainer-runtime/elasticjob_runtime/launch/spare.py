@@ -338,7 +338,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             sock.sendall(WARM)
         from elasticjob_runtime.launch.spare_template import serve_forks
 
-        forked = serve_forks(sock)
+        forked = serve_forks(sock, args.parent)
         if forked is None:
             return  # the template, and the agent closed it
         sock = forked  # a spare forked from the template: warm already

@@ -50,7 +50,7 @@ from torch.distributed.elastic.multiprocessing.subprocess_handler import (
 
 from elasticjob_runtime import contract
 from elasticjob_runtime.launch.spare import WARM, Target, WorkerLaunch, send_launch, spare_env
-from elasticjob_runtime.launch.spare_template import ForkedProcess, SpareTemplate
+from elasticjob_runtime.launch.spare_template import ForkedProcess, SpareTemplate, become_subreaper
 from elasticjob_runtime.launch.torch_internals import AdoptedProcess, HandlerChoosingContext
 
 log = logging.getLogger(__name__)
@@ -200,6 +200,13 @@ class SparePool:
             self.template.close()
             self.template = None
         if self.template is None:
+            if not become_subreaper():
+                log.warning(
+                    "cannot adopt forked spares (no PR_SET_CHILD_SUBREAPER); spares "
+                    "start as fresh interpreters"
+                )
+                self.fork = False
+                return
             proc, sock, env = self._popen_spare(template=True)
             self.template = SpareTemplate(proc, sock, env)
 
