@@ -50,7 +50,7 @@ from torch.distributed.elastic.multiprocessing.subprocess_handler import (
 
 from elasticjob_runtime import contract
 from elasticjob_runtime.launch.spare import WARM, Target, WorkerLaunch, send_launch, spare_env
-from elasticjob_runtime.launch.spare_template import ForkedProcess, SpareTemplate, become_subreaper
+from elasticjob_runtime.launch.spare_template import ForkedProcess, become_subreaper, fork_spare
 from elasticjob_runtime.launch.torch_internals import AdoptedProcess, HandlerChoosingContext
 
 log = logging.getLogger(__name__)
@@ -155,7 +155,7 @@ class SparePool:
     size: int | None = None  # None: one per local rank
     fork: bool = True  # fork spares from a warm template (off: each starts cold)
     spares: dict[int, Spare] = field(default_factory=dict)  # by slot, 0..capacity-1
-    template: SpareTemplate | None = None
+    template: Spare | None = None  # the warm interpreter spares are forked from
     handed_over: int = 0
     started_cold: int = 0
 
@@ -193,11 +193,11 @@ class SparePool:
                 "the warm spare template exited (code %s); spares now start as fresh interpreters",
                 self.template.proc.returncode,
             )
-            self.template.close()
+            self.template.stop()
             self.template, self.fork = None, False
             return
         if self.template is not None and env_differences(self.template.env, os.environ):
-            self.template.close()
+            self.template.stop()
             self.template = None
         if self.template is None:
             if not become_subreaper():
@@ -207,8 +207,7 @@ class SparePool:
                 )
                 self.fork = False
                 return
-            proc, sock, env = self._popen_spare(template=True)
-            self.template = SpareTemplate(proc, sock, env)
+            self.template = self._start(template=True)
 
     def _fork(self) -> Spare:
         """A spare forked from the template; a fresh interpreter if the template fails
@@ -217,23 +216,19 @@ class SparePool:
         assert template is not None
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            proc = template.fork(theirs)
+            proc = fork_spare(template.sock, theirs)
         finally:
             theirs.close()
         if proc is not None:
             return Spare(proc, ours, template.env)
         ours.close()
         log.warning("the warm spare template did not fork; spares now start as fresh interpreters")
-        template.close()
+        template.stop()
         self.template, self.fork = None, False
         return self._start()
 
-    def _start(self) -> Spare:
-        return Spare(*self._popen_spare(template=False))
-
-    def _popen_spare(
-        self, template: bool
-    ) -> tuple[subprocess.Popen[bytes], socket.socket, dict[str, str]]:
+    def _start(self, template: bool = False) -> Spare:
+        """A spare that is an interpreter of its own, or (``template``) the template."""
         env = dict(os.environ)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         cmd = [
@@ -254,7 +249,7 @@ class SparePool:
             )
         finally:
             theirs.close()
-        return proc, ours, env
+        return Spare(proc, ours, env)
 
     def wait_warm(self, timeout: float) -> bool:
         """Wait until every spare has done its imports (or died); False on timeout.
@@ -264,27 +259,11 @@ class SparePool:
         the template's imports, then the forks (warm at once).
         """
         deadline = time.monotonic() + timeout
-        template = self.template
-        if template is not None and not template.warm:
-            if not _wait_warm_byte(template.control, template.proc, deadline):
+        if self.template is not None and not self.template.warm:
+            if not _await_warm([self.template], deadline):
                 return False
-            with contextlib.suppress(OSError):
-                template.warm = template.control.recv(1) == WARM
-            self.fill()
-        waiting = {s.sock: s for s in self.spares.values() if not s.warm}
-        while waiting:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            readable, _, _ = select.select(list(waiting), [], [], min(left, 1.0))
-            for sock in readable:
-                spare = waiting.pop(sock)
-                with contextlib.suppress(OSError):
-                    spare.warm = sock.recv(1) == WARM  # b"" : the spare died
-            for sock, spare in list(waiting.items()):
-                if not spare.alive():
-                    del waiting[sock]
-        return True
+            self.fill()  # forks into the empty slots, or starts cold if the template died
+        return _await_warm(list(self.spares.values()), deadline)
 
     def take(self, local_rank: int, worker_env: Mapping[str, str]) -> Spare | None:
         """A spare for ``local_rank`` (the lowest slot's) if it is alive and fits
@@ -315,19 +294,26 @@ class SparePool:
             spare.stop()
         self.spares.clear()
         if self.template is not None:
-            self.template.close()
+            self.template.stop()
             self.template = None
 
 
-def _wait_warm_byte(sock: socket.socket, proc: subprocess.Popen[bytes], deadline: float) -> bool:
-    """Until ``sock`` has a byte to read (or ``proc`` died: it reads as end of file)."""
-    while True:
+def _await_warm(spares: list[Spare], deadline: float) -> bool:
+    """Until each of ``spares`` has said it is warm (or died); False at ``deadline``."""
+    waiting = {s.sock: s for s in spares if not s.warm}
+    while waiting:
         left = deadline - time.monotonic()
         if left <= 0:
             return False
-        readable, _, _ = select.select([sock], [], [], min(left, 1.0))
-        if readable or proc.poll() is not None:
-            return True
+        readable, _, _ = select.select(list(waiting), [], [], min(left, 1.0))
+        for sock in readable:
+            spare = waiting.pop(sock)
+            with contextlib.suppress(OSError):
+                spare.warm = sock.recv(1) == WARM  # b"" : the spare died
+        for sock, spare in list(waiting.items()):
+            if not spare.alive():
+                del waiting[sock]
+    return True
 
 
 class SpareHandler(AdoptedProcess):

@@ -43,7 +43,6 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 FORK = b"f"
@@ -124,50 +123,28 @@ def _become_spare(fd: int, agent: int) -> socket.socket:
 # ---------------------------------------------------------------- the agent's side
 
 
-@dataclass
-class SpareTemplate:
-    """The agent's end of a started template."""
-
-    proc: subprocess.Popen[bytes]
-    control: socket.socket
-    env: dict[str, str]  # the agent's environment it was started with (its forks share it)
-    warm: bool = False  # the template said its imports are done
-    _buffer: bytes = b""
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None and self.control.fileno() >= 0
-
-    def fork(self, spare_end: socket.socket, timeout: float = 5.0) -> ForkedProcess | None:
-        """Fork a spare whose socket to the agent is the pair of ``spare_end``; None if
-        the template cannot (it died, or did not answer within ``timeout``)."""
+def fork_spare(
+    control: socket.socket, spare_end: socket.socket, timeout: float = 5.0
+) -> ForkedProcess | None:
+    """Ask the template on ``control`` to fork a spare whose socket to the agent is the
+    pair of ``spare_end``; None if it cannot (it died, or did not answer within
+    ``timeout``). One request at a time: the template answers each with one line."""
+    try:
+        socket.send_fds(control, [FORK], [spare_end.fileno()])
+    except OSError:
+        return None
+    deadline, answer = time.monotonic() + timeout, b""
+    while not answer.endswith(b"\n"):
         try:
-            socket.send_fds(self.control, [FORK], [spare_end.fileno()])
-        except OSError:
-            return None
-        deadline = time.monotonic() + timeout
-        while b"\n" not in self._buffer:
-            left = deadline - time.monotonic()
-            try:
-                readable, _, _ = select.select([self.control], [], [], max(left, 0))
-                chunk = self.control.recv(4096) if readable else b""
-            except (OSError, ValueError):
-                chunk = b""
-            if not chunk:
-                return None  # timed out, or the template is gone
-            self._buffer += chunk
-        line, _, self._buffer = self._buffer.partition(b"\n")
-        kind, _, pid = line.decode().partition(" ")
-        return ForkedProcess(int(pid)) if kind == "forked" else None
-
-    def close(self) -> None:
-        """End the template (end of file on its socket, then its session killed). The
-        spares it forked are the agent's and are stopped as such."""
-        self.control.close()
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(5.0)
+            readable, _, _ = select.select([control], [], [], max(deadline - time.monotonic(), 0))
+            chunk = control.recv(64) if readable else b""
+        except (OSError, ValueError):
+            chunk = b""
+        if not chunk:
+            return None  # timed out, or the template is gone
+        answer += chunk
+    kind, _, pid = answer.decode().strip().partition(" ")
+    return ForkedProcess(int(pid)) if kind == "forked" else None
 
 
 class ForkedProcess:
@@ -205,12 +182,6 @@ class ForkedProcess:
         if self.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, sig)
-
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
 
 
 def reap_orphans() -> list[int]:
