@@ -237,7 +237,9 @@ def test_a_killed_worker_process_costs_at_most_a_checkpoint_interval_in_the_same
     done = [s.step for s in logs.steps() if s.t < resumed.t]
     last_done = max(done)
     assert resumed.step >= 2 * interval, resumed  # from memory or a checkpoint, not scratch
-    assert 0 <= last_done - resumed.step <= interval, (last_done, resumed)
+    # Only rank 0 logs its steps, and the kill may land on it between committing a step and
+    # printing it: the group then resumes one step past the last line logged (-1).
+    assert -1 <= last_done - resumed.step <= interval, (last_done, resumed)
     wait_step(logs, last_done + 5, world=2)  # and it trains on, both workers in
     # the launcher restarted the process inside the pod: the pods are the same ones
     assert {n: p.metadata.uid for n, p in c.workers(ns, name).items()} == uids

@@ -63,12 +63,18 @@ class Holder:
 def start_holder(tmp_path: Path) -> Iterator[Callable[..., Holder]]:
     started: list[Holder] = []
 
-    def start(endpoint: str, run_id: str, nnodes: str, seconds: float, busy: bool) -> Holder:
+    def start(
+        endpoint: str, run_id: str, nnodes: str, seconds: float, busy: bool, lease_ttl: int = 0
+    ) -> Holder:
         n = len(started)
         out, err = tmp_path / f"holder{n}.out", tmp_path / f"holder{n}.err"
         cmd = [sys.executable, str(HOLDER), endpoint, run_id, nnodes, str(seconds)]
         proc = subprocess.Popen(
-            [*cmd, *(["--busy"] if busy else [])],
+            [
+                *cmd,
+                *(["--busy"] if busy else []),
+                *([f"--lease-ttl={lease_ttl}"] if lease_ttl else []),
+            ],
             stdout=out.open("wb"),
             stderr=err.open("wb"),
             start_new_session=True,
@@ -164,6 +170,65 @@ def test_a_frozen_agent_is_noticed_by_its_peer_within_seconds(
     print(f"etcd {etcd_any.version}: a frozen agent was noticed after {took:.2f}s")
     assert took < 5, f"the frozen agent was noticed only after {took:.1f}s"
     assert a.peers_lost() == [frozen_node]
+
+
+# Long enough that a round sealed well before it ran out cannot have waited for it.
+LONG_TTL = 10
+
+
+def next_round_without(
+    etcd: EtcdServer, start_holder: Callable[..., Holder], fault: signal.Signals, ttl: int
+) -> tuple[float, int]:
+    """An in-process agent and an agent process (both on ``ttl`` s leases) meet; the
+    process gets ``fault``; the other opens the next round. How long that round took to
+    seal, and its world size."""
+    run_id = f"gone-{uuid.uuid4().hex[:8]}"
+    holder = start_holder(etcd.endpoint, run_id, "1:2", seconds=120, busy=False, lease_ttl=ttl)
+    client = EtcdClient(parse_endpoints(etcd.endpoint), timeout=10)
+    a = EtcdV3RendezvousHandler(
+        client, run_id, Limits(1, 2, 15), "127.0.0.1", join_timeout=90, lease_ttl=ttl
+    )
+    try:
+        a.register()
+        wait_until(lambda: len(member_keys(client, run_id)) == 2, 60)  # both live: a round of 2
+        assert a.next_rendezvous().world_size == 2
+        holder.joined()
+        os.kill(holder.proc.pid, fault)
+        if fault == signal.SIGKILL:
+            holder.proc.wait(timeout=30)  # gone, its sockets with it
+        started = time.monotonic()
+        world = a.next_rendezvous().world_size
+        return time.monotonic() - started, world
+    finally:
+        a._leave()
+        client.close()
+
+
+def test_an_agent_that_died_is_dropped_from_the_next_round_without_waiting_for_its_lease(
+    etcd: EtcdServer, start_holder: Callable[..., Holder], caplog: pytest.LogCaptureFixture
+) -> None:
+    # Its process is gone but its host is not: its liveness port refuses the leader's
+    # connection, and the leader revokes its lease (rendezvous/liveness.py).
+    caplog.set_level("INFO", logger="elasticjob_runtime.rendezvous.join_executor")
+    took, world = next_round_without(etcd, start_holder, signal.SIGKILL, LONG_TTL)
+    print(f"the next round sealed {took:.2f}s after the kill")
+    assert world == 1
+    assert took < LONG_TTL / 2, f"the round waited {took:.1f}s: as long as the lease"
+    said = [r.getMessage() for r in caplog.records if "liveness port refused" in r.getMessage()]
+    assert len(said) == 1, said
+
+
+def test_a_frozen_agent_is_never_dropped_on_a_probe_only_when_its_lease_runs_out(
+    etcd: EtcdServer, start_holder: Callable[..., Holder], caplog: pytest.LogCaptureFixture
+) -> None:
+    # A stopped process's kernel still accepts connections: that proves nothing, so the
+    # round waits for the lease (2 s here) as it always has.
+    caplog.set_level("INFO", logger="elasticjob_runtime.rendezvous.join_executor")
+    took, world = next_round_without(etcd, start_holder, signal.SIGSTOP, 2)
+    print(f"the next round sealed {took:.2f}s after the freeze")
+    assert world == 1
+    assert took > 1.0, f"sealed after {took:.2f}s: before a 2 s lease could run out"
+    assert not [r for r in caplog.records if "liveness port refused" in r.getMessage()]
 
 
 def test_no_lease_is_lost_while_every_core_is_busy(

@@ -81,3 +81,7 @@ def test_a_member_record_names_the_address_the_operator_finds_a_pods_node_by() -
         decode_member(b'{"pid": 42}')
     with pytest.raises(ValueError, match="pid"):
         decode_member(b'{"addr": "10.244.1.7"}')
+    # an agent with a liveness port publishes it; a record without one has None
+    with_port = Member(addr="10.244.1.7", pid=42, port=40123)
+    assert decode_member(encode_member(with_port)) == with_port
+    assert member.port is None

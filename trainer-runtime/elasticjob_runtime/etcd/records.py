@@ -116,11 +116,13 @@ def decode_divergence(raw: bytes) -> Divergence:
 @dataclass(frozen=True)
 class Member:
     """What an agent's member key holds (``rdzv/members/<node>``): the address it
-    rendezvouses from (``--local-addr``; in a pod, the pod's IP) and its pid. The
+    rendezvouses from (``--local-addr``; in a pod, the pod's IP), its pid, and the port
+    it listens on there while it lives (rendezvous/liveness.py; None: none). The
     operator finds the node of a pod it removes by that address."""
 
     addr: str
     pid: int
+    port: int | None = None
 
 
 def encode_member(member: Member) -> bytes:
@@ -133,7 +135,7 @@ def decode_member(raw: bytes) -> Member:
     addr = doc.get("addr")
     if not isinstance(addr, str) or not addr:
         raise ValueError("member record: 'addr' must be a non-empty string")
-    return Member(addr=addr, pid=_int(doc, "pid"))
+    return Member(addr=addr, pid=_int(doc, "pid"), port=_opt_int(doc, "port"))
 
 
 def encode_progress(progress: Progress) -> bytes:

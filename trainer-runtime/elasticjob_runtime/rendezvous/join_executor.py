@@ -15,8 +15,9 @@ import time
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
 
-from elasticjob_runtime.etcd.client import KeyValue
+from elasticjob_runtime.etcd.client import EtcdError, KeyValue
 from elasticjob_runtime.rendezvous.lease_holder import LeaseHolder
+from elasticjob_runtime.rendezvous.liveness import PROBE_EVERY_S, StragglerProbe
 from elasticjob_runtime.rendezvous.membership import (
     FIRST_ROUND,
     Follow,
@@ -70,6 +71,8 @@ class JoinExecutor:
         self.join_timeout = join_timeout
         self.entered: int | None = None  # the round whose join key this node put last
         self.leading: int | None = None  # a round this node leads since its leader went
+        # The members this node, leading, waits for, probed for a dead agent (liveness.py).
+        self._stragglers = StragglerProbe()
 
     def time_left(self, deadline: float, why: str) -> float:
         """Seconds to the join deadline; past it, the timeout saying what was missing."""
@@ -172,10 +175,32 @@ class JoinExecutor:
                 left = self.time_left(deadline, why)
                 if until is not None:
                     left = min(left, max(until - time.time(), 0.0) + 0.05)
+                if self._drop_dead_agents(set(live) - set(joins), live):
+                    return last_call  # a lease revoked: read the live set again
+                if self._stragglers.probing:
+                    left = min(left, PROBE_EVERY_S)  # probe the awaited members again then
                 keys = self.state.keys
                 watched = [keys.state, keys.members, keys.leaving, keys.joins(current.number)]
                 self.state.client.wait_for_change(watched, min(live_at, joins_at), left)
                 return until
+
+    def _drop_dead_agents(self, awaited: set[str], live: frozenset[str]) -> bool:
+        """Probe the live members this leader still waits for (liveness.py) and revoke
+        the member lease of each whose agent refused the connection: it died, and its
+        lease would keep the round waiting up to a TTL and a half. Whether one was."""
+        dead = self._stragglers.dead(awaited, live, self.state.members)
+        for node, lease in dead.items():
+            log.info(
+                "etcd-v3: %s: the agent of %s is gone (its liveness port refused a "
+                "connection); revoking its member lease instead of waiting out its TTL",
+                self.node,
+                node,
+            )
+            try:
+                self.state.client.revoke(lease)
+            except EtcdError as exc:  # gone already, or not ours to revoke: its TTL decides
+                log.info("etcd-v3: %s: could not revoke %s's lease: %s", self.node, node, exc)
+        return bool(dead)
 
     def stop_if_marked(self) -> None:
         """:class:`MarkedLeaving` if this node's leaving key is there (one key). Asked only

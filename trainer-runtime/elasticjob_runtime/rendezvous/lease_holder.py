@@ -33,6 +33,7 @@ from elasticjob_runtime.rendezvous.leases import (
     late_refresh_warning,
     leaves_after_lapse,
 )
+from elasticjob_runtime.rendezvous.liveness import LivenessPort, open_liveness_port
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +91,9 @@ class LeaseHolder:
         self._lapsed_at: list[float] = []
         self._lapsed_leases: set[int] = set()  # each lapse counts once, however found
         self.given_up: str | None = None
+        # Open from start until leave, published in the member key: a peer whose connection
+        # to it is refused knows this agent died before its lease says so (liveness.py).
+        self._liveness: LivenessPort | None = None
 
     def start(self) -> None:
         """Take both leases, announce the node and start the keeper thread.
@@ -107,6 +111,7 @@ class LeaseHolder:
             keeper_client.connect(self._client.timeout)
         except EtcdError as exc:
             log.warning("etcd-v3: lease keeper: %s (it keeps trying)", exc)
+        self._liveness = open_liveness_port(self._addr)
         self.take_job_lease()
         self.announce()
         now = time.monotonic()
@@ -207,7 +212,8 @@ class LeaseHolder:
             level, message = granted_ttl_message(self._lease_ttl, lease.ttl, self._client.where)
             log.log(level, "etcd-v3: %s", message)
         self.member_lease = lease.id
-        value = encode_member(Member(addr=self._addr, pid=os.getpid()))
+        port = self._liveness.port if self._liveness is not None else None
+        value = encode_member(Member(addr=self._addr, pid=os.getpid(), port=port))
         self._client.put(self._keys.member(self._node), value, lease=self.member_lease)
 
     def keep_alive(self, client: EtcdClient | None = None, generation: int | None = None) -> None:
@@ -307,12 +313,14 @@ class LeaseHolder:
         finally:
             if locked:
                 self._lock.release()
-        if not lease:
-            return  # never started: nothing to drop
         try:
-            self._client.revoke(lease)
+            if lease:  # else never started: nothing to drop
+                self._client.revoke(lease)
         except EtcdError as exc:
             log.warning("etcd-v3: could not revoke the lease of %s: %s", self._node, exc)
+        finally:
+            if self._liveness is not None:
+                self._liveness.close()  # after the revoke: probes then see no member key
 
 
 def _keep_alive(

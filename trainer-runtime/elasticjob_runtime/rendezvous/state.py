@@ -9,9 +9,10 @@ whole ``rdzv/`` prefix only where a rule needs them) and writes through
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from elasticjob_runtime.etcd.client import EtcdClient, EtcdError, KeyValue
+from elasticjob_runtime.etcd.records import Member, decode_member
 from elasticjob_runtime.rendezvous.backend import EtcdV3RendezvousBackend
 from elasticjob_runtime.rendezvous.keys import RendezvousKeys
 from elasticjob_runtime.rendezvous.membership import Round, decode_participants
@@ -59,6 +60,20 @@ class RendezvousState:
     def leaving(self) -> frozenset[str]:
         """The nodes that announced their departure (usually none: one empty range read)."""
         return self.keys.leaving_names(self.client.snapshot(self.keys.leaving).items)
+
+    def members(self, nodes: Iterable[str]) -> dict[str, tuple[Member, int]]:
+        """What the member keys of ``nodes`` hold, with the lease each is under (one
+        range read; a node whose key is gone, or holds no record, is left out)."""
+        wanted = set(nodes)
+        found: dict[str, tuple[Member, int]] = {}
+        for key, kv in self.client.snapshot(self.keys.members).items.items():
+            node = key[len(self.keys.members) :]
+            if node in wanted:
+                try:
+                    found[node] = (decode_member(kv.value), kv.lease)
+                except ValueError:
+                    continue  # a record this runtime cannot read: its lease decides
+        return found
 
     def is_live(self, node: str) -> bool:
         """One key: is ``node``'s member lease still there (leaving or not)?"""

@@ -1,0 +1,186 @@
+"""A node's liveness port, and the probe that tells a dead agent from a slow one at once.
+
+A member lease says a node is gone only when its TTL has run out and etcd's lessor has
+looked (0.8-1.5 s with a 1 s TTL, :mod:`~elasticjob_runtime.rendezvous.leases`). When the
+agent's process died but its host (or its pod's network namespace) is still there, the
+kernel knows sooner: a TCP connection to a port the agent listened on is refused at once.
+So each agent listens on a port of its own (published in its member key), accepting and
+closing whatever connects; a round's leader that waits for a live member connects to it,
+and a refused connection proves the agent gone, so the leader revokes its member lease
+instead of waiting out the TTL. Anything else (accepted, timed out, unreachable) proves
+nothing: a frozen process's kernel still accepts, a vanished host does not answer, and
+the lease decides as before. Nothing is ever dropped on a guess.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import math
+import selectors
+import socket
+import threading
+import time
+from collections.abc import Callable, Collection, Mapping
+from typing import Final
+
+from elasticjob_runtime.etcd.records import Member
+
+log = logging.getLogger(__name__)
+
+# How long a probe waits for connections to be refused. A refusal comes back within a
+# round trip (on loopback, at once); one that has not by then is not acted on.
+PROBE_TIMEOUT_S: Final = 0.05
+# How often a leader probes a member it still waits for: a member that was alive when
+# first probed and dies while the leader waits is found at the next probe.
+PROBE_EVERY_S: Final = 0.1
+# A leader probes the members it waits for only while they are this few.
+PROBE_AT_MOST: Final = 8
+
+
+class LivenessPort:
+    """A TCP port this agent listens on while its process lives, on its rendezvous
+    address; a daemon thread accepts and closes each connection (a probe sends nothing)."""
+
+    def __init__(self, addr: str) -> None:
+        family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+        self._sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            self._sock.bind((addr, 0))
+            self._sock.listen(64)
+        except OSError:
+            self._sock.close()
+            raise
+        self.port: int = self._sock.getsockname()[1]
+        self._thread = threading.Thread(
+            target=self._accept, name="elasticjob-liveness", daemon=True
+        )
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return  # closed
+            conn.close()
+
+    def close(self) -> None:
+        """Stop listening: a probe is refused from now on, as for a dead agent."""
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept
+        self._sock.close()
+        self._thread.join(timeout=1.0)
+
+
+def open_liveness_port(addr: str) -> LivenessPort | None:
+    """A liveness port on ``addr``, or None (said once) where it cannot be bound: peers
+    then learn of this node's death from its lease alone, as before."""
+    try:
+        return LivenessPort(addr)
+    except OSError as exc:
+        log.info(
+            "etcd-v3: no liveness port on %s (%s): peers notice this node's death from "
+            "its member lease alone",
+            addr,
+            exc,
+        )
+        return None
+
+
+def refused(targets: Mapping[str, tuple[str, int]], timeout: float = PROBE_TIMEOUT_S) -> set[str]:
+    """The nodes among ``targets`` (node -> (address, liveness port)) whose port refused a
+    TCP connection within ``timeout``: their agents are certainly dead. All are probed
+    at once, without blocking on any."""
+    opened: list[socket.socket] = []
+    gone: set[str] = set()
+    with selectors.DefaultSelector() as selector:
+        for node, (host, port) in targets.items():
+            sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+            opened.append(sock)
+            sock.setblocking(False)
+            try:
+                code = sock.connect_ex((host, port))
+            except OSError:  # an address that does not resolve: proves nothing
+                continue
+            if code == errno.ECONNREFUSED:
+                gone.add(node)
+            elif code in (0, errno.EINPROGRESS):
+                selector.register(sock, selectors.EVENT_WRITE, (sock, node))
+        deadline = time.monotonic() + timeout
+        try:
+            while selector.get_map() and (left := deadline - time.monotonic()) > 0:
+                for key, _ in selector.select(left):
+                    sock, node = key.data
+                    selector.unregister(sock)
+                    if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == errno.ECONNREFUSED:
+                        gone.add(node)
+        finally:
+            for sock in opened:
+                sock.close()
+    return gone
+
+
+def probe_due(awaited: Collection[str], probed_at: Mapping[str, float], now: float) -> list[str]:
+    """Which of the live members a leader still waits for to probe now (pure): each once
+    every :data:`PROBE_EVERY_S`, and only stragglers, at most :data:`PROBE_AT_MOST` of
+    them. A dead member is one the others no longer wait with; while many are still
+    on their way (a job starting, a thousand agents arriving) probing them all proves
+    nothing and costs a connection each."""
+    if len(awaited) > PROBE_AT_MOST:
+        return []
+    return sorted(n for n in awaited if now - probed_at.get(n, -math.inf) >= PROBE_EVERY_S)
+
+
+class StragglerProbe:
+    """One leader's probing of the members it waits for: when it probed each, which it
+    had dropped, and which it no longer trusts a refusal from."""
+
+    def __init__(self) -> None:
+        self._probed_at: dict[str, float] = {}  # inf: published no port, never probed
+        self._dropped: set[str] = set()
+        self._distrusted: set[str] = set()
+
+    @property
+    def probing(self) -> bool:
+        """Is a member this leader waits for due to be probed again (in a while)?"""
+        return any(t < math.inf for t in self._probed_at.values())
+
+    def dead(
+        self,
+        awaited: Collection[str],
+        live: Collection[str],
+        members: Callable[[list[str]], Mapping[str, tuple[Member, int]]],
+    ) -> dict[str, int]:
+        """The awaited members whose agents refused a probe now, with the member lease of
+        each to revoke. ``members`` reads what the given nodes published (their record and
+        lease). A node this leader dropped that is live again refused while alive (a
+        network that rejects connections between the nodes, say): it is said once, and
+        from then on only its lease decides for it."""
+        for node in sorted((self._dropped & set(live)) - self._distrusted):
+            log.warning(
+                "etcd-v3: %s was dropped because its liveness port refused a connection, "
+                "yet it is live again: connections to it are rejected while it lives (a "
+                "network policy between the job's pods?). Its lease alone decides for it "
+                "from now on",
+                node,
+            )
+            self._distrusted.add(node)
+        candidates = [n for n in awaited if n not in self._distrusted]
+        self._probed_at = {n: t for n, t in self._probed_at.items() if n in candidates}
+        now = time.monotonic()
+        due = probe_due(candidates, self._probed_at, now)
+        if not due:
+            return {}
+        published = members(due)
+        targets = {
+            node: (member.addr, member.port)
+            for node, (member, _) in published.items()
+            if member.port is not None
+        }
+        for node in due:
+            self._probed_at[node] = now if node in targets else math.inf
+        gone = refused(targets)
+        self._dropped |= gone
+        return {node: published[node][1] for node in sorted(gone)}
