@@ -33,7 +33,7 @@ from elasticjob_runtime.rendezvous.membership import Limits
 pytestmark = pytest.mark.integration
 
 HOLDER = WORKERS / "hold_lease.py"
-LOAD_SECONDS = 20.0
+LOAD_SECONDS = 12.0  # sixty refreshes of each lease under load
 
 
 @dataclass
