@@ -53,6 +53,7 @@ class LivenessPort:
             self._sock.close()
             raise
         self.port: int = self._sock.getsockname()[1]
+        self._closed = threading.Event()
         self._thread = threading.Thread(
             target=self._accept, name="elasticjob-liveness", daemon=True
         )
@@ -63,11 +64,15 @@ class LivenessPort:
             try:
                 conn, _ = self._sock.accept()
             except OSError:
-                return  # closed
+                if self._closed.is_set():
+                    return
+                time.sleep(0.01)  # a prober that hung up first, no file left: go on
+                continue
             conn.close()
 
     def close(self) -> None:
         """Stop listening: a probe is refused from now on, as for a dead agent."""
+        self._closed.set()
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept
         self._sock.close()
