@@ -24,11 +24,10 @@ format: setup
 	ruff check --fix .
 	ruff format .
 
-# Every suite runs but the images' (make test-images: it builds them first), as two
-# pytest processes at once: the devcluster's and the rest (scripts/pytest-halves says
-# why); pytest's "no tests collected" (exit 5) is a failure, not a pass.
+# Every suite runs but the images' (make test-images: it builds them first); pytest's
+# "no tests collected" (exit 5) is a failure, not a pass.
 test: lint
-	scripts/pytest-halves $(PYTEST_ARGS)
+	scripts/pytest-strict tests --ignore=tests/images $(PYTEST_ARGS)
 
 # the fence and the in-place recovery tests on the oldest torch supported (pyproject's
 # floor), in a second venv; CI runs it after make test (about 3 minutes)
