@@ -39,19 +39,17 @@ PROBE_EVERY_S: Final = 0.1
 PROBE_AT_MOST: Final = 8
 
 
+def _family(addr: str) -> socket.AddressFamily:
+    """IPv6 for an address with colons, else IPv4 (a name resolves to IPv4)."""
+    return socket.AF_INET6 if ":" in addr else socket.AF_INET
+
+
 class LivenessPort:
     """A TCP port this agent listens on while its process lives, on its rendezvous
     address; a daemon thread accepts and closes each connection (a probe sends nothing)."""
 
     def __init__(self, addr: str) -> None:
-        family = socket.AF_INET6 if ":" in addr else socket.AF_INET
-        self._sock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            self._sock.bind((addr, 0))
-            self._sock.listen(64)
-        except OSError:
-            self._sock.close()
-            raise
+        self._sock = socket.create_server((addr, 0), family=_family(addr), backlog=64)
         self.port: int = self._sock.getsockname()[1]
         self._closed = threading.Event()
         self._thread = threading.Thread(
@@ -102,7 +100,7 @@ def refused(targets: Mapping[str, tuple[str, int]], timeout: float = PROBE_TIMEO
     gone: set[str] = set()
     with selectors.DefaultSelector() as selector:
         for node, (host, port) in targets.items():
-            sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+            sock = socket.socket(_family(host))
             opened.append(sock)
             sock.setblocking(False)
             try:

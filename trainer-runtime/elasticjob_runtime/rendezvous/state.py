@@ -64,15 +64,16 @@ class RendezvousState:
     def members(self, nodes: Iterable[str]) -> dict[str, tuple[Member, int]]:
         """What the member keys of ``nodes`` hold, with the lease each is under (one
         range read; a node whose key is gone, or holds no record, is left out)."""
-        wanted = set(nodes)
+        items = self.client.snapshot(self.keys.members).items
         found: dict[str, tuple[Member, int]] = {}
-        for key, kv in self.client.snapshot(self.keys.members).items.items():
-            node = key[len(self.keys.members) :]
-            if node in wanted:
-                try:
-                    found[node] = (decode_member(kv.value), kv.lease)
-                except ValueError:
-                    continue  # a record this runtime cannot read: its lease decides
+        for node in nodes:
+            kv = items.get(self.keys.member(node))
+            if kv is None:
+                continue
+            try:
+                found[node] = (decode_member(kv.value), kv.lease)
+            except ValueError:
+                continue  # a record this runtime cannot read: its lease decides
         return found
 
     def is_live(self, node: str) -> bool:
