@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -115,11 +116,11 @@ async def pod_event(
 ) -> None:
     if _operator is not None and namespace:
         key = (namespace, labels[builders.LABEL_JOB])
-        name = (body.get("metadata") or {}).get("name") or ""
+        uid = (body.get("metadata") or {}).get("uid") or ""
         if type == "DELETED":  # its last state says whether the cluster took it
-            _operator.pods.deleted(key, name, taken_index(body))
+            _operator.pods.deleted(key, uid, taken_index(body), time.monotonic())
         elif (worker := worker_labels(body)) is not None:
-            _operator.pods.saw(key, name, worker[0])
+            _operator.pods.saw(key, uid, worker[0])
         _operator.queue.add(key)
 
 

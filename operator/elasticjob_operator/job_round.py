@@ -80,7 +80,7 @@ def _round(op: Operator, namespace: str, name: str, read_progress: bool) -> None
         queued=queue is not None and op.config.kueue,
         priority=priority_ref(meta.get("labels"), spec),
     )
-    listed = frozenset(p.name for p in observed.pods)
+    listed = {p.uid: p.index for p in observed.pods if p.uid}
     news = op.pods.settle((namespace, name), listed, time.monotonic())
     observed = replace(observed, taken=news.taken, departing=news.departing)
     shared = shared_etcd_of(ref, spec, observed, op.config)

@@ -54,6 +54,7 @@ class ObservedPod:
     # worker's failure, so never charged to backoffLimit; "" for anything else
     disruption: str = ""
     ip: str = ""  # status.podIP: its agent's rendezvous address ("" before it has one)
+    uid: str = ""  # metadata.uid: tells it from a replacement of the same name
 
 
 @dataclass(frozen=True)
@@ -195,6 +196,7 @@ def observe_pod(pod: Obj, job_uid: str) -> ObservedPod | None:
         waiting=waiting(pod),
         disruption=disruption_of(pod),
         ip=str(status.get("podIP") or ""),
+        uid=str(meta.get("uid") or ""),
     )
 
 

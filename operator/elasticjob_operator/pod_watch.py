@@ -13,6 +13,15 @@ run behind that listing. Two things follow.
   job failed so, once in a full CI run). The round waits for the event instead, which
   marks the job due again. A watch that reconnected across the deletion never sends it,
   so a pod departs for at most ``DEPARTING_LIMIT_S`` and then counts as vanished.
+* The watch may also run behind the listing the other way: a pod created, listed and evicted
+  within a fraction of a second may not have had its ADDED event handled yet. So a round's
+  listing marks its pods alive too (:meth:`PodWatch.settle`), or the drained worker of a
+  ``backoffLimit: 0`` job would count as vanished and fail the job (seen once in CI, 0.4 s
+  after the job started). A pod whose DELETED event came is remembered as *gone* for
+  ``GONE_KEEP_S``, so a listing read just before that event does not make it alive again.
+
+Pods are told apart by uid, not name: a replacement reuses its predecessor's name, and the
+watch's handlers for the two may run in either order.
 
 Both are read in one step under one lock (:meth:`PodWatch.settle`): an event handled
 between two reads would otherwise be lost to the round or read twice.
@@ -29,6 +38,8 @@ from elasticjob_operator.observe import disruption_of, worker_labels
 
 # longer than any watch lag seen (milliseconds), shorter than a resync (which ends the wait)
 DEPARTING_LIMIT_S: Final = 10.0
+# far longer than a listing can be older than the round that reads it
+GONE_KEEP_S: Final = 60.0
 
 JobKey = tuple[str, str]  # (namespace, job)
 
@@ -50,55 +61,71 @@ class WatchNews:
 
 @dataclass
 class _Job:
-    alive: dict[str, int] = field(default_factory=dict)  # pod name -> index, not yet DELETED
-    missing_since: dict[str, float] = field(default_factory=dict)  # alive, but not listed
+    alive: dict[str, int] = field(default_factory=dict)  # pod uid -> index, not yet DELETED
+    missing_since: dict[str, float] = field(default_factory=dict)  # uid: alive, not listed
     taken: set[tuple[int, int]] = field(default_factory=set)
 
 
 class PodWatch:
-    """Per job: the worker pods the watch holds alive, and the taken ones noted."""
+    """Per job: the worker pods held alive, and the taken ones noted."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._jobs: dict[JobKey, _Job] = {}
+        self._gone: dict[str, float] = {}  # uid -> when its DELETED event came
 
-    def saw(self, key: JobKey, name: str, index: int) -> None:
-        """An ADDED, MODIFIED or listed pod: alive until its DELETED event."""
+    def saw(self, key: JobKey, uid: str, index: int) -> None:
+        """An ADDED or MODIFIED pod: alive until its DELETED event."""
         with self._lock:
-            self._jobs.setdefault(key, _Job()).alive[name] = index
+            if uid not in self._gone:
+                self._jobs.setdefault(key, _Job()).alive[uid] = index
 
-    def deleted(self, key: JobKey, name: str, taken: tuple[int, int] | None) -> None:
-        """A DELETED event: the pod is gone; ``taken``: the cluster took it."""
+    def deleted(self, key: JobKey, uid: str, taken: tuple[int, int] | None, now: float) -> None:
+        """A DELETED event (``now``: a monotonic clock): the pod is gone; ``taken``: the
+        cluster took it."""
         with self._lock:
+            self._forget_gone(now)
+            self._gone.pop(uid, None)  # re-inserted last: the dict stays in time order
+            self._gone[uid] = now
             job = self._jobs.setdefault(key, _Job())
-            job.alive.pop(name, None)
-            job.missing_since.pop(name, None)
+            job.alive.pop(uid, None)
+            job.missing_since.pop(uid, None)
             if taken is not None:
                 job.taken.add(taken)
             if not job.alive and not job.taken:
                 del self._jobs[key]
 
-    def settle(self, key: JobKey, listed: frozenset[str], now: float) -> WatchNews:
-        """The round's news, given the pod names it listed (``now``: a monotonic clock).
-        The taken notes are handed over once; a departing pod stays departing until its
-        DELETED event comes or ``DEPARTING_LIMIT_S`` has passed since a round first missed
-        it."""
+    def settle(self, key: JobKey, listed: Mapping[str, int], now: float) -> WatchNews:
+        """The round's news, given the pods it listed (uid -> index; ``now``: a monotonic
+        clock). Listed pods are alive from here on. The taken notes are handed over once; a
+        departing pod stays departing until its DELETED event comes or
+        ``DEPARTING_LIMIT_S`` has passed since a round first missed it."""
         with self._lock:
-            job = self._jobs.get(key)
-            if job is None:
+            self._forget_gone(now)
+            fresh = {uid: i for uid, i in listed.items() if uid not in self._gone}
+            if not fresh and key not in self._jobs:
                 return WatchNews()
+            job = self._jobs.setdefault(key, _Job())
+            job.alive.update(fresh)
             departing: set[int] = set()
-            for name, index in list(job.alive.items()):
-                if name in listed:
-                    job.missing_since.pop(name, None)
+            for uid, index in list(job.alive.items()):
+                if uid in listed:
+                    job.missing_since.pop(uid, None)
                     continue
-                since = job.missing_since.setdefault(name, now)
+                since = job.missing_since.setdefault(uid, now)
                 if now - since < DEPARTING_LIMIT_S:
                     departing.add(index)
                 else:  # its DELETED event was lost: it vanished
-                    del job.alive[name], job.missing_since[name]
+                    del job.alive[uid], job.missing_since[uid]
             news = WatchNews(frozenset(job.taken), frozenset(departing))
             job.taken.clear()
             if not job.alive:
                 del self._jobs[key]
             return news
+
+    def _forget_gone(self, now: float) -> None:
+        """Drop the gone pods no listing can still hold (called under the lock)."""
+        for uid, when in list(self._gone.items()):
+            if now - when < GONE_KEEP_S:
+                break  # inserted in time order: the rest are younger
+            del self._gone[uid]
