@@ -18,9 +18,9 @@ class Event:
     type: Literal["Normal", "Warning"]
     reason: str
     message: str
-    # The children ("Kind/name") whose creation this event reports: it is posted once
-    # they exist even when the round stops at a later child (the next round would not
-    # create them, so it would never say so).
+    # The children ("Kind/name") whose creation or deletion this event reports: it is
+    # posted once that is done even when the round stops at a later child (the next round
+    # would not do it again, so it would never say so).
     reports: tuple[str, ...] = ()
 
 
@@ -33,6 +33,12 @@ def child_key(obj: Obj) -> str:
     return f"{obj['kind']}/{obj['metadata']['name']}"
 
 
+def reported(events: list[Event], done: set[str]) -> list[Event]:
+    """The events a round that stopped early still posts: those reporting only children it
+    did create or delete (``done``: their :func:`child_key`)."""
+    return [e for e in events if e.reports and done.issuperset(e.reports)]
+
+
 def warning(reason: str, message: str) -> Event:
     return Event("Warning", reason, message)
 
@@ -42,6 +48,11 @@ class ChildRef:
     kind: Literal["Pod", "Service", "Deployment", "Workload", "GangWorkload"]
     name: str
     force: bool = False  # delete with grace 0: no kubelet is left to confirm it
+
+    @property
+    def key(self) -> str:
+        """How an event names it (:func:`child_key`)."""
+        return f"{self.kind}/{self.name}"
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import kubernetes.config
 from kubernetes.client.exceptions import ApiException
 
 from elasticjob_operator import builders, gang, models, refusals
-from elasticjob_operator.decision import ChildRef, Decision, Event, child_key
+from elasticjob_operator.decision import ChildRef, Decision, Event, child_key, reported
 from elasticjob_operator.kueue import admission as kueue_admission
 from elasticjob_operator.kueue import workload as kueue_workload
 from elasticjob_operator.kueue.priority import Priority, PriorityRef
@@ -361,7 +361,7 @@ class Kube:
             self._delete(ns, child)
         conflict: Conflict | None = None
         refused: Refused | None = None
-        created: set[str] = set()
+        created: set[str] = {child.key for child in decision.delete}  # and deleted
         try:
             for obj in decision.create:
                 try:
@@ -395,11 +395,11 @@ class Kube:
                     raise
         return None
 
-    def _post_reports(self, ref: builders.JobRef, events: list[Event], created: set[str]) -> None:
-        """A round that stops before its events: say what it did create (decision.Event)."""
-        for event in events:
-            if event.reports and created.issuperset(event.reports):
-                self.post_event(ref, event)
+    def _post_reports(self, ref: builders.JobRef, events: list[Event], done: set[str]) -> None:
+        """A round that stops before its events: say what it did create or delete
+        (decision.Event)."""
+        for event in reported(events, done):
+            self.post_event(ref, event)
 
     def _patch_workload_status(self, ref: builders.JobRef, name: str, patch: Obj) -> None:
         """One of the job's Workloads' status (quota given back): a patch computed from

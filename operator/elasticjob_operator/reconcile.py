@@ -324,6 +324,11 @@ class Round:
         return self.spec.provisions_etcd and self.shared is None
 
 
+def pod_keys(names: Iterable[str]) -> tuple[str, ...]:
+    """What an event reporting these pods' deletion names (decision.Event.reports)."""
+    return tuple(ChildRef("Pod", name).key for name in names)
+
+
 def _delete_pods(
     d: Decision, pods: Iterable[ObservedPod], going: frozenset[str] = frozenset()
 ) -> list[str]:
@@ -579,17 +584,26 @@ def _tidy(d: Decision, r: Round, lost: frozenset[str], scaling: Scaling) -> froz
     holds its name until it is gone)."""
     for p in r.pods:
         if p.name in lost and p.terminating:
-            d.delete.append(ChildRef("Pod", p.name, force=True))
-            d.normal("ForceDeletedPod", f"force-deleted {p.name}: its node stopped responding")
+            child = ChildRef("Pod", p.name, force=True)
+            d.delete.append(child)
+            d.normal(
+                "ForceDeletedPod",
+                f"force-deleted {p.name}: its node stopped responding",
+                reports=(child.key,),
+            )
     incarnation = d.status.incarnation
     stale = _delete_pods(d, (p for p in r.pods if p.incarnation != incarnation))
     if stale:
-        d.normal("DeletedStalePods", f"deleted pods of an earlier run: {', '.join(stale)}")
+        d.normal(
+            "DeletedStalePods",
+            f"deleted pods of an earlier run: {', '.join(stale)}",
+            reports=pod_keys(stale),
+        )
     if scaling.event is not None:
         d.events.append(scaling.event)
     beyond = _delete_pods(d, scaling.past_end, frozenset(stale))
     if beyond:
-        d.normal("ScaledDown", f"deleted worker pods {', '.join(beyond)}")
+        d.normal("ScaledDown", f"deleted worker pods {', '.join(beyond)}", pod_keys(beyond))
         d.leaving += leaving_ips(scaling.past_end, beyond)
     return frozenset(stale + beyond)
 
@@ -640,11 +654,15 @@ def _workers(d: Decision, r: Round) -> WorkerRound:
             d.create.append(pod)
             created.append(builders.worker_pod_name(r.ref.name, a.index))
             pods.append(child_key(pod))
-        elif a.act is Act.DELETE_TO_REPLACE and a.pod is not None:
-            d.delete.append(ChildRef("Pod", a.pod.name, force=a.force))
+        event = a.event
+        if a.act is Act.DELETE_TO_REPLACE and a.pod is not None:
+            child = ChildRef("Pod", a.pod.name, force=a.force)
+            d.delete.append(child)
             deleted.append(a.pod.name)
-        if a.event is not None and a.act is not Act.FAIL_JOB:  # that one fails the job
-            d.events.append(a.event)
+            if event is not None and not event.reports:  # said even if the round stops
+                event = replace(event, reports=(child.key,))
+        if event is not None and a.act is not Act.FAIL_JOB:  # that one fails the job
+            d.events.append(event)
     if created:
         replaced = any(a.act in RESTARTS for a in actions)
         d.normal(

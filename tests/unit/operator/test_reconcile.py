@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from elasticjob_operator import builders, models
 from elasticjob_operator.builders import JobRef
 from elasticjob_operator.conditions import set_condition
-from elasticjob_operator.decision import ChildRef, Decision
+from elasticjob_operator.decision import ChildRef, Decision, reported
 from elasticjob_operator.models import ConditionType as C
 from elasticjob_operator.node_memory import suggested_shm_size
 from elasticjob_operator.observe import (
@@ -1036,6 +1036,28 @@ def test_a_terminating_pod_on_a_lost_node_is_force_deleted_not_waited_for() -> N
     del w.pods[name]
     d = w.round()
     assert pod_names(d) == [name]
+
+
+def test_a_round_that_stops_at_a_create_still_says_what_it_deleted() -> None:
+    """The deletes come before the creates: if a create fails, the next round finds the
+    pods gone and would never say so (an e2e run once missed its ForceDeletedPod event).
+    Each delete's event names the pod it reports, and only those events are posted."""
+    w = running_world(replicas=2, backoffLimit=3)
+    w.config = Config(below_min_grace_seconds=60, node_lost_grace_seconds=10)
+    name = lose(w, 1, terminating=True)
+    w.advance(10)
+    d = w.round()
+    deleted = {c.key for c in d.delete}
+    assert deleted == {f"Pod/{name}"}
+    assert [e.reason for e in reported(d.events, deleted)] == ["ForceDeletedPod"]
+    assert reported(d.events, set()) == []  # a delete that failed: nothing said
+    w = running_world(replicas=2, backoffLimit=3)
+    w.config = Config(below_min_grace_seconds=60, node_lost_grace_seconds=10)
+    name = lose(w, 1)
+    w.advance(10)
+    d = w.round()  # a worker failed with its node: its own event reports the delete
+    said = reported(d.events, {c.key for c in d.delete})
+    assert any("stopped responding" in e.message for e in said), d.events
 
 
 def test_a_pod_still_terminating_past_its_deletion_deadline_is_force_deleted_and_replaced() -> None:
