@@ -93,6 +93,7 @@ def make_handlers(s: Settings) -> list[RendezvousHandler]:
                 LOCAL_ADDR,
                 join_timeout=s.timeout,
                 lease_ttl=s.lease_ttl,
+                watch_peers=False,  # hundreds of agents to a process: see the handler
             )
             ours.register()
             handlers.append(ours)

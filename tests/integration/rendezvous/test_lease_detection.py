@@ -34,6 +34,8 @@ pytestmark = pytest.mark.integration
 
 HOLDER = WORKERS / "hold_lease.py"
 LOAD_SECONDS = 12.0  # sixty refreshes of each lease under load
+# Long enough that a round sealed well before it ran out cannot have waited for it.
+LONG_TTL = 10
 
 
 @dataclass
@@ -155,6 +157,9 @@ def test_a_frozen_agent_is_noticed_by_its_peer_within_seconds(
     peer: Callable[[str, int], EtcdV3RendezvousHandler],
     start_holder: Callable[..., Holder],
 ) -> None:
+    """Its lease runs out, or the peer watching it (rendezvous/peer_watch.py) revokes it
+    after a TTL without an answer, whichever comes first (the next test shows the
+    watch alone)."""
     run_id = f"freeze-{uuid.uuid4().hex[:8]}"
     holder = start_holder(etcd_any.endpoint, run_id, "2:2", seconds=120, busy=False)
     a = peer(run_id, 2)
@@ -172,8 +177,56 @@ def test_a_frozen_agent_is_noticed_by_its_peer_within_seconds(
     assert a.peers_lost() == [frozen_node]
 
 
-# Long enough that a round sealed well before it ran out cannot have waited for it.
-LONG_TTL = 10
+def test_a_frozen_agent_is_dropped_by_the_peer_watching_it_after_a_ttl_of_silence(
+    etcd: EtcdServer, start_holder: Callable[..., Holder], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The frozen agent holds a 10 s lease and its watcher a 1 s one: the watcher judges
+    by its own TTL, so only the watch can drop it within seconds."""
+    caplog.set_level("INFO", logger="elasticjob_runtime.rendezvous.peer_watch")
+    run_id = f"mute-{uuid.uuid4().hex[:8]}"
+    holder = start_holder(etcd.endpoint, run_id, "2:2", seconds=120, busy=False, lease_ttl=LONG_TTL)
+    client = EtcdClient(parse_endpoints(etcd.endpoint), timeout=10)
+    a = EtcdV3RendezvousHandler(client, run_id, Limits(2, 2, 15), "127.0.0.1", join_timeout=90)
+    try:
+        assert a.next_rendezvous().world_size == 2
+        frozen_node = holder.joined()
+        time.sleep(0.5)  # the watch has had its first answers
+        os.kill(holder.proc.pid, signal.SIGSTOP)
+        took = wait_until(lambda: a.num_nodes_waiting() > 0, LONG_TTL * 2)
+        print(f"a frozen peer was dropped by its watcher after {took:.2f}s")
+        assert 0.8 <= took < LONG_TTL / 2, f"dropped after {took:.2f}s"
+        assert a.peers_lost() == [frozen_node]
+        said = [r.getMessage() for r in caplog.records if "revoking its member" in r.getMessage()]
+        assert len(said) == 1 and "no answer for" in said[0], said
+    finally:
+        a._leave()
+        client.close()
+
+
+def test_an_agent_that_died_mid_round_is_dropped_by_its_watcher_without_its_lease(
+    etcd: EtcdServer, start_holder: Callable[..., Holder]
+) -> None:
+    """Between rounds nobody probes; while a round runs, the node watching the one that
+    died sees its liveness port close and revokes its 10 s lease at once."""
+    run_id = f"died-{uuid.uuid4().hex[:8]}"
+    holder = start_holder(etcd.endpoint, run_id, "2:2", seconds=120, busy=False, lease_ttl=LONG_TTL)
+    client = EtcdClient(parse_endpoints(etcd.endpoint), timeout=10)
+    a = EtcdV3RendezvousHandler(
+        client, run_id, Limits(2, 2, 15), "127.0.0.1", join_timeout=90, lease_ttl=LONG_TTL
+    )
+    try:
+        assert a.next_rendezvous().world_size == 2
+        dead_node = holder.joined()
+        time.sleep(0.5)  # the watch has had its first answers
+        os.killpg(holder.proc.pid, signal.SIGKILL)
+        holder.proc.wait(timeout=30)
+        took = wait_until(lambda: a.num_nodes_waiting() > 0, LONG_TTL * 2)
+        print(f"a peer that died mid-round was dropped after {took:.2f}s")
+        assert took < LONG_TTL / 2, f"dropped after {took:.1f}s: as late as its lease"
+        assert a.peers_lost() == [dead_node]
+    finally:
+        a._leave()
+        client.close()
 
 
 def next_round_without(

@@ -62,6 +62,7 @@ from elasticjob_runtime.rendezvous.keys import RendezvousKeys
 from elasticjob_runtime.rendezvous.lease_holder import LeaseHolder, MembershipGivenUp
 from elasticjob_runtime.rendezvous.leases import DEFAULT_LEASE_TTL
 from elasticjob_runtime.rendezvous.membership import Joined, Limits, Round, desired_nodes
+from elasticjob_runtime.rendezvous.peer_watch import PeerWatch
 from elasticjob_runtime.rendezvous.round_watch import RoundWatch
 from elasticjob_runtime.rendezvous.state import RendezvousState
 
@@ -82,6 +83,7 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
         join_timeout: float = 600.0,
         lease_ttl: int = DEFAULT_LEASE_TTL,
         job_ttl: int = 3600,
+        watch_peers: bool = True,
     ) -> None:
         if limits.min_nodes < 1 or limits.max_nodes < limits.min_nodes:
             raise ValueError(
@@ -110,6 +112,15 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
         self._register_lock = threading.Lock()
         self._joins = JoinExecutor(self._state, self._leases, self.node, limits, join_timeout)
         self._watch = RoundWatch(self._state, self.node, on_own_loss=self._own_lease_lapsed)
+        # asks the next node of the round for an answer: a frozen one is dropped after a
+        # TTL of silence, not when etcd's lessor next looks (peer_watch.py)
+        # (``watch_peers=False``: many light agents packed in one process, as the scale
+        # benchmark runs them, where a thread each asking ten times a second measures
+        # the packing, not the rendezvous)
+        self._peers = PeerWatch(
+            self.node, self._state.members, client.revoke, lambda: self._leases.granted_ttl
+        )
+        self._watch_peers = watch_peers
         self._finished = False  # training finished here: the close says so (mark_finished)
 
     def register(self) -> None:
@@ -135,6 +146,7 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
         """Drop the member key now so peers learn at once, not after the lease TTL."""
         self._stop.set()
         self._watch.stop()
+        self._peers.stop()
         self._leases.leave()
 
     # -- RendezvousHandler --------------------------------------------------------
@@ -154,6 +166,7 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
         except EtcdError as exc:
             raise RendezvousConnectionError(str(exc)) from exc
         self._watch.leave_round()
+        self._peers.follow(())
         deadline = time.monotonic() + self._join_timeout
         while True:
             try:
@@ -182,6 +195,8 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
         """Watch the round and meet its ranks in its store; RoundAbandoned if rank 0 is
         lost before it published its address."""
         self._watch.begin(joined, sealed_at)
+        if self._watch_peers:
+            self._peers.follow(joined.participants)
         keys = self._state.keys
         # Under the run's lease, and a new one if etcd lost it (a new etcd on an empty
         # volume): a write retried under the lost lease waited out the store's 300 s while

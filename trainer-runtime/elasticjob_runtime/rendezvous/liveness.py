@@ -10,6 +10,11 @@ and a refused connection proves the agent gone, so the leader revokes its member
 instead of waiting out the TTL. Anything else (accepted, timed out, unreachable) proves
 nothing: a frozen process's kernel still accepts, a vanished host does not answer, and
 the lease decides as before. Nothing is ever dropped on a guess.
+
+The port also answers: each byte a peer sends is answered with :data:`ANSWER` by this
+agent's own thread, which a frozen process's kernel cannot do for it. A peer that watches
+this node (:mod:`~elasticjob_runtime.rendezvous.peer_watch`) learns from the silence that
+it froze, without waiting for etcd's lessor.
 """
 
 from __future__ import annotations
@@ -44,36 +49,74 @@ def _family(addr: str) -> socket.AddressFamily:
     return socket.AF_INET6 if ":" in addr else socket.AF_INET
 
 
+# What the port sends back for each byte a watching peer sends (peer_watch.py).
+ANSWER: Final = b"!"
+# Connections a port holds open at once (watching peers; a probe hangs up at once): one
+# more is closed as soon as it is accepted.
+OPEN_AT_MOST: Final = 64
+
+
 class LivenessPort:
     """A TCP port this agent listens on while its process lives, on its rendezvous
-    address; a daemon thread accepts and closes each connection (a probe sends nothing)."""
+    address. A daemon thread accepts each connection and answers each byte it receives
+    with :data:`ANSWER` until the peer hangs up (a probe sends nothing and hangs up)."""
 
     def __init__(self, addr: str) -> None:
         self._sock = socket.create_server((addr, 0), family=_family(addr), backlog=64)
+        self._sock.setblocking(False)
         self.port: int = self._sock.getsockname()[1]
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._sock, selectors.EVENT_READ)
+        self._wake, self._waker = socket.socketpair()  # close() wakes the thread with it
+        self._selector.register(self._wake, selectors.EVENT_READ)
         self._closed = threading.Event()
-        self._thread = threading.Thread(
-            target=self._accept, name="elasticjob-liveness", daemon=True
-        )
+        self._thread = threading.Thread(target=self._serve, name="elasticjob-liveness", daemon=True)
         self._thread.start()
 
+    def _serve(self) -> None:
+        try:
+            while not self._closed.is_set():
+                for key, _ in self._selector.select():
+                    if key.fileobj is self._sock:
+                        self._accept()
+                    elif key.fileobj is not self._wake:
+                        self._answer(key.fileobj)  # type: ignore[arg-type]
+        finally:  # the listening socket first: a probe is refused from here on
+            for key in list(self._selector.get_map().values()):
+                key.fileobj.close()  # type: ignore[union-attr]
+            self._selector.close()
+            self._waker.close()
+
     def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self._sock.accept()
-            except OSError:
-                if self._closed.is_set():
-                    return
-                time.sleep(0.01)  # a prober that hung up first, no file left: go on
-                continue
+        try:
+            conn, _ = self._sock.accept()
+        except OSError:  # a prober that hung up first, no file left: go on
+            return
+        if len(self._selector.get_map()) > OPEN_AT_MOST:
             conn.close()
+            return
+        conn.setblocking(False)
+        self._selector.register(conn, selectors.EVENT_READ)
+
+    def _answer(self, conn: socket.socket) -> None:
+        try:
+            asked = conn.recv(256)
+            if asked:
+                conn.send(ANSWER * len(asked))
+                return
+        except BlockingIOError:
+            return
+        except OSError:
+            pass
+        self._selector.unregister(conn)  # it hung up (or broke)
+        conn.close()
 
     def close(self) -> None:
-        """Stop listening: a probe is refused from now on, as for a dead agent."""
+        """Stop listening and answering: a probe is refused from now on, and a watching
+        peer's connection closed, as for a dead agent."""
         self._closed.set()
         with contextlib.suppress(OSError):
-            self._sock.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept
-        self._sock.close()
+            self._waker.send(b"x")
         self._thread.join(timeout=1.0)
 
 

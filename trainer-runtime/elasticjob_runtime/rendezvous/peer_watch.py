@@ -1,0 +1,235 @@
+"""Each node watches the next one in its round: a frozen or vanished peer is dropped
+when it has been silent for a lease TTL, not when etcd's lessor next looks.
+
+A node that freezes (SIGSTOP, a paused VM, a hung kernel) or vanishes (power, a cut
+network) closes no connection: its peers learn of it from its member lease, which etcd
+deletes 0-0.5 s after the TTL ran out (its lessor looks every 500 ms), 0.8-1.5 s after
+the freeze with a 1 s TTL. torchft's lighthouse, with a 1 s heartbeat checked every
+100 ms, takes 1.0-1.1 s.
+
+So while a round runs, each node asks the next participant in the round's order (the
+last asks the first) for an answer on its liveness port every :data:`ASK_EVERY_S`; the
+agent's own thread answers (liveness.py), which a frozen process cannot. A peer silent
+for the lease's granted TTL, the very promise its lease makes, has its member lease
+revoked by the watcher, and every node's round watch sees the member key go at once. A
+peer whose port refuses or drops the connection after it answered is dead at once.
+
+Nothing is dropped on a guess:
+
+* only a peer that answered in this round is judged: one never reached (a network that
+  rejects connections between pods, a port not published) is left to its lease;
+* a watcher that itself fell behind (starved of CPU, frozen and resumed) gives its peer
+  a whole TTL again rather than blame it for the watcher's own silence;
+* before revoking, the watcher reads the peer's member key: gone already, or under a
+  different agent (a restart took the name), there is nothing to revoke.
+
+Each node watches one peer, so the cost is one small message each way per node every
+0.1 s, whatever the job's size; two neighbours frozen at once leave the second to its
+lease. The rules are pure (:func:`successor`, :func:`silence`); :class:`PeerWatch` is the
+thread and its socket.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import Final
+
+from elasticjob_runtime.etcd.client import EtcdError
+from elasticjob_runtime.etcd.records import Member
+from elasticjob_runtime.rendezvous.liveness import ANSWER
+
+log = logging.getLogger(__name__)
+
+# How often a node asks the peer it watches for an answer.
+ASK_EVERY_S: Final = 0.1
+# How long connecting to a peer's port may take; a peer not reached is asked next turn.
+CONNECT_TIMEOUT_S: Final = 0.2
+# A turn this late (the watcher starved or frozen) starts the peer's silence again.
+LATE_TURN_S: Final = 0.4
+
+
+def successor(participants: Sequence[str], node: str) -> str | None:
+    """The participant ``node`` watches: the next in the round's order, the last watching
+    the first; None in a round of one or one it is not in."""
+    if node not in participants or len(participants) < 2:
+        return None
+    return participants[(participants.index(node) + 1) % len(participants)]
+
+
+class Verdict(Enum):
+    """What a watcher makes of its peer's silence at a turn."""
+
+    WAIT = "wait"  # unproven, or not silent for long enough
+    SILENT = "silent"  # answered in this round, then silent for a TTL: frozen or vanished
+
+
+@dataclass(frozen=True)
+class Silence:
+    """A watcher's view of its peer at one turn (pure input to :func:`silence`)."""
+
+    answered_at: float | None  # the last answer; None: none in this round yet
+    previous_turn: float  # when the watcher last looked
+    now: float
+    ttl: float  # the peer's member lease TTL as granted
+
+
+def silence(s: Silence) -> tuple[Verdict, float | None]:
+    """The verdict, and the answer time to keep: after a late turn the watcher's own
+    gap is not the peer's silence, so the clock starts again from now."""
+    if s.answered_at is None:
+        return Verdict.WAIT, None
+    if s.now - s.previous_turn >= LATE_TURN_S:
+        return Verdict.WAIT, s.now
+    if s.now - s.answered_at >= s.ttl:
+        return Verdict.SILENT, s.answered_at
+    return Verdict.WAIT, s.answered_at
+
+
+class _Link:
+    """A connection to one peer's liveness port, read and written without blocking."""
+
+    def __init__(self, addr: str, port: int) -> None:
+        self.sock = socket.create_connection((addr, port), timeout=CONNECT_TIMEOUT_S)
+        self.sock.setblocking(False)
+
+    def ask(self) -> bool:
+        """Send one question and read what answers came; whether any did. OSError: the
+        connection was refused, reset or closed (the peer's port closed: it died)."""
+        answered = False
+        while True:
+            try:
+                got = self.sock.recv(256)
+            except BlockingIOError:
+                break
+            if not got:
+                raise ConnectionResetError(errno.ECONNRESET, "the peer closed its port")
+            answered = answered or ANSWER in got
+        self.sock.send(b"?")
+        return answered
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class PeerWatch:
+    """The thread that watches this node's successor in its round (see the module)."""
+
+    def __init__(
+        self,
+        node: str,
+        members: Callable[[list[str]], Mapping[str, tuple[Member, int]]],
+        revoke: Callable[[int], None],
+        ttl: Callable[[], int],
+    ) -> None:
+        self._node = node
+        self._members = members  # what the given nodes published, with their leases
+        self._revoke = revoke
+        self._ttl = ttl  # the member lease TTL as granted (the same for every node)
+        self._lock = threading.Lock()
+        self._participants: tuple[str, ...] = ()
+        self._changed = threading.Event()
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def follow(self, participants: Sequence[str]) -> None:
+        """Watch this node's successor in a round of ``participants`` from now on (none:
+        between rounds). The thread starts with the first round."""
+        with self._lock:
+            self._participants = tuple(participants)
+            if self._thread is None and participants and not self._stopped.is_set():
+                self._thread = threading.Thread(
+                    target=self._run, name=f"elasticjob-peer-watch-{self._node}", daemon=True
+                )
+                self._thread.start()
+        self._changed.set()
+
+    def stop(self) -> None:
+        """End the thread (the node leaves)."""
+        self._stopped.set()
+        self._changed.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=1.0)
+
+    def _run(self) -> None:
+        while not self._stopped.is_set():
+            self._changed.clear()
+            with self._lock:
+                peer = successor(self._participants, self._node)
+            if peer is not None:
+                try:
+                    self._watch(peer)
+                except Exception:  # never let a bug here take the agent's watching away
+                    log.exception("etcd-v3: %s: watching %s failed", self._node, peer)
+            if not self._changed.is_set():
+                self._changed.wait(ASK_EVERY_S * 10)
+
+    def _watch(self, peer: str) -> None:
+        """Ask ``peer`` until the round changes, the node leaves or the peer is judged."""
+        link: _Link | None = None
+        agent: Member | None = None
+        answered_at: float | None = None
+        previous = time.monotonic()
+        try:
+            while not self._changed.wait(ASK_EVERY_S):
+                now = time.monotonic()
+                if link is None:
+                    link, agent = self._connect(peer)
+                    previous = now
+                    continue
+                try:
+                    if link.ask():
+                        answered_at = time.monotonic()
+                except OSError as exc:
+                    link.close()
+                    link = None
+                    if answered_at is not None and agent is not None:
+                        self._drop(peer, agent, f"its liveness port closed ({exc.strerror})")
+                        return
+                    continue
+                verdict, answered_at = silence(
+                    Silence(answered_at, previous, now, float(max(self._ttl(), 1)))
+                )
+                previous = now
+                if verdict is Verdict.SILENT and agent is not None:
+                    assert answered_at is not None
+                    self._drop(peer, agent, f"no answer for {now - answered_at:.2f}s")
+                    return
+        finally:
+            if link is not None:
+                link.close()
+
+    def _connect(self, peer: str) -> tuple[_Link | None, Member | None]:
+        """A connection to ``peer``'s liveness port and the agent that published it, or
+        (None, None) where there is none to make (no key, no port, not reachable now)."""
+        try:
+            published = self._members([peer]).get(peer)
+        except EtcdError:
+            return None, None
+        member = published[0] if published is not None else None
+        if member is None or member.port is None:
+            return None, None
+        try:
+            return _Link(member.addr, member.port), member
+        except OSError:  # refused before it ever answered: proves nothing here
+            return None, None
+
+    def _drop(self, peer: str, agent: Member, why: str) -> None:
+        """Revoke ``peer``'s member lease if its key still holds the agent watched."""
+        try:
+            published = self._members([peer]).get(peer)
+            if published is None or published[0] != agent:
+                return  # gone already, or another agent under that name now
+            log.info(
+                "etcd-v3: %s: %s is gone (%s); revoking its member lease", self._node, peer, why
+            )
+            self._revoke(published[1])
+        except EtcdError as exc:  # its lease decides, as without the watch
+            log.info("etcd-v3: %s: could not revoke %s's lease: %s", self._node, peer, exc)
