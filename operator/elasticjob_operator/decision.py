@@ -18,14 +18,20 @@ class Event:
     type: Literal["Normal", "Warning"]
     reason: str
     message: str
-    # The children ("Kind/name") whose creation or deletion this event reports: it is
-    # posted once that is done even when the round stops at a later child (the next round
-    # would not do it again, so it would never say so).
+    # The children ("Kind/name") whose creation, and those whose deletion, this event
+    # reports: it is posted once that is done even when the round stops at a later child
+    # (the next round would not do it again, so it would never say so).
     reports: tuple[str, ...] = ()
+    reports_deleted: tuple[str, ...] = ()
 
 
-def normal(reason: str, message: str, reports: tuple[str, ...] = ()) -> Event:
-    return Event("Normal", reason, message, reports)
+def normal(
+    reason: str,
+    message: str,
+    reports: tuple[str, ...] = (),
+    reports_deleted: tuple[str, ...] = (),
+) -> Event:
+    return Event("Normal", reason, message, reports, reports_deleted)
 
 
 def child_key(obj: Obj) -> str:
@@ -33,10 +39,16 @@ def child_key(obj: Obj) -> str:
     return f"{obj['kind']}/{obj['metadata']['name']}"
 
 
-def reported(events: list[Event], done: set[str]) -> list[Event]:
+def reported(events: list[Event], created: set[str], deleted: set[str]) -> list[Event]:
     """The events a round that stopped early still posts: those reporting only children it
-    did create or delete (``done``: their :func:`child_key`)."""
-    return [e for e in events if e.reports and done.issuperset(e.reports)]
+    did create and delete (their :func:`child_key`)."""
+    return [
+        e
+        for e in events
+        if (e.reports or e.reports_deleted)
+        and created.issuperset(e.reports)
+        and deleted.issuperset(e.reports_deleted)
+    ]
 
 
 def warning(reason: str, message: str) -> Event:
@@ -87,8 +99,14 @@ class Decision:
     # says how its workers are placed as soon as one exists (reconcile.status_first)
     status_first: Obj = field(default_factory=dict)
 
-    def normal(self, reason: str, message: str, reports: tuple[str, ...] = ()) -> None:
-        self.events.append(normal(reason, message, reports))
+    def normal(
+        self,
+        reason: str,
+        message: str,
+        reports: tuple[str, ...] = (),
+        reports_deleted: tuple[str, ...] = (),
+    ) -> None:
+        self.events.append(normal(reason, message, reports, reports_deleted))
 
     def warning(self, reason: str, message: str) -> None:
         self.events.append(warning(reason, message))

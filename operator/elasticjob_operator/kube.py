@@ -10,7 +10,8 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -94,6 +95,45 @@ class InvalidChild(Exception):
     """The API server refused a child as invalid (400, 422): no retry can help, the spec
     must change, so the job fails with InvalidSpec. The message is one line saying which
     child, from which field, and why (refusals.invalid_message)."""
+
+
+@dataclass
+class Carried:
+    """What a round did of its decision's children (their :func:`child_key`), and why it
+    stopped short, if it did."""
+
+    created: set[str] = field(default_factory=set)
+    deleted: set[str] = field(default_factory=set)
+    conflict: Conflict | None = None  # a name still taken: the round raises it after its events
+    refused: Refused | None = None  # the first child the API server refused
+
+
+def carry_out(
+    decision: Decision,
+    delete: Callable[[ChildRef], None],
+    create: Callable[[Obj], None],
+    stopped: Callable[[Carried], None],
+) -> Carried:
+    """The deletes, then the creates; a child taken or refused does not stop the others.
+    Anything else stops the round, and ``stopped`` is told what was done before it is
+    raised: those children are done, and the next round would never say so."""
+    done = Carried()
+    try:
+        for child in decision.delete:
+            delete(child)
+            done.deleted.add(child.key)
+        for obj in decision.create:
+            try:
+                create(obj)
+                done.created.add(child_key(obj))
+            except Conflict as exc:
+                done.conflict = exc
+            except Refused as exc:
+                done.refused = done.refused or exc
+    except BaseException:
+        stopped(done)
+        raise
+    return done
 
 
 def uid_selector(uids: Sequence[str]) -> str:
@@ -357,30 +397,24 @@ class Kube:
         if (decision.create or decision.delete) and not self._still_there(ref):
             return None  # deleted while we decided: the garbage collector owns the children now
         self._send_status(ref, decision.status_first)
-        for child in decision.delete:
-            self._delete(ns, child)
-        conflict: Conflict | None = None
-        refused: Refused | None = None
-        created: set[str] = {child.key for child in decision.delete}  # and deleted
-        try:
-            for obj in decision.create:
-                try:
-                    self._create(ns, obj)
-                    created.add(child_key(obj))
-                except Conflict as exc:
-                    conflict = exc
-                except Refused as exc:
-                    refused = refused or exc
-        except BaseException:
-            self._post_reports(ref, decision.events, created)
-            raise
-        if refused is not None:
-            self._post_reports(ref, decision.events, created)
-            return refused.event
+
+        def say_what_was_done(done: Carried) -> None:  # the round stops before its events
+            for event in reported(decision.events, done.created, done.deleted):
+                self.post_event(ref, event)
+
+        done = carry_out(
+            decision,
+            lambda child: self._delete(ns, child),
+            lambda obj: self._create(ns, obj),
+            say_what_was_done,
+        )
+        if done.refused is not None:
+            say_what_was_done(done)
+            return done.refused.event
         for event in decision.events:
             self.post_event(ref, event)
-        if conflict is not None:
-            raise conflict
+        if done.conflict is not None:
+            raise done.conflict
         for name, patch in decision.workload_status.items():
             self._patch_workload_status(ref, name, patch)
         self._patch_status(ref, job, decision.status)
@@ -394,12 +428,6 @@ class Kube:
                 if exc.status != 404:
                     raise
         return None
-
-    def _post_reports(self, ref: builders.JobRef, events: list[Event], done: set[str]) -> None:
-        """A round that stops before its events: say what it did create or delete
-        (decision.Event)."""
-        for event in reported(events, done):
-            self.post_event(ref, event)
 
     def _patch_workload_status(self, ref: builders.JobRef, name: str, patch: Obj) -> None:
         """One of the job's Workloads' status (quota given back): a patch computed from

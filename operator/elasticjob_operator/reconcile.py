@@ -589,7 +589,7 @@ def _tidy(d: Decision, r: Round, lost: frozenset[str], scaling: Scaling) -> froz
             d.normal(
                 "ForceDeletedPod",
                 f"force-deleted {p.name}: its node stopped responding",
-                reports=(child.key,),
+                reports_deleted=(child.key,),
             )
     incarnation = d.status.incarnation
     stale = _delete_pods(d, (p for p in r.pods if p.incarnation != incarnation))
@@ -597,13 +597,17 @@ def _tidy(d: Decision, r: Round, lost: frozenset[str], scaling: Scaling) -> froz
         d.normal(
             "DeletedStalePods",
             f"deleted pods of an earlier run: {', '.join(stale)}",
-            reports=pod_keys(stale),
+            reports_deleted=pod_keys(stale),
         )
     if scaling.event is not None:
         d.events.append(scaling.event)
     beyond = _delete_pods(d, scaling.past_end, frozenset(stale))
     if beyond:
-        d.normal("ScaledDown", f"deleted worker pods {', '.join(beyond)}", pod_keys(beyond))
+        d.normal(
+            "ScaledDown",
+            f"deleted worker pods {', '.join(beyond)}",
+            reports_deleted=pod_keys(beyond),
+        )
         d.leaving += leaving_ips(scaling.past_end, beyond)
     return frozenset(stale + beyond)
 
@@ -659,8 +663,8 @@ def _workers(d: Decision, r: Round) -> WorkerRound:
             child = ChildRef("Pod", a.pod.name, force=a.force)
             d.delete.append(child)
             deleted.append(a.pod.name)
-            if event is not None and not event.reports:  # said even if the round stops
-                event = replace(event, reports=(child.key,))
+            if event is not None and not (event.reports or event.reports_deleted):
+                event = replace(event, reports_deleted=(child.key,))  # said if the round stops
         if event is not None and a.act is not Act.FAIL_JOB:  # that one fails the job
             d.events.append(event)
     if created:

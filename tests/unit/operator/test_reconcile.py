@@ -1049,14 +1049,15 @@ def test_a_round_that_stops_at_a_create_still_says_what_it_deleted() -> None:
     d = w.round()
     deleted = {c.key for c in d.delete}
     assert deleted == {f"Pod/{name}"}
-    assert [e.reason for e in reported(d.events, deleted)] == ["ForceDeletedPod"]
-    assert reported(d.events, set()) == []  # a delete that failed: nothing said
+    assert [e.reason for e in reported(d.events, set(), deleted)] == ["ForceDeletedPod"]
+    assert reported(d.events, set(), set()) == []  # a delete that failed: nothing said
+    assert reported(d.events, deleted, set()) == []  # created is not deleted
     w = running_world(replicas=2, backoffLimit=3)
     w.config = Config(below_min_grace_seconds=60, node_lost_grace_seconds=10)
     name = lose(w, 1)
     w.advance(10)
     d = w.round()  # a worker failed with its node: its own event reports the delete
-    said = reported(d.events, {c.key for c in d.delete})
+    said = reported(d.events, set(), {c.key for c in d.delete})
     assert any("stopped responding" in e.message for e in said), d.events
 
 

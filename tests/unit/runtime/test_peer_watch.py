@@ -12,12 +12,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 
 import pytest
 
 from elasticjob_runtime.etcd.client import EtcdError
 from elasticjob_runtime.etcd.records import Member
+from elasticjob_runtime.rendezvous import liveness
 from elasticjob_runtime.rendezvous.liveness import ANSWER, LivenessPort
 from elasticjob_runtime.rendezvous.peer_watch import (
     LATE_TURN_S,
@@ -26,6 +27,7 @@ from elasticjob_runtime.rendezvous.peer_watch import (
     Verdict,
     silence,
     successor,
+    watch_ttl,
 )
 
 LEASE = 41
@@ -45,12 +47,20 @@ def test_silence_is_proof_only_after_an_answer_and_a_whole_ttl() -> None:
         return silence(Silence(answered, previous, now, ttl=1.0))
 
     assert judge(None, 9.9, 10.0) == (Verdict.WAIT, None)  # never answered: its lease decides
-    assert judge(9.0, 9.9, 9.95) == (Verdict.WAIT, 9.0)
+    assert judge(9.0, 9.5, 9.6) == (Verdict.WAIT, 9.0)
+    # nearly a TTL: asked on a second connection too, in case the first lost its way
+    assert judge(9.0, 9.9, 9.95) == (Verdict.DOUBT, 9.0)
     assert judge(9.0, 9.9, 10.0) == (Verdict.SILENT, 9.0)
     # the watcher's own turn came late (it was starved or frozen): the peer's clock
     # starts again, whatever the gap
     assert judge(9.0, 10.0 - LATE_TURN_S, 10.0) == (Verdict.WAIT, 10.0)
     assert judge(5.0, 9.95, 10.0) == (Verdict.SILENT, 5.0)
+
+
+def test_a_peer_is_given_its_own_ttl_and_never_less_than_the_watchers() -> None:
+    assert watch_ttl(1, Member("10.0.0.2", 7, 9000, ttl=3)) == 3.0
+    assert watch_ttl(2, Member("10.0.0.2", 7, 9000, ttl=1)) == 2.0
+    assert watch_ttl(1, Member("10.0.0.2", 7, 9000)) == 1.0  # an older agent: none published
 
 
 def test_the_liveness_port_answers_each_byte_and_hangs_up_when_closed() -> None:
@@ -60,7 +70,9 @@ def test_the_liveness_port_answers_each_byte_and_hangs_up_when_closed() -> None:
             conn.sendall(b"???")
             got = b""
             while len(got) < 3:
-                got += conn.recv(16)
+                more = conn.recv(16)
+                assert more, f"the port hung up after {got!r}"
+                got += more
             assert got == ANSWER * 3
             port.close()
             assert conn.recv(16) == b""  # closed by the port: a watcher sees it at once
@@ -105,10 +117,10 @@ class Watching:
         self.published = published
         self.revoked: list[tuple[int, float]] = []
         self.done = threading.Event()
-        self.watch = PeerWatch("a", self.members, self.revoke, lambda: ttl)
+        self.watch = PeerWatch("a", self.member, self.revoke, lambda: ttl)
 
-    def members(self, nodes: list[str]) -> Mapping[str, tuple[Member, int]]:
-        return {n: self.published[n] for n in nodes if n in self.published}
+    def member(self, node: str) -> tuple[Member, int] | None:
+        return self.published.get(node)
 
     def revoke(self, lease: int) -> None:
         self.revoked.append((lease, time.monotonic()))
@@ -188,7 +200,7 @@ def test_nothing_is_revoked_once_another_agent_holds_the_name_or_the_round_moved
     w.watch.follow(("a", "b"))
     try:
         answering_for(w, 0.5)
-        w.published["b"] = (Member("127.0.0.1", pid=b.proc.pid + 1, port=b.port), LEASE + 1)
+        w.published["b"] = (Member("127.0.0.1", pid=b.proc.pid + 1, port=b.port), LEASE)
         b.stop()  # the one watched dies, but its name is another agent's now
         answering_for(w, 1.0)
         w.watch.follow(("a",))  # a round of one: nobody to watch
@@ -205,11 +217,145 @@ def test_an_etcd_that_does_not_answer_leaves_the_peer_to_its_lease(peers: list[P
     try:
         answering_for(w, 0.5)
 
-        def unreachable(nodes: list[str]) -> Mapping[str, tuple[Member, int]]:
+        def unreachable(node: str) -> tuple[Member, int] | None:
             raise EtcdError("etcd at 127.0.0.1:2379 did not answer")
 
-        w.watch._members = unreachable
+        w.watch._member = unreachable
         b.stop()
         answering_for(w, 0.5)  # not revoked, and the watch goes on
     finally:
         w.watch.stop()
+
+
+def test_a_peer_that_announced_itself_again_is_left_to_its_new_lease(peers: list[Peer]) -> None:
+    b = Peer()
+    peers.append(b)
+    w = Watching({"b": (b.member, LEASE)}, ttl=30)
+    w.watch.follow(("a", "b"))
+    try:
+        answering_for(w, 0.5)
+        w.published["b"] = (b.member, LEASE + 1)  # it lived to take a new lease
+        b.stop()
+        answering_for(w, 1.0)
+    finally:
+        w.watch.stop()
+
+
+def test_nothing_is_revoked_after_the_watch_stopped(peers: list[Peer]) -> None:
+    b = Peer()
+    peers.append(b)
+    w = Watching({"b": (b.member, LEASE)}, ttl=30)
+    w.watch.follow(("a", "b"))
+    answering_for(w, 0.5)
+    w.watch.stop()  # the node leaves
+    b.stop()
+    answering_for(w, 1.0)
+
+
+class Answerer:
+    """A port that answers every connection but goes mute on the first one after a
+    while, as a connection stuck in TCP's retransmission back-off looks to its watcher
+    while the peer itself is fine. ``mute_all``: every connection goes mute (frozen)."""
+
+    def __init__(self, mute_after: float, mute_all: bool = False) -> None:
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.mute_after = mute_after
+        self.mute_all = mute_all
+        self.started = time.monotonic()
+        self.first = True
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return
+            first, self.first = self.first, False
+            threading.Thread(target=self._serve, args=(conn, first), daemon=True).start()
+
+    def _serve(self, conn: socket.socket, first: bool) -> None:
+        with conn:
+            while True:
+                try:
+                    got = conn.recv(64)
+                except OSError:
+                    return
+                if not got:
+                    return
+                mute = (
+                    first or self.mute_all
+                ) and time.monotonic() - self.started > self.mute_after
+                if not mute:
+                    conn.sendall(ANSWER * len(got))
+
+    def close(self) -> None:
+        self.server.close()
+
+
+def test_a_silence_a_new_connection_answers_is_not_the_peers() -> None:
+    server = Answerer(mute_after=0.5)
+    try:
+        member = Member(addr="127.0.0.1", pid=1, port=server.port)
+        w = Watching({"b": (member, LEASE)}, ttl=1)
+        w.watch.follow(("a", "b"))
+        try:
+            answering_for(w, 3.0)  # silent on the old connection for 2.5 s: not revoked
+        finally:
+            w.watch.stop()
+    finally:
+        server.close()
+    # and the same port silent on every connection is revoked (the test's own control)
+    server = Answerer(mute_after=0.5, mute_all=True)
+    try:
+        member = Member(addr="127.0.0.1", pid=1, port=server.port)
+        w = Watching({"b": (member, LEASE)}, ttl=1)
+        w.watch.follow(("a", "b"))
+        try:
+            assert w.done.wait(10), "a port silent on every connection was never revoked"
+        finally:
+            w.watch.stop()
+    finally:
+        server.close()
+
+
+def test_a_port_that_hangs_up_before_it_ever_answered_proves_nothing() -> None:
+    server = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def hang_up() -> None:
+        server.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                server.accept()[0].close()
+            except TimeoutError:
+                continue
+
+    threading.Thread(target=hang_up, daemon=True).start()
+    try:
+        member = Member(addr="127.0.0.1", pid=1, port=server.getsockname()[1])
+        w = Watching({"b": (member, LEASE)}, ttl=1)
+        w.watch.follow(("a", "b"))
+        try:
+            answering_for(w, 2.0)
+        finally:
+            w.watch.stop()
+    finally:
+        stop.set()
+        server.close()
+
+
+def test_the_port_closes_a_connection_that_asks_nothing_for_long(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A watcher whose host vanished never hangs up: its place is freed after a while."""
+    monkeypatch.setattr(liveness, "IDLE_CLOSE_S", 0.5)
+    port = LivenessPort("127.0.0.1")
+    try:
+        with socket.create_connection(("127.0.0.1", port.port), timeout=10) as conn:
+            started = time.monotonic()
+            assert conn.recv(16) == b""
+            assert time.monotonic() - started < 5
+    finally:
+        port.close()

@@ -123,6 +123,7 @@ class Member:
     addr: str
     pid: int
     port: int | None = None
+    ttl: int | None = None  # its member lease's TTL as granted: how long a watcher waits
 
 
 def encode_member(member: Member) -> bytes:
@@ -135,7 +136,9 @@ def decode_member(raw: bytes) -> Member:
     addr = doc.get("addr")
     if not isinstance(addr, str) or not addr:
         raise ValueError("member record: 'addr' must be a non-empty string")
-    return Member(addr=addr, pid=_int(doc, "pid"), port=_opt_int(doc, "port"))
+    return Member(
+        addr=addr, pid=_int(doc, "pid"), port=_opt_int(doc, "port"), ttl=_opt_int(doc, "ttl")
+    )
 
 
 def encode_progress(progress: Progress) -> bytes:

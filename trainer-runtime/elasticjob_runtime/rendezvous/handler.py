@@ -118,7 +118,7 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
         # benchmark runs them, where a thread each asking ten times a second measures
         # the packing, not the rendezvous)
         self._peers = PeerWatch(
-            self.node, self._state.members, client.revoke, lambda: self._leases.granted_ttl
+            self.node, self._state.member, client.revoke, lambda: self._leases.granted_ttl
         )
         self._watch_peers = watch_peers
         self._finished = False  # training finished here: the close says so (mark_finished)
@@ -179,6 +179,7 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
                 store, bootstrap = self._start(joined, sealed_at)
             except RoundAbandoned as exc:
                 log.info("etcd-v3: %s: round %d broke up: %s", self.node, joined.number, exc)
+                self._peers.follow(())
                 continue
             except EtcdError as exc:
                 raise RendezvousConnectionError(str(exc)) from exc

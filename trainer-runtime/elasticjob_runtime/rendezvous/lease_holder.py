@@ -213,7 +213,8 @@ class LeaseHolder:
             log.log(level, "etcd-v3: %s", message)
         self.member_lease = lease.id
         port = self._liveness.port if self._liveness is not None else None
-        value = encode_member(Member(addr=self._addr, pid=os.getpid(), port=port))
+        member = Member(addr=self._addr, pid=os.getpid(), port=port, ttl=lease.ttl)
+        value = encode_member(member)
         self._client.put(self._keys.member(self._node), value, lease=self.member_lease)
 
     def keep_alive(self, client: EtcdClient | None = None, generation: int | None = None) -> None:

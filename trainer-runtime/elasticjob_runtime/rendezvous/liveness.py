@@ -54,6 +54,9 @@ ANSWER: Final = b"!"
 # Connections a port holds open at once (watching peers; a probe hangs up at once): one
 # more is closed as soon as it is accepted.
 OPEN_AT_MOST: Final = 64
+# A connection that asked nothing for this long is closed: its watcher's host vanished
+# without a word (a watcher asks ten times a second), and it would hold a place for ever.
+IDLE_CLOSE_S: Final = 10.0
 
 
 class LivenessPort:
@@ -63,12 +66,17 @@ class LivenessPort:
 
     def __init__(self, addr: str) -> None:
         self._sock = socket.create_server((addr, 0), family=_family(addr), backlog=64)
-        self._sock.setblocking(False)
-        self.port: int = self._sock.getsockname()[1]
-        self._selector = selectors.DefaultSelector()
-        self._selector.register(self._sock, selectors.EVENT_READ)
-        self._wake, self._waker = socket.socketpair()  # close() wakes the thread with it
-        self._selector.register(self._wake, selectors.EVENT_READ)
+        try:
+            self._sock.setblocking(False)
+            self.port: int = self._sock.getsockname()[1]
+            self._selector = selectors.DefaultSelector()
+            self._selector.register(self._sock, selectors.EVENT_READ)
+            self._wake, self._waker = socket.socketpair()  # close() wakes the thread
+            self._selector.register(self._wake, selectors.EVENT_READ)
+        except BaseException:
+            self._sock.close()
+            raise
+        self._asked_at: dict[socket.socket, float] = {}  # open connections, last question
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="elasticjob-liveness", daemon=True)
         self._thread.start()
@@ -76,12 +84,16 @@ class LivenessPort:
     def _serve(self) -> None:
         try:
             while not self._closed.is_set():
-                for key, _ in self._selector.select():
-                    if key.fileobj is self._sock:
-                        self._accept()
-                    elif key.fileobj is not self._wake:
-                        self._answer(key.fileobj)  # type: ignore[arg-type]
-        finally:  # the listening socket first: a probe is refused from here on
+                for key, _ in self._selector.select(timeout=IDLE_CLOSE_S / 2):
+                    try:
+                        if key.fileobj is self._sock:
+                            self._accept()
+                        elif key.fileobj is not self._wake:
+                            self._answer(key.fileobj)  # type: ignore[arg-type]
+                    except Exception:  # never stop answering: peers would take it for dead
+                        log.exception("liveness port %d: unexpected error", self.port)
+                self._close_idle(time.monotonic())
+        finally:  # the listening socket too: a probe is refused from here on
             for key in list(self._selector.get_map().values()):
                 key.fileobj.close()  # type: ignore[union-attr]
             self._selector.close()
@@ -90,25 +102,38 @@ class LivenessPort:
     def _accept(self) -> None:
         try:
             conn, _ = self._sock.accept()
-        except OSError:  # a prober that hung up first, no file left: go on
-            return
-        if len(self._selector.get_map()) > OPEN_AT_MOST:
+        except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                time.sleep(0.01)  # no file left: the connection waits in the backlog
+            return  # else a prober that hung up first: go on
+        if len(self._asked_at) >= OPEN_AT_MOST:
             conn.close()
             return
         conn.setblocking(False)
         self._selector.register(conn, selectors.EVENT_READ)
+        self._asked_at[conn] = time.monotonic()
 
     def _answer(self, conn: socket.socket) -> None:
         try:
             asked = conn.recv(256)
             if asked:
                 conn.send(ANSWER * len(asked))
+                self._asked_at[conn] = time.monotonic()
                 return
         except BlockingIOError:
             return
         except OSError:
             pass
-        self._selector.unregister(conn)  # it hung up (or broke)
+        self._drop(conn)  # it hung up (or broke)
+
+    def _close_idle(self, now: float) -> None:
+        for conn, asked_at in list(self._asked_at.items()):
+            if now - asked_at >= IDLE_CLOSE_S:
+                self._drop(conn)
+
+    def _drop(self, conn: socket.socket) -> None:
+        self._asked_at.pop(conn, None)
+        self._selector.unregister(conn)
         conn.close()
 
     def close(self) -> None:
@@ -118,6 +143,8 @@ class LivenessPort:
         with contextlib.suppress(OSError):
             self._waker.send(b"x")
         self._thread.join(timeout=1.0)
+        if self._thread.is_alive():  # stuck: at least stop accepting
+            self._sock.close()
 
 
 def open_liveness_port(addr: str) -> LivenessPort | None:

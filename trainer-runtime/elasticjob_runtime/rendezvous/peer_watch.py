@@ -10,9 +10,9 @@ the freeze with a 1 s TTL. torchft's lighthouse, with a 1 s heartbeat checked ev
 So while a round runs, each node asks the next participant in the round's order (the
 last asks the first) for an answer on its liveness port every :data:`ASK_EVERY_S`; the
 agent's own thread answers (liveness.py), which a frozen process cannot. A peer silent
-for the lease's granted TTL, the very promise its lease makes, has its member lease
-revoked by the watcher, and every node's round watch sees the member key go at once. A
-peer whose port refuses or drops the connection after it answered is dead at once.
+for its lease's TTL (published in its member key; the very promise its lease makes) has
+its member lease revoked by the watcher, and every node's round watch sees the member
+key go at once. A peer whose port closes after it answered is dead at once.
 
 Nothing is dropped on a guess:
 
@@ -20,13 +20,16 @@ Nothing is dropped on a guess:
   rejects connections between pods, a port not published) is left to its lease;
 * a watcher that itself fell behind (starved of CPU, frozen and resumed) gives its peer
   a whole TTL again rather than blame it for the watcher's own silence;
+* a peer silent nearly a TTL is asked on a second connection as well, and answers there
+  clear it: a connection whose packets were lost for a moment can sit in TCP's
+  retransmission back-off for longer than a TTL while the peer is fine;
 * before revoking, the watcher reads the peer's member key: gone already, or under a
   different agent (a restart took the name), there is nothing to revoke.
 
-Each node watches one peer, so the cost is one small message each way per node every
-0.1 s, whatever the job's size; two neighbours frozen at once leave the second to its
-lease. The rules are pure (:func:`successor`, :func:`silence`); :class:`PeerWatch` is the
-thread and its socket.
+Each node watches one peer and reads one key when it (re)connects, at most once a
+second: the cost per node does not grow with the job. Two neighbours frozen at once
+leave the second to its lease. The rules are pure (:func:`successor`, :func:`silence`);
+:class:`PeerWatch` is the thread and its sockets.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Final
@@ -49,8 +52,14 @@ log = logging.getLogger(__name__)
 
 # How often a node asks the peer it watches for an answer.
 ASK_EVERY_S: Final = 0.1
-# How long connecting to a peer's port may take; a peer not reached is asked next turn.
+# How long connecting to a peer's port may take.
 CONNECT_TIMEOUT_S: Final = 0.2
+# A peer silent this close to its TTL is asked on a second connection too: answers there
+# mean the first connection lost its way (TCP's retransmission back-off), not the peer.
+DOUBT_BEFORE_S: Final = 0.3
+# After a peer could not be reached (no key, no port, refused, timed out), try again
+# only this much later: each try reads its member key.
+RECONNECT_AFTER_S: Final = 1.0
 # A turn this late (the watcher starved or frozen) starts the peer's silence again.
 LATE_TURN_S: Final = 0.4
 
@@ -67,6 +76,7 @@ class Verdict(Enum):
     """What a watcher makes of its peer's silence at a turn."""
 
     WAIT = "wait"  # unproven, or not silent for long enough
+    DOUBT = "doubt"  # silent nearly a TTL: ask on a second connection as well
     SILENT = "silent"  # answered in this round, then silent for a TTL: frozen or vanished
 
 
@@ -77,7 +87,7 @@ class Silence:
     answered_at: float | None  # the last answer; None: none in this round yet
     previous_turn: float  # when the watcher last looked
     now: float
-    ttl: float  # the peer's member lease TTL as granted
+    ttl: float  # how long the peer's member lease promises it lives without a word
 
 
 def silence(s: Silence) -> tuple[Verdict, float | None]:
@@ -87,16 +97,26 @@ def silence(s: Silence) -> tuple[Verdict, float | None]:
         return Verdict.WAIT, None
     if s.now - s.previous_turn >= LATE_TURN_S:
         return Verdict.WAIT, s.now
-    if s.now - s.answered_at >= s.ttl:
+    silent_for = s.now - s.answered_at
+    if silent_for >= s.ttl:
         return Verdict.SILENT, s.answered_at
+    if silent_for >= s.ttl - DOUBT_BEFORE_S:
+        return Verdict.DOUBT, s.answered_at
     return Verdict.WAIT, s.answered_at
+
+
+def watch_ttl(own: int, peer: Member) -> float:
+    """How long a peer may be silent: its own lease's TTL where it published one, and
+    never less than the watcher's (an older agent publishes none)."""
+    return float(max(own, peer.ttl or 0, 1))
 
 
 class _Link:
     """A connection to one peer's liveness port, read and written without blocking."""
 
-    def __init__(self, addr: str, port: int) -> None:
-        self.sock = socket.create_connection((addr, port), timeout=CONNECT_TIMEOUT_S)
+    def __init__(self, member: Member) -> None:
+        assert member.port is not None
+        self.sock = socket.create_connection((member.addr, member.port), CONNECT_TIMEOUT_S)
         self.sock.setblocking(False)
 
     def ask(self) -> bool:
@@ -124,14 +144,14 @@ class PeerWatch:
     def __init__(
         self,
         node: str,
-        members: Callable[[list[str]], Mapping[str, tuple[Member, int]]],
+        member: Callable[[str], tuple[Member, int] | None],
         revoke: Callable[[int], None],
         ttl: Callable[[], int],
     ) -> None:
         self._node = node
-        self._members = members  # what the given nodes published, with their leases
+        self._member = member  # what a node's member key holds, with its lease (one key)
         self._revoke = revoke
-        self._ttl = ttl  # the member lease TTL as granted (the same for every node)
+        self._ttl = ttl  # this node's member lease TTL as granted
         self._lock = threading.Lock()
         self._participants: tuple[str, ...] = ()
         self._changed = threading.Event()
@@ -151,82 +171,104 @@ class PeerWatch:
         self._changed.set()
 
     def stop(self) -> None:
-        """End the thread (the node leaves)."""
+        """End the watch (the node leaves); the thread ends at its next turn, unwaited
+        for: leaving must not wait on an etcd call of this thread's."""
         self._stopped.set()
         self._changed.set()
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=1.0)
+
+    def _done(self) -> bool:
+        return self._changed.is_set() or self._stopped.is_set()
 
     def _run(self) -> None:
         while not self._stopped.is_set():
             self._changed.clear()
             with self._lock:
                 peer = successor(self._participants, self._node)
-            if peer is not None:
+            if peer is not None and not self._stopped.is_set():
                 try:
                     self._watch(peer)
                 except Exception:  # never let a bug here take the agent's watching away
                     log.exception("etcd-v3: %s: watching %s failed", self._node, peer)
-            if not self._changed.is_set():
-                self._changed.wait(ASK_EVERY_S * 10)
+            if not self._done():
+                self._changed.wait(RECONNECT_AFTER_S)
 
     def _watch(self, peer: str) -> None:
         """Ask ``peer`` until the round changes, the node leaves or the peer is judged."""
         link: _Link | None = None
-        agent: Member | None = None
+        second: _Link | None = None  # opened in doubt (Verdict.DOUBT)
+        agent: tuple[Member, int] | None = None  # what its key held when connected
         answered_at: float | None = None
+        next_try = 0.0
         previous = time.monotonic()
         try:
-            while not self._changed.wait(ASK_EVERY_S):
+            while not self._changed.wait(ASK_EVERY_S) and not self._stopped.is_set():
                 now = time.monotonic()
                 if link is None:
-                    link, agent = self._connect(peer)
-                    previous = now
+                    if now >= next_try:
+                        link, agent = self._connect(peer)
+                        next_try = now + RECONNECT_AFTER_S
+                    previous = time.monotonic()
                     continue
+                assert agent is not None
                 try:
                     if link.ask():
                         answered_at = time.monotonic()
+                    if second is not None and second.ask():  # the first lost its way
+                        link, second = second, link
+                        answered_at = time.monotonic()
                 except OSError as exc:
-                    link.close()
-                    link = None
-                    if answered_at is not None and agent is not None:
+                    if answered_at is not None:  # it answered, then its port closed: died
                         self._drop(peer, agent, f"its liveness port closed ({exc.strerror})")
                         return
+                    link.close()
+                    link = None
                     continue
-                verdict, answered_at = silence(
-                    Silence(answered_at, previous, now, float(max(self._ttl(), 1)))
-                )
+                ttl = watch_ttl(self._ttl(), agent[0])
+                verdict, answered_at = silence(Silence(answered_at, previous, now, ttl))
                 previous = now
-                if verdict is Verdict.SILENT and agent is not None:
+                if verdict is Verdict.WAIT and second is not None:
+                    second.close()
+                    second = None
+                elif verdict is Verdict.DOUBT and second is None:
+                    try:
+                        second = _Link(agent[0])
+                        second.ask()
+                    except ConnectionRefusedError:
+                        self._drop(peer, agent, "its liveness port refused a connection")
+                        return
+                    except OSError:  # not reached in time (a vanished host): try again
+                        second = None
+                elif verdict is Verdict.SILENT:
                     assert answered_at is not None
                     self._drop(peer, agent, f"no answer for {now - answered_at:.2f}s")
                     return
         finally:
-            if link is not None:
-                link.close()
+            for open_link in (link, second):
+                if open_link is not None:
+                    open_link.close()
 
-    def _connect(self, peer: str) -> tuple[_Link | None, Member | None]:
-        """A connection to ``peer``'s liveness port and the agent that published it, or
-        (None, None) where there is none to make (no key, no port, not reachable now)."""
+    def _connect(self, peer: str) -> tuple[_Link | None, tuple[Member, int] | None]:
+        """A connection to ``peer``'s liveness port and what its member key held (the
+        agent and its lease), or (None, None) where there is none to make (no key, no
+        port, not reachable now)."""
         try:
-            published = self._members([peer]).get(peer)
+            published = self._member(peer)
         except EtcdError:
             return None, None
-        member = published[0] if published is not None else None
-        if member is None or member.port is None:
+        if published is None or published[0].port is None:
             return None, None
         try:
-            return _Link(member.addr, member.port), member
+            return _Link(published[0]), published
         except OSError:  # refused before it ever answered: proves nothing here
             return None, None
 
-    def _drop(self, peer: str, agent: Member, why: str) -> None:
-        """Revoke ``peer``'s member lease if its key still holds the agent watched."""
+    def _drop(self, peer: str, agent: tuple[Member, int], why: str) -> None:
+        """Revoke ``peer``'s member lease if its key still holds the agent and lease
+        watched (a new lease: it announced itself since, so it lived; its lease decides)."""
         try:
-            published = self._members([peer]).get(peer)
-            if published is None or published[0] != agent:
-                return  # gone already, or another agent under that name now
+            published = self._member(peer)
+            if published != agent or self._stopped.is_set():
+                return  # gone already, another agent or lease under that name, or we left
             log.info(
                 "etcd-v3: %s: %s is gone (%s); revoking its member lease", self._node, peer, why
             )

@@ -76,6 +76,17 @@ class RendezvousState:
                 continue  # a record this runtime cannot read: its lease decides
         return found
 
+    def member(self, node: str) -> tuple[Member, int] | None:
+        """What ``node``'s member key holds, with its lease (one key); None if the key is
+        gone or holds no record this runtime can read."""
+        kv = self.client.get(self.keys.member(node))
+        if kv is None:
+            return None
+        try:
+            return decode_member(kv.value), kv.lease
+        except ValueError:
+            return None
+
     def is_live(self, node: str) -> bool:
         """One key: is ``node``'s member lease still there (leaving or not)?"""
         return self.client.get(self.keys.member(node)) is not None
