@@ -100,6 +100,7 @@ async def job_event(
         uid = (body.get("metadata") or {}).get("uid")
         if _operator is not None and namespace and uid:
             _operator.deletions.add(namespace, uid)
+            _operator.pods.forget((namespace, name))  # no round runs for it again
         return
     if _operator is not None and namespace and not is_own_status_echo(type, body):
         _operator.queue.add((namespace, name), urgent=type == "MODIFIED")

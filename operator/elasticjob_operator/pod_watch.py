@@ -123,6 +123,12 @@ class PodWatch:
                 del self._jobs[key]
             return news
 
+    def forget(self, key: JobKey) -> None:
+        """The job is deleted: what is held for it goes (a pod whose DELETED event the
+        watch missed would be held for ever, no round of the job settling it again)."""
+        with self._lock:
+            self._jobs.pop(key, None)
+
     def _forget_gone(self, now: float) -> None:
         """Drop the gone pods no listing can still hold (called under the lock)."""
         for uid, when in list(self._gone.items()):

@@ -141,3 +141,10 @@ def test_only_this_runs_workers_whose_pod_is_gone_count_as_disrupted() -> None:
     out = with_taken(remembered, frozenset({(1, 2), (0, 2), (2, 1)}), 2, present)
     assert out.disrupted == [1, 3]  # 0 has a pod again; 2 was an earlier run's
     assert with_taken(remembered, frozenset(), 2, present) is remembered
+
+
+def test_a_deleted_job_is_forgotten() -> None:
+    watch = PodWatch()
+    watch.saw(JOB, "uid-0", 0)  # its DELETED event will never come
+    watch.forget(JOB)
+    assert watch.settle(JOB, NONE, 0.0) == WatchNews()  # not departing: nothing held
