@@ -359,3 +359,25 @@ def test_the_port_closes_a_connection_that_asks_nothing_for_long(
             assert time.monotonic() - started < 5
     finally:
         port.close()
+
+
+def test_an_answer_proves_the_peer_lived_after_the_question_it_answers_was_sent() -> None:
+    """Answers come in order, so the n-th answer proves the peer lived after the n-th
+    question was sent: the silence is counted from then, as a lease counts from its
+    last refresh, not from when the watcher happened to read."""
+    from elasticjob_runtime.rendezvous.peer_watch import _Link
+
+    port = LivenessPort("127.0.0.1")
+    try:
+        link = _Link(Member("127.0.0.1", 1, port.port))
+        try:
+            before = time.monotonic()
+            assert link.ask() is None  # nothing asked yet, nothing answered
+            time.sleep(0.2)
+            second = time.monotonic()
+            alive_at = link.ask()
+            assert alive_at is not None and before <= alive_at < second
+        finally:
+            link.close()
+    finally:
+        port.close()

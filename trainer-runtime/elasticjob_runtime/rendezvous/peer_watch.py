@@ -39,6 +39,7 @@ import logging
 import socket
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -84,7 +85,9 @@ class Verdict(Enum):
 class Silence:
     """A watcher's view of its peer at one turn (pure input to :func:`silence`)."""
 
-    answered_at: float | None  # the last answer; None: none in this round yet
+    # when the latest question the peer answered was sent: it lived after that; None: it
+    # has answered none in this round yet
+    answered_at: float | None
     previous_turn: float  # when the watcher last looked
     now: float
     ttl: float  # how long the peer's member lease promises it lives without a word
@@ -118,11 +121,14 @@ class _Link:
         assert member.port is not None
         self.sock = socket.create_connection((member.addr, member.port), CONNECT_TIMEOUT_S)
         self.sock.setblocking(False)
+        self._asked: deque[float] = deque()  # when each unanswered question was sent
 
-    def ask(self) -> bool:
-        """Send one question and read what answers came; whether any did. OSError: the
-        connection was refused, reset or closed (the peer's port closed: it died)."""
-        answered = False
+    def ask(self) -> float | None:
+        """Read the answers that came, then send one more question. Returns when the
+        latest question answered was sent (answers come in order: the peer lived after
+        that moment), or None if no answer came. OSError: the connection was refused,
+        reset or closed (the peer's port closed: it died)."""
+        alive_at: float | None = None
         while True:
             try:
                 got = self.sock.recv(256)
@@ -130,9 +136,14 @@ class _Link:
                 break
             if not got:
                 raise ConnectionResetError(errno.ECONNRESET, "the peer closed its port")
-            answered = answered or ANSWER in got
-        self.sock.send(b"?")
-        return answered
+            for _ in range(min(got.count(ANSWER), len(self._asked))):
+                alive_at = self._asked.popleft()
+        try:
+            self.sock.send(b"?")
+            self._asked.append(time.monotonic())
+        except BlockingIOError:  # the peer has not read for long: no more questions
+            pass
+        return alive_at
 
     def close(self) -> None:
         self.sock.close()
@@ -211,11 +222,11 @@ class PeerWatch:
                     continue
                 assert agent is not None
                 try:
-                    if link.ask():
-                        answered_at = time.monotonic()
-                    if second is not None and second.ask():  # the first lost its way
-                        link, second = second, link
-                        answered_at = time.monotonic()
+                    if (alive_at := link.ask()) is not None:
+                        answered_at = alive_at
+                    if second is not None and (alive_at := second.ask()) is not None:
+                        link, second = second, link  # the first lost its way
+                        answered_at = alive_at
                 except OSError as exc:
                     if answered_at is not None:  # it answered, then its port closed: died
                         self._drop(peer, agent, f"its liveness port closed ({exc.strerror})")
