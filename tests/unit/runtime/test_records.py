@@ -85,3 +85,9 @@ def test_a_member_record_names_the_address_the_operator_finds_a_pods_node_by() -
     with_port = Member(addr="10.244.1.7", pid=42, port=40123)
     assert decode_member(encode_member(with_port)) == with_port
     assert member.port is None
+    # and its lease's granted TTL, how long the peer watching it waits (peer_watch.py)
+    with_ttl = Member(addr="10.244.1.7", pid=42, port=40123, ttl=2)
+    assert decode_member(encode_member(with_ttl)) == with_ttl
+    assert member.ttl is None
+    with pytest.raises(ValueError, match="ttl"):
+        decode_member(b'{"addr": "10.244.1.7", "pid": 42, "ttl": "2"}')
