@@ -8,6 +8,7 @@ detection time belongs to the benchmark's node-freeze scenario.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -28,6 +29,7 @@ from elasticjob_runtime.etcd.client import EtcdClient
 from elasticjob_runtime.etcd.endpoints import parse_endpoints
 from elasticjob_runtime.rendezvous.handler import EtcdV3RendezvousHandler
 from elasticjob_runtime.rendezvous.keys import members_prefix
+from elasticjob_runtime.rendezvous.leases import DEFAULT_LEASE_TTL
 from elasticjob_runtime.rendezvous.membership import Limits
 
 pytestmark = pytest.mark.integration
@@ -132,6 +134,41 @@ def wait_until(check: Callable[[], bool], timeout: float) -> float:
     raise AssertionError(f"not within {timeout}s")
 
 
+@dataclass
+class Pair:
+    """An agent process and an in-process agent of one run."""
+
+    holder: Holder
+    agent: EtcdV3RendezvousHandler
+    client: EtcdClient  # the in-process agent's
+    run_id: str
+
+
+@contextlib.contextmanager
+def agent_pair(
+    etcd: EtcdServer, start_holder: Callable[..., Holder], name: str, nnodes: str, ttl: int = 0
+) -> Iterator[Pair]:
+    """Both on ``ttl`` s leases (0: the default), ``nnodes`` as MIN:MAX; the in-process
+    agent leaves after the block."""
+    run_id = f"{name}-{uuid.uuid4().hex[:8]}"
+    holder = start_holder(etcd.endpoint, run_id, nnodes, seconds=120, busy=False, lease_ttl=ttl)
+    client = EtcdClient(parse_endpoints(etcd.endpoint), timeout=10)
+    low, high = (int(n) for n in nnodes.split(":"))
+    agent = EtcdV3RendezvousHandler(
+        client,
+        run_id,
+        Limits(low, high, 15),
+        "127.0.0.1",
+        join_timeout=90,
+        lease_ttl=ttl or DEFAULT_LEASE_TTL,
+    )
+    try:
+        yield Pair(holder, agent, client, run_id)
+    finally:
+        agent._leave()
+        client.close()
+
+
 @pytest.fixture
 def peer(etcd_any: EtcdServer) -> Iterator[Callable[[str, int], EtcdV3RendezvousHandler]]:
     """An in-process handler (the surviving peer), on the default lease TTL."""
@@ -183,34 +220,32 @@ def test_a_frozen_agent_is_dropped_by_the_peer_watching_it_after_a_ttl_of_silenc
     """The test keeps the frozen agent's 1 s lease alive itself, as a lessor that never
     gets round to it would: only the peer watching it can drop it."""
     caplog.set_level("INFO", logger="elasticjob_runtime.rendezvous.peer_watch")
-    run_id = f"mute-{uuid.uuid4().hex[:8]}"
-    holder = start_holder(etcd.endpoint, run_id, "2:2", seconds=120, busy=False)
-    client = EtcdClient(parse_endpoints(etcd.endpoint), timeout=10)
-    a = EtcdV3RendezvousHandler(client, run_id, Limits(2, 2, 15), "127.0.0.1", join_timeout=90)
     keeping = threading.Event()
-    try:
-        assert a.next_rendezvous().world_size == 2
-        frozen_node = holder.joined()
-        ((_, lease),) = [v for k, v in member_keys(client, run_id).items() if frozen_node in k]
+    with agent_pair(etcd, start_holder, "mute", "2:2") as p:
+        try:
+            assert p.agent.next_rendezvous().world_size == 2
+            frozen_node = p.holder.joined()
+            ((_, lease),) = [
+                v for k, v in member_keys(p.client, p.run_id).items() if frozen_node in k
+            ]
 
-        def keep_alive() -> None:
-            while not keeping.wait(0.2):
-                client.refresh(lease)
+            def keep_alive() -> None:
+                while not keeping.wait(0.2):
+                    p.client.refresh(lease)
 
-        keeper = threading.Thread(target=keep_alive, daemon=True)
-        keeper.start()
-        time.sleep(0.5)  # the watch has had its first answers
-        os.kill(holder.proc.pid, signal.SIGSTOP)
-        took = wait_until(lambda: a.num_nodes_waiting() > 0, LONG_TTL)
-        print(f"a frozen peer was dropped by its watcher after {took:.2f}s")
-        assert took >= 0.8, f"dropped after {took:.2f}s: before a TTL of silence"
-        assert a.peers_lost() == [frozen_node]
-        said = [r.getMessage() for r in caplog.records if "revoking its member" in r.getMessage()]
-        assert len(said) == 1 and "no answer for" in said[0], said
-    finally:
-        keeping.set()
-        a._leave()
-        client.close()
+            threading.Thread(target=keep_alive, daemon=True).start()
+            time.sleep(0.5)  # the watch has had its first answers
+            os.kill(p.holder.proc.pid, signal.SIGSTOP)
+            took = wait_until(lambda: p.agent.num_nodes_waiting() > 0, LONG_TTL)
+            print(f"a frozen peer was dropped by its watcher after {took:.2f}s")
+            assert took >= 0.8, f"dropped after {took:.2f}s: before a TTL of silence"
+            assert p.agent.peers_lost() == [frozen_node]
+            said = [
+                r.getMessage() for r in caplog.records if "revoking its member" in r.getMessage()
+            ]
+            assert len(said) == 1 and "no answer for" in said[0], said
+        finally:
+            keeping.set()
 
 
 def test_an_agent_that_died_mid_round_is_dropped_by_its_watcher_without_its_lease(
@@ -218,25 +253,16 @@ def test_an_agent_that_died_mid_round_is_dropped_by_its_watcher_without_its_leas
 ) -> None:
     """Between rounds nobody probes; while a round runs, the node watching the one that
     died sees its liveness port close and revokes its 10 s lease at once."""
-    run_id = f"died-{uuid.uuid4().hex[:8]}"
-    holder = start_holder(etcd.endpoint, run_id, "2:2", seconds=120, busy=False, lease_ttl=LONG_TTL)
-    client = EtcdClient(parse_endpoints(etcd.endpoint), timeout=10)
-    a = EtcdV3RendezvousHandler(
-        client, run_id, Limits(2, 2, 15), "127.0.0.1", join_timeout=90, lease_ttl=LONG_TTL
-    )
-    try:
-        assert a.next_rendezvous().world_size == 2
-        dead_node = holder.joined()
+    with agent_pair(etcd, start_holder, "died", "2:2", LONG_TTL) as p:
+        assert p.agent.next_rendezvous().world_size == 2
+        dead_node = p.holder.joined()
         time.sleep(0.5)  # the watch has had its first answers
-        os.killpg(holder.proc.pid, signal.SIGKILL)
-        holder.proc.wait(timeout=30)
-        took = wait_until(lambda: a.num_nodes_waiting() > 0, LONG_TTL * 2)
+        os.killpg(p.holder.proc.pid, signal.SIGKILL)
+        p.holder.proc.wait(timeout=30)
+        took = wait_until(lambda: p.agent.num_nodes_waiting() > 0, LONG_TTL * 2)
         print(f"a peer that died mid-round was dropped after {took:.2f}s")
         assert took < LONG_TTL / 2, f"dropped after {took:.1f}s: as late as its lease"
-        assert a.peers_lost() == [dead_node]
-    finally:
-        a._leave()
-        client.close()
+        assert p.agent.peers_lost() == [dead_node]
 
 
 def next_round_without(
@@ -245,26 +271,18 @@ def next_round_without(
     """An in-process agent and an agent process (both on ``ttl`` s leases) meet; the
     process gets ``fault``; the other opens the next round. How long that round took to
     seal, and its world size."""
-    run_id = f"gone-{uuid.uuid4().hex[:8]}"
-    holder = start_holder(etcd.endpoint, run_id, "1:2", seconds=120, busy=False, lease_ttl=ttl)
-    client = EtcdClient(parse_endpoints(etcd.endpoint), timeout=10)
-    a = EtcdV3RendezvousHandler(
-        client, run_id, Limits(1, 2, 15), "127.0.0.1", join_timeout=90, lease_ttl=ttl
-    )
-    try:
-        a.register()
-        wait_until(lambda: len(member_keys(client, run_id)) == 2, 60)  # both live: a round of 2
-        assert a.next_rendezvous().world_size == 2
-        holder.joined()
-        os.kill(holder.proc.pid, fault)
+    with agent_pair(etcd, start_holder, "gone", "1:2", ttl) as p:
+        p.agent.register()
+        # both live: a round of 2
+        wait_until(lambda: len(member_keys(p.client, p.run_id)) == 2, 60)
+        assert p.agent.next_rendezvous().world_size == 2
+        p.holder.joined()
+        os.kill(p.holder.proc.pid, fault)
         if fault == signal.SIGKILL:
-            holder.proc.wait(timeout=30)  # gone, its sockets with it
+            p.holder.proc.wait(timeout=30)  # gone, its sockets with it
         started = time.monotonic()
-        world = a.next_rendezvous().world_size
+        world = p.agent.next_rendezvous().world_size
         return time.monotonic() - started, world
-    finally:
-        a._leave()
-        client.close()
 
 
 def test_an_agent_that_died_is_dropped_from_the_next_round_without_waiting_for_its_lease(

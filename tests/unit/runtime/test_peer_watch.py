@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -128,11 +128,26 @@ class Watching:
 
 
 @pytest.fixture
-def peers() -> Iterator[list[Peer]]:
-    started: list[Peer] = []
+def peer() -> Iterator[Peer]:
+    started = Peer()
     yield started
-    for p in started:
-        p.stop()
+    started.stop()
+
+
+@pytest.fixture
+def watch() -> Iterator[Callable[[Member, int], Watching]]:
+    """Start "a" watching "b", published as ``member`` under ``LEASE``; stopped after."""
+    started: list[Watching] = []
+
+    def start(member: Member, ttl: int) -> Watching:
+        w = Watching({"b": (member, LEASE)}, ttl)
+        w.watch.follow(("a", "b"))
+        started.append(w)
+        return w
+
+    yield start
+    for w in started:
+        w.watch.stop()
 
 
 def answering_for(w: Watching, seconds: float) -> None:
@@ -140,115 +155,84 @@ def answering_for(w: Watching, seconds: float) -> None:
     assert not w.done.wait(seconds), w.revoked
 
 
+Watch = Callable[[Member, int], Watching]
+
+
 def test_a_frozen_peer_is_revoked_after_a_ttl_of_silence_and_not_before(
-    peers: list[Peer],
+    peer: Peer, watch: Watch
 ) -> None:
-    b = Peer()
-    peers.append(b)
-    w = Watching({"b": (b.member, LEASE)}, ttl=1)
-    w.watch.follow(("a", "b"))
-    try:
-        answering_for(w, 1.5)  # it answers: nothing happens, past a whole TTL
-        os.kill(b.proc.pid, signal.SIGSTOP)  # its kernel still holds the connection open
-        frozen_at = time.monotonic()
-        assert w.done.wait(10), "a frozen peer was never revoked"
-        (lease, at), *_ = w.revoked
-        assert lease == LEASE
-        assert at - frozen_at >= 0.8, "revoked before a TTL of silence could have passed"
-    finally:
-        w.watch.stop()
+    w = watch(peer.member, 1)
+    answering_for(w, 1.5)  # it answers: nothing happens, past a whole TTL
+    os.kill(peer.proc.pid, signal.SIGSTOP)  # its kernel still holds the connection open
+    frozen_at = time.monotonic()
+    assert w.done.wait(10), "a frozen peer was never revoked"
+    (lease, at), *_ = w.revoked
+    assert lease == LEASE
+    assert at - frozen_at >= 0.8, "revoked before a TTL of silence could have passed"
 
 
 def test_a_peer_whose_process_died_is_revoked_without_waiting_for_its_ttl(
-    peers: list[Peer],
+    peer: Peer, watch: Watch
 ) -> None:
-    b = Peer()
-    peers.append(b)
-    w = Watching({"b": (b.member, LEASE)}, ttl=30)
-    w.watch.follow(("a", "b"))
-    try:
-        answering_for(w, 0.5)
-        b.stop()  # its kernel closes the connection and refuses new ones
-        assert w.done.wait(10), "a dead peer was left to its 30 s lease"
-    finally:
-        w.watch.stop()
+    w = watch(peer.member, 30)
+    answering_for(w, 0.5)
+    peer.stop()  # its kernel closes the connection and refuses new ones
+    assert w.done.wait(10), "a dead peer was left to its 30 s lease"
 
 
-def test_a_peer_that_never_answered_is_left_to_its_lease(peers: list[Peer]) -> None:
+def test_a_peer_that_never_answered_is_left_to_its_lease(watch: Watch) -> None:
     """A port whose kernel accepts but nothing answers from the start (frozen before
     this round, or something else listening): silence proves nothing without an answer
     first."""
     mute = socket.create_server(("127.0.0.1", 0))
     try:
-        member = Member(addr="127.0.0.1", pid=1, port=mute.getsockname()[1])
-        w = Watching({"b": (member, LEASE)}, ttl=1)
-        w.watch.follow(("a", "b"))
-        try:
-            answering_for(w, 2.0)
-        finally:
-            w.watch.stop()
+        w = watch(Member(addr="127.0.0.1", pid=1, port=mute.getsockname()[1]), 1)
+        answering_for(w, 2.0)
     finally:
         mute.close()
 
 
 def test_nothing_is_revoked_once_another_agent_holds_the_name_or_the_round_moved_on(
-    peers: list[Peer],
+    peer: Peer, watch: Watch
 ) -> None:
-    b = Peer()
-    peers.append(b)
-    w = Watching({"b": (b.member, LEASE)}, ttl=1)
-    w.watch.follow(("a", "b"))
-    try:
-        answering_for(w, 0.5)
-        w.published["b"] = (Member("127.0.0.1", pid=b.proc.pid + 1, port=b.port), LEASE)
-        b.stop()  # the one watched dies, but its name is another agent's now
-        answering_for(w, 1.0)
-        w.watch.follow(("a",))  # a round of one: nobody to watch
-        answering_for(w, 0.5)
-    finally:
-        w.watch.stop()
+    w = watch(peer.member, 1)
+    answering_for(w, 0.5)
+    w.published["b"] = (Member("127.0.0.1", pid=peer.proc.pid + 1, port=peer.port), LEASE)
+    peer.stop()  # the one watched dies, but its name is another agent's now
+    answering_for(w, 1.0)
+    w.watch.follow(("a",))  # a round of one: nobody to watch
+    answering_for(w, 0.5)
 
 
-def test_an_etcd_that_does_not_answer_leaves_the_peer_to_its_lease(peers: list[Peer]) -> None:
-    b = Peer()
-    peers.append(b)
-    w = Watching({"b": (b.member, LEASE)}, ttl=30)
-    w.watch.follow(("a", "b"))
-    try:
-        answering_for(w, 0.5)
+def test_an_etcd_that_does_not_answer_leaves_the_peer_to_its_lease(
+    peer: Peer, watch: Watch
+) -> None:
+    w = watch(peer.member, 30)
+    answering_for(w, 0.5)
 
-        def unreachable(node: str) -> tuple[Member, int] | None:
-            raise EtcdError("etcd at 127.0.0.1:2379 did not answer")
+    def unreachable(node: str) -> tuple[Member, int] | None:
+        raise EtcdError("etcd at 127.0.0.1:2379 did not answer")
 
-        w.watch._member = unreachable
-        b.stop()
-        answering_for(w, 0.5)  # not revoked, and the watch goes on
-    finally:
-        w.watch.stop()
+    w.watch._member = unreachable
+    peer.stop()
+    answering_for(w, 0.5)  # not revoked, and the watch goes on
 
 
-def test_a_peer_that_announced_itself_again_is_left_to_its_new_lease(peers: list[Peer]) -> None:
-    b = Peer()
-    peers.append(b)
-    w = Watching({"b": (b.member, LEASE)}, ttl=30)
-    w.watch.follow(("a", "b"))
-    try:
-        answering_for(w, 0.5)
-        w.published["b"] = (b.member, LEASE + 1)  # it lived to take a new lease
-        b.stop()
-        answering_for(w, 1.0)
-    finally:
-        w.watch.stop()
+def test_a_peer_that_announced_itself_again_is_left_to_its_new_lease(
+    peer: Peer, watch: Watch
+) -> None:
+    w = watch(peer.member, 30)
+    answering_for(w, 0.5)
+    w.published["b"] = (peer.member, LEASE + 1)  # it lived to take a new lease
+    peer.stop()
+    answering_for(w, 1.0)
 
 
-def test_nothing_is_revoked_after_the_watch_stopped(peers: list[Peer]) -> None:
-    b = Peer()
-    peers.append(b)
-    w = Watching({"b": (b.member, LEASE)}, ttl=30)
-    w.watch.follow(("a", "b"))
+def test_nothing_is_revoked_after_the_watch_stopped(peer: Peer, watch: Watch) -> None:
+    w = watch(peer.member, 30)
     answering_for(w, 0.5)
     w.watch.stop()  # the node leaves
-    b.stop()
+    peer.stop()
     answering_for(w, 1.0)
 
 
@@ -294,33 +278,24 @@ class Answerer:
         self.server.close()
 
 
-def test_a_silence_a_new_connection_answers_is_not_the_peers() -> None:
+def test_a_silence_a_new_connection_answers_is_not_the_peers(watch: Watch) -> None:
     server = Answerer(mute_after=0.5)
     try:
-        member = Member(addr="127.0.0.1", pid=1, port=server.port)
-        w = Watching({"b": (member, LEASE)}, ttl=1)
-        w.watch.follow(("a", "b"))
-        try:
-            answering_for(w, 3.0)  # silent on the old connection for 2.5 s: not revoked
-        finally:
-            w.watch.stop()
+        w = watch(Member(addr="127.0.0.1", pid=1, port=server.port), 1)
+        answering_for(w, 3.0)  # silent on the old connection for 2.5 s: not revoked
+        w.watch.stop()
     finally:
         server.close()
     # and the same port silent on every connection is revoked (the test's own control)
     server = Answerer(mute_after=0.5, mute_all=True)
     try:
-        member = Member(addr="127.0.0.1", pid=1, port=server.port)
-        w = Watching({"b": (member, LEASE)}, ttl=1)
-        w.watch.follow(("a", "b"))
-        try:
-            assert w.done.wait(10), "a port silent on every connection was never revoked"
-        finally:
-            w.watch.stop()
+        w = watch(Member(addr="127.0.0.1", pid=1, port=server.port), 1)
+        assert w.done.wait(10), "a port silent on every connection was never revoked"
     finally:
         server.close()
 
 
-def test_a_port_that_hangs_up_before_it_ever_answered_proves_nothing() -> None:
+def test_a_port_that_hangs_up_before_it_ever_answered_proves_nothing(watch: Watch) -> None:
     server = socket.create_server(("127.0.0.1", 0))
     stop = threading.Event()
 
@@ -334,13 +309,8 @@ def test_a_port_that_hangs_up_before_it_ever_answered_proves_nothing() -> None:
 
     threading.Thread(target=hang_up, daemon=True).start()
     try:
-        member = Member(addr="127.0.0.1", pid=1, port=server.getsockname()[1])
-        w = Watching({"b": (member, LEASE)}, ttl=1)
-        w.watch.follow(("a", "b"))
-        try:
-            answering_for(w, 2.0)
-        finally:
-            w.watch.stop()
+        w = watch(Member(addr="127.0.0.1", pid=1, port=server.getsockname()[1]), 1)
+        answering_for(w, 2.0)
     finally:
         stop.set()
         server.close()

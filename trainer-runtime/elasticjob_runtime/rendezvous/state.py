@@ -65,27 +65,13 @@ class RendezvousState:
         """What the member keys of ``nodes`` hold, with the lease each is under (one
         range read; a node whose key is gone, or holds no record, is left out)."""
         items = self.client.snapshot(self.keys.members).items
-        found: dict[str, tuple[Member, int]] = {}
-        for node in nodes:
-            kv = items.get(self.keys.member(node))
-            if kv is None:
-                continue
-            try:
-                found[node] = (decode_member(kv.value), kv.lease)
-            except ValueError:
-                continue  # a record this runtime cannot read: its lease decides
-        return found
+        found = {node: _published(items.get(self.keys.member(node))) for node in nodes}
+        return {node: member for node, member in found.items() if member is not None}
 
     def member(self, node: str) -> tuple[Member, int] | None:
         """What ``node``'s member key holds, with its lease (one key); None if the key is
         gone or holds no record this runtime can read."""
-        kv = self.client.get(self.keys.member(node))
-        if kv is None:
-            return None
-        try:
-            return decode_member(kv.value), kv.lease
-        except ValueError:
-            return None
+        return _published(self.client.get(self.keys.member(node)))
 
     def is_live(self, node: str) -> bool:
         """One key: is ``node``'s member lease still there (leaving or not)?"""
@@ -129,3 +115,14 @@ class RendezvousState:
             self.client.delete_range(self.keys.round_prefix(0), self.keys.round_prefix(number))
         except EtcdError as exc:
             log.warning("etcd-v3: could not drop old rounds' keys: %s", exc)
+
+
+def _published(kv: KeyValue | None) -> tuple[Member, int] | None:
+    """A member key's record and lease; None if there is no key, or a record this runtime
+    cannot read (its lease then decides for it)."""
+    if kv is None:
+        return None
+    try:
+        return decode_member(kv.value), kv.lease
+    except ValueError:
+        return None
