@@ -99,6 +99,23 @@ def test_wait_for_change_wakes_on_a_change_and_never_sleeps_out_a_long_timeout(
     assert time.monotonic() - started < 60
 
 
+def test_a_put_between_the_read_and_the_wait_ends_the_wait_at_once(
+    etcd_any: EtcdServer, request: pytest.FixtureRequest
+) -> None:
+    # The awaited key is written after the caller's read and before its watch exists:
+    # etcd hands such a watch its first event only from its 100 ms catch-up loop, so a
+    # wait with no time to spare (timeout 0) used to see nothing at all.
+    client, writer = client_for(etcd_any), client_for(etcd_any)
+    prefix = f"race-{request.node.name}/"
+    for n in range(5):
+        revision = client.snapshot(prefix).revision
+        writer.put(f"{prefix}round/{n}/k", b"v")
+        assert client.wait_for_change([prefix + "round/", prefix + "other/"], revision, 0)
+    # a key beside the awaited ones, written before the read: not a change after it
+    writer.put(prefix + "beside", b"v")
+    assert not client.wait_for_change(prefix + "round/", client.snapshot(prefix).revision, 0)
+
+
 def test_compare_and_set_writes_its_extra_keys_only_when_it_wins(
     etcd_any: EtcdServer, request: pytest.FixtureRequest
 ) -> None:
