@@ -4,6 +4,7 @@ answers reach the agent."""
 from __future__ import annotations
 
 import os
+import select
 import threading
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from elasticjob_runtime.launch.channel import (
     WorkerChannel,
     group_broken,
 )
+from elasticjob_runtime.launch.wakeup import drain
 
 ENV = {"RANK": "1", "WORLD_SIZE": "3", "MASTER_ADDR": "10.0.0.7", "MASTER_PORT": "29500"}
 
@@ -132,3 +134,29 @@ def test_workers_learn_through_the_channel_that_their_group_broke(
     assert group_broken()
     agent.clear_group_broken()
     assert not group_broken()
+
+
+def test_a_delivery_rings_the_bell_of_each_worker_that_holds_it_open(tmp_path: Path) -> None:
+    agent = AgentChannel(tmp_path)
+    agent.deliver(1, {0: ENV, 1: ENV}, abort=False)  # nobody holds a bell yet: no error, no wait
+    bell = WorkerChannel(tmp_path, 1).bell()
+    assert bell is not None
+    try:
+        assert not _readable(bell)
+        agent.deliver(2, {0: ENV, 1: ENV}, abort=False)
+        assert _readable(bell)
+        drain(bell)
+        assert not _readable(bell)
+        for generation in range(3, 200):  # a full FIFO never blocks the agent
+            agent.deliver(generation, {1: ENV}, abort=False)
+        assert _readable(bell)
+    finally:
+        os.close(bell)
+    agent.deliver(300, {1: ENV}, abort=False)  # its worker gone: nobody reads, nothing blocks
+    again = WorkerChannel(tmp_path, 1).bell()  # a later worker of the rank opens the same FIFO
+    assert again is not None
+    os.close(again)
+
+
+def _readable(fd: int) -> bool:
+    return bool(select.select([fd], [], [], 0)[0])

@@ -70,6 +70,7 @@ from elasticjob_runtime.launch.channel import AgentChannel
 from elasticjob_runtime.launch.departing import Departing, DepartureRequest
 from elasticjob_runtime.launch.hang import group_step
 from elasticjob_runtime.launch.hang_watch import HangWatch
+from elasticjob_runtime.launch.monitor_wake import MonitorWake
 from elasticjob_runtime.launch.spare import parse_worker_command
 from elasticjob_runtime.launch.spare_pool import (
     REFILL_DELAY_S,
@@ -105,6 +106,9 @@ MEMBERSHIP_NOTICE_MARGIN_S = 0.5
 # How often the agent reads its workers' steps (torch's loop asks every 0.1 s): a hang is
 # seen at most this late, and the spares are refilled at most this late.
 STEP_READ_INTERVAL_S = 0.5
+# What torch's loop sleeps between monitor passes once the agent waits in its own pass
+# instead (monitor_wake.py): torch requires more than 0; the wait is the interval.
+TORCH_LOOP_SLEEP_S = 0.001
 
 
 def local_fault(exitcodes: list[int]) -> bool:
@@ -190,6 +194,13 @@ class MembershipAwareAgent(TorchAgent):
         self._joined_once = False
         self._reaped_at = 0.0
         spec = self.worker_group.spec
+        # A pass waits up to the interval asked for, and starts at once when a worker
+        # exits or the round watch sees a change (monitor_wake.py).
+        self._wake = MonitorWake()
+        self._monitor_every = spec.monitor_interval
+        spec.monitor_interval = TORCH_LOOP_SLEEP_S
+        if self._membership is not None:
+            self._membership.wake_on_change(self._wake.nudge)
         if warm_spares and isinstance(spec.entrypoint, str):
             target = parse_worker_command(
                 spec.entrypoint, [str(a) for a in spec.args], sys.executable
@@ -239,6 +250,7 @@ class MembershipAwareAgent(TorchAgent):
             self._accept_departure(False)
             if self._spares is not None:
                 self._spares.close()
+            self._wake.close()
             shutil.rmtree(self._notes, ignore_errors=True)
 
     def _accept_departure(self, accepting: bool) -> None:
@@ -349,6 +361,7 @@ class MembershipAwareAgent(TorchAgent):
         return started
 
     def monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
+        self._wake.wait(self.worker_pids().values(), self._monitor_every)
         result = super().monitor_workers(worker_group)
         if self._departing is not None:
             self._departing.follow_mark()  # marked leaving by a scale-down: depart

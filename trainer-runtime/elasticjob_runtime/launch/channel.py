@@ -22,6 +22,9 @@ Workers write these back:
 * ``fatal-<local rank>``: why it is about to fail in a way a restart would repeat (the
   ranks trained different models: fingerprint.py); the agent then fails instead of
   restarting its workers from a checkpoint into the same bug.
+* ``bell-<local rank>``: a FIFO its round watcher waits on; the agent writes a byte to
+  it after every delivery, so the watcher wakes at once instead of polling (it still
+  looks once a second, so a lost ring costs at most that).
 * ``step-<local rank>``: the last step it completed (:class:`StepReporter`). The agent
   reads them once per monitor pass for all its readers: the hang clock (hang.py) and the
   refill of the spares the round took (spare_pool.py).
@@ -49,9 +52,10 @@ does not regroup in place (it restarts its workers into the round, and they resu
 the final checkpoint); a finishing worker that sees a regroup under way waits for it
 and builds the round before it exits.
 
-Files are written whole (a temporary file renamed over the old one) and polled: a
-``stat`` every few milliseconds costs nothing beside a training step, and unlike a
-pipe it needs no descriptor that survives torch's process start-up and warm spares.
+Files are written whole (a temporary file renamed over the old one) and read when
+looked at: a ``stat`` costs nothing beside a training step, and unlike a pipe the
+channel needs no descriptor that survives torch's process start-up and warm spares (the
+bell is a FIFO opened by name, by the worker itself).
 """
 
 from __future__ import annotations
@@ -71,6 +75,7 @@ REGROUPING = "regrouping"  # the agent is forming the next round for its workers
 GROUP_BROKEN = "group-broken"  # the agent stops workers whose round lost a peer
 HANDED_OVER = "handed-over"  # this node left the job; its peers went on without it
 STEP_WIDTH = 20  # digits of a step file, rewritten in place
+BELL = "bell"  # bell-<local rank>: the FIFO a worker's round watcher waits on
 
 
 @dataclass(frozen=True)
@@ -128,6 +133,8 @@ class AgentChannel:
         for local_rank, env in envs.items():
             assignment = Assignment(generation, {k: str(v) for k, v in env.items()}, abort)
             _write_whole(self.directory / f"assignment-{local_rank}.json", assignment.to_json())
+        for local_rank in envs:
+            ring(self.directory / f"{BELL}-{local_rank}")
 
     def in_place_pids(self) -> dict[int, int]:
         """Local rank -> pid of each worker that said it can regroup in place."""
@@ -258,6 +265,18 @@ class WorkerChannel:
                 return None
             time.sleep(POLL_S)
 
+    def bell(self) -> int | None:
+        """A descriptor that becomes readable when the agent delivers a round (drain it
+        with :func:`~elasticjob_runtime.launch.wakeup.drain`), or None where no FIFO can be
+        made (the caller polls). Opened read-write, so it never reads as end-of-file."""
+        path = self.directory / f"{BELL}-{self.local_rank}"
+        try:
+            with contextlib.suppress(FileExistsError):
+                os.mkfifo(path, 0o600)
+            return os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            return None
+
     def offer_in_place(self) -> None:
         _write_whole(self.directory / f"in-place-{self.local_rank}", str(os.getpid()))
 
@@ -283,6 +302,20 @@ class WorkerChannel:
     def agent_regrouping(self) -> bool:
         """Is the agent forming a round this worker was offered for?"""
         return (self.directory / REGROUPING).exists()
+
+
+def ring(path: Path) -> None:
+    """Write a byte to the FIFO at ``path`` if a worker holds it open; never blocks."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:  # no FIFO yet (ENOENT), or nobody reading it (ENXIO): nobody to wake
+        return
+    try:
+        os.write(fd, b"!")
+    except OSError:  # full (EAGAIN): a ring is pending already
+        pass
+    finally:
+        os.close(fd)
 
 
 def _directory_from_env() -> Path | None:

@@ -10,6 +10,7 @@ for the operator, and that training finished. The etcd-v3 handler
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
 from elasticjob_runtime.rendezvous.departure import Standing
@@ -40,6 +41,11 @@ class MembershipRendezvous(Protocol):
     def wait_for_membership_change(self, timeout: float) -> str | None:
         """Why this node must move to a new round, waiting up to ``timeout``; None: no
         change, so a failure was this node's own."""
+        ...
+
+    def wake_on_change(self, wake: Callable[[], None]) -> None:
+        """Call ``wake()`` (from another thread) whenever the round watch sees a change:
+        the agent's monitor pass then starts at once (launch/monitor_wake.py)."""
         ...
 
     def put_run_record(self, key: str, value: bytes) -> None:

@@ -37,6 +37,7 @@ import threading
 import time
 import uuid
 import weakref
+from collections.abc import Callable
 from dataclasses import replace
 
 # The .api submodule, not the package: torch loads this entry point while the
@@ -299,6 +300,9 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
     def round_number(self) -> int:
         """The round this node last joined (0 before the first)."""
         return self._watch.round
+
+    def wake_on_change(self, wake: Callable[[], None]) -> None:
+        self._watch.on_change = wake
 
     def put_run_record(self, key: str, value: bytes) -> None:
         """Put a record of the run (a hang) that lives as long as its rendezvous state:

@@ -56,6 +56,9 @@ class RoundWatch:
         # further round, and its member key stays until its workers have handed over.
         self.departing = False
         self._cancel: Callable[[], None] | None = None
+        # Called from the watch's thread after each change it saw is noted (the agent's
+        # monitor pass starts then: launch/monitor_wake.py).
+        self.on_change: Callable[[], None] = lambda: None
 
     def leave_round(self) -> None:
         """About to join another round: stop watching this one, forget why it ended."""
@@ -189,7 +192,7 @@ class RoundWatch:
             self._cancel = self._state.client.watch_prefix(
                 self._state.keys.prefix,
                 revision + 1,
-                self._changed.set,
+                self._saw_change,
                 self._broken.set,
                 on_keys=self._note_changes,
             )
@@ -199,6 +202,11 @@ class RoundWatch:
             # believing a watch exists and never hearing of a change.
             self._broken.set()
             raise
+
+    def _saw_change(self) -> None:
+        """From the watch thread, after the change is noted (or the watch broke)."""
+        self._changed.set()
+        self.on_change()
 
     def _note_changes(self, changes: list[Change]) -> None:
         """From the watch thread: which keys changed, for the next membership check."""

@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from elasticjob_runtime import contract
 from elasticjob_runtime.launch.channel import POLL_S, Assignment, WorkerChannel
+from elasticjob_runtime.launch.wakeup import Wakeup, drain, pidfd_of
 from elasticjob_runtime.training.round_group import RoundGroup, round_group
 
 log = logging.getLogger(__name__)
@@ -43,9 +44,12 @@ ASSIGNED = (
     "MASTER_PORT",
     contract.ROUND_ID,
 )
-# How often the watcher thread looks for an abandoned round: 100 looks a second cost
-# about 2 % of a training step in CPU (measured, bench/README.md); 50 ms more to abandon a
-# frozen peer's collectives is nothing beside the lease that detects it (1 s).
+# How often the watcher thread looks for an abandoned round when nothing woke it: it
+# waits on the channel's bell (the agent rings it after each delivery) and on the agent's
+# pidfd, so this is only the floor for a lost ring. Where neither can be had it polls
+# every WATCH_POLL_S: 100 looks a second cost about 2 % of a training step in CPU
+# (measured, bench/README.md).
+WATCH_IDLE_S = 1.0
 WATCH_POLL_S = 0.05
 # How long a worker whose group broke waits for its agent's next round.
 REGROUP_TIMEOUT_S = float(os.environ.get("ELASTICJOB_REGROUP_TIMEOUT", "900"))
@@ -137,6 +141,7 @@ class WorkerRounds:
         self._aborted_generation = -1
         self._round_token = ""  # agree_round_id
         self._closed = threading.Event()
+        self._wakeup = Wakeup()  # the watcher's wait; close() ends it
         self._parent = os.getppid()  # the agent; a worker whose agent died stops waiting
         self._watcher: threading.Thread | None = None
         self._building = False  # regroup() is building the next round's group
@@ -236,15 +241,40 @@ class WorkerRounds:
         the agent is gone."""
         assert self.channel is not None
         channel = WorkerChannel(self.channel.directory, self.channel.local_rank)
-        while not self._closed.wait(WATCH_POLL_S):
-            latest = channel.latest()
-            generation = self.generation
-            wanted = abandons(latest, generation, self.world_size, self._building)
-            if not self.orphaned() and not wanted:
-                continue
-            if self._aborted_generation < generation:
-                self._aborted_generation = generation
-                self.group.abort()
+        bell = channel.bell()
+        agent = pidfd_of(self._parent)
+        try:
+            while self._wait_for_news(bell, agent):
+                if agent is not None and self.orphaned():
+                    os.close(agent)  # readable for good now: stop waiting on it
+                    agent = None
+                self._abandon_if_broken(channel)
+        finally:
+            for fd in (bell, agent):
+                if fd is not None:
+                    os.close(fd)
+
+    def _wait_for_news(self, bell: int | None, agent: int | None) -> bool:
+        """Wait for the agent's ring, its exit or the floor's timeout; False once closed."""
+        if self._closed.is_set():
+            return False
+        fds = [fd for fd in (bell, agent) if fd is not None]
+        timeout = WATCH_IDLE_S if bell is not None and agent is not None else WATCH_POLL_S
+        ready = self._wakeup.wait(fds, timeout)
+        if bell is not None and ready and bell in ready:
+            drain(bell)
+        return not self._closed.is_set()
+
+    def _abandon_if_broken(self, channel: WorkerChannel) -> None:
+        """Abort this round's group once the agent's newest round says it is broken."""
+        latest = channel.latest()
+        generation = self.generation
+        wanted = abandons(latest, generation, self.world_size, self._building)
+        if not self.orphaned() and not wanted:
+            return
+        if self._aborted_generation < generation:
+            self._aborted_generation = generation
+            self.group.abort()
 
     def regroup(
         self,
@@ -323,6 +353,8 @@ class WorkerRounds:
 
     def close(self) -> None:
         self._closed.set()
+        self._wakeup.nudge()
         if self._watcher is not None:
             self._watcher.join()
+        self._wakeup.close()
         self.group.destroy()

@@ -1,0 +1,67 @@
+"""A thread's wait that other threads, and other processes' exits, can end early.
+
+Both sides of the agent channel used to poll: the agent's monitor loop every 0.1 s
+(torch's ``monitor_interval``), a worker's round watcher every 50 ms. Every recovery
+waited out half of each, and the watcher's wake-ups cost a training process a GIL
+hand-over twenty times a second. :class:`Wakeup` waits on descriptors instead: a pipe
+of its own (:meth:`Wakeup.nudge`, from any thread), a process's pidfd (readable once
+that process has exited: :func:`pidfd_of`, Linux 5.3+), a FIFO another process writes to
+(the channel's bell, launch/channel.py). Callers keep a timeout as the floor they had,
+so a system without pidfds or FIFOs only loses the early wake.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+from collections.abc import Sequence
+
+
+class Wakeup:
+    """Wait up to a timeout for a nudge or for one of some descriptors to be readable."""
+
+    def __init__(self) -> None:
+        self._read, self._write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+
+    def nudge(self) -> None:
+        """End the current (or next) wait now; safe from any thread."""
+        with contextlib.suppress(OSError):  # full: a wake is pending anyway; closed: done
+            os.write(self._write, b"!")
+
+    def wait(self, fds: Sequence[int], timeout: float) -> list[int] | None:
+        """The descriptors of ``fds`` that are readable, [] after a nudge (or a signal),
+        None once ``timeout`` s passed with neither."""
+        try:
+            ready, _, _ = select.select([self._read, *fds], [], [], max(timeout, 0.0))
+        except InterruptedError:
+            return []
+        if not ready:
+            return None
+        if self._read in ready:
+            drain(self._read)
+        return [fd for fd in ready if fd != self._read]
+
+    def close(self) -> None:
+        for fd in (self._read, self._write):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def drain(fd: int) -> None:
+    """Read a non-blocking descriptor empty."""
+    with contextlib.suppress(OSError):
+        while os.read(fd, 4096):
+            pass
+
+
+def pidfd_of(pid: int) -> int | None:
+    """A descriptor that becomes readable when process ``pid`` exits, or None (no such
+    process, or no pidfds on this system)."""
+    opener = getattr(os, "pidfd_open", None)
+    if opener is None:
+        return None
+    try:
+        return int(opener(pid))
+    except OSError:  # ProcessLookupError; ENOSYS before Linux 5.3; EPERM under a seccomp filter
+        return None
