@@ -3,6 +3,7 @@ answers reach the agent."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import select
 import threading
@@ -147,9 +148,11 @@ def test_a_delivery_rings_the_bell_of_each_worker_that_holds_it_open(tmp_path: P
         assert _readable(bell)
         drain(bell)
         assert not _readable(bell)
-        for generation in range(3, 200):  # a full FIFO never blocks the agent
+        fcntl.fcntl(bell, fcntl.F_SETPIPE_SZ, 4096)  # a page: full after 4096 rings
+        for generation in range(3, 5000):  # a full FIFO never blocks the agent
             agent.deliver(generation, {1: ENV}, abort=False)
         assert _readable(bell)
+        assert len(os.read(bell, 65536)) == 4096  # it was full: the later rings were dropped
     finally:
         os.close(bell)
     agent.deliver(300, {1: ENV}, abort=False)  # its worker gone: nobody reads, nothing blocks

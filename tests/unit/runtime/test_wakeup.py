@@ -3,10 +3,15 @@ exits, the round watch nudges), a worker's round watcher (a nudge to close)."""
 
 from __future__ import annotations
 
+import fcntl
+import os
+import resource
 import subprocess
 import sys
 import threading
 import time
+
+import pytest
 
 from elasticjob_runtime.launch.monitor_wake import MonitorWake
 from elasticjob_runtime.launch.wakeup import Wakeup, pidfd_of
@@ -33,20 +38,53 @@ def test_a_nudge_from_another_thread_ends_a_wait_and_none_means_the_timeout() ->
     wakeup.nudge()  # after close: nothing to wake, and no error
 
 
+needs_pidfd = pytest.mark.skipif(
+    not hasattr(os, "pidfd_open"), reason="no os.pidfd_open here (Linux 5.3+): only the interval"
+)
+
+
+@needs_pidfd
 def test_a_pidfd_is_readable_once_its_process_exits() -> None:
     proc = _sleeper(0.2)
     fd = pidfd_of(proc.pid)
-    assert fd is not None, "this Linux has no pidfd_open (5.3+): the early wakes are off"
+    assert fd is not None, "this Linux refuses pidfd_open: the early wakes are off"
     wakeup = Wakeup()
     try:
         assert wakeup.wait([fd], 0.01) is None
         assert wakeup.wait([fd], LONG) == [fd]
     finally:
+        os.close(fd)
         wakeup.close()
         proc.wait()
     assert pidfd_of(proc.pid) is None  # reaped: no such process
 
 
+def test_descriptors_past_1024_are_waited_on_too() -> None:
+    # a training process with gloo's mesh and DataLoader workers holds more than select()
+    # can take; its round watcher's wait must not raise there
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 2048:
+        if hard != resource.RLIM_INFINITY and hard < 2048:
+            pytest.skip(f"open-file limit {hard} < 2048: cannot hold a descriptor past 1024")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (2048, hard))
+    low = os.open(os.devnull, os.O_RDONLY)
+    high = fcntl.fcntl(low, fcntl.F_DUPFD_CLOEXEC, 1500)
+    os.close(low)
+    read, write = os.pipe()
+    far = fcntl.fcntl(read, fcntl.F_DUPFD_CLOEXEC, 1600)
+    os.close(read)
+    wakeup = Wakeup()
+    try:
+        assert wakeup.wait([far], 0.01) is None
+        os.write(write, b"!")
+        assert wakeup.wait([far], LONG) == [far]
+    finally:
+        for fd in (high, far, write):
+            os.close(fd)
+        wakeup.close()
+
+
+@needs_pidfd
 def test_the_monitor_wakes_once_for_each_worker_exit_and_at_a_nudge() -> None:
     wake = MonitorWake()
     running, dying = _sleeper(LONG), _sleeper(0.2)

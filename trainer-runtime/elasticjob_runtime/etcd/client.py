@@ -500,9 +500,12 @@ class EtcdClient:
         order in a round that forms in milliseconds, makes etcd count the watch as
         *unsynced*: its first event then comes from etcd's catch-up loop, which runs
         every 100 ms (measured: a median of 99 ms per such wait, two or three waits per
-        regroup). So once the watch stands, one read asks for the newest key under the
-        prefixes: a put after ``after_revision`` returns at once. (A delete in that gap
-        still waits for the catch-up: a read does not show it.)
+        regroup). So once the watch stands, one read asks for a key under the prefixes
+        put after ``after_revision``: there is one, and the wait returns at once. A
+        delete in that gap (a lost member the leader waits for) still waits for the
+        catch-up, since a read does not show it; so does a put that lands after this
+        read while etcd still counts the watch as unsynced (a write elsewhere came
+        between the caller's read and the watch).
         """
         names = [prefixes] if isinstance(prefixes, str) else list(prefixes)
         changed = threading.Event()
@@ -519,19 +522,18 @@ class EtcdClient:
 
     def _put_after(self, prefixes: Sequence[str], after_revision: int) -> bool:
         """Was a key under the common part of ``prefixes`` put after ``after_revision``?
-        One read of the most recently modified key (a key beside the prefixes that
-        changed says yes too: the caller reads again and finds nothing new, which is
-        harmless)."""
+        One read, of at most one key name (a key beside the prefixes that changed says
+        yes too: the caller reads again and finds nothing new, which is harmless)."""
         common = os.path.commonprefix(list(prefixes))  # noqa: RUF071 (keys, not paths)
         if not common:
             return False
         try:
             resp = self._client.get_prefix_response(
-                common, sort_order="descend", sort_target="mod", limit=1, keys_only=True
+                common, min_mod_revision=after_revision + 1, limit=1, keys_only=True
             )
         except (pyetcd.exceptions.Etcd3Exception, grpc.RpcError) as exc:
             raise self._fail(f"read {common}", exc) from exc
-        return bool(resp.kvs) and int(resp.kvs[0].mod_revision) > after_revision
+        return bool(resp.kvs)
 
     def close(self) -> None:
         self._closed = True

@@ -250,6 +250,8 @@ class MembershipAwareAgent(TorchAgent):
             self._accept_departure(False)
             if self._spares is not None:
                 self._spares.close()
+            if self._membership is not None:
+                self._membership.wake_on_change(lambda: None)  # its watch may outlive us
             self._wake.close()
             shutil.rmtree(self._notes, ignore_errors=True)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import select
+import threading
 from collections.abc import Sequence
 
 
@@ -22,30 +23,43 @@ class Wakeup:
     """Wait up to a timeout for a nudge or for one of some descriptors to be readable."""
 
     def __init__(self) -> None:
-        self._read, self._write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._read, self._write = os.pipe()  # not inherited by the processes we start
+        os.set_blocking(self._read, False)
+        os.set_blocking(self._write, False)
+        self._lock = threading.Lock()  # a nudge never writes to a number close() freed
+        self._closed = False
 
     def nudge(self) -> None:
-        """End the current (or next) wait now; safe from any thread."""
-        with contextlib.suppress(OSError):  # full: a wake is pending anyway; closed: done
-            os.write(self._write, b"!")
+        """End the current (or next) wait now; safe from any thread, and after close()."""
+        with self._lock:
+            if self._closed:
+                return
+            with contextlib.suppress(OSError):  # full: a wake is pending anyway
+                os.write(self._write, b"!")
 
     def wait(self, fds: Sequence[int], timeout: float) -> list[int] | None:
         """The descriptors of ``fds`` that are readable, [] after a nudge (or a signal),
         None once ``timeout`` s passed with neither."""
+        poller = select.poll()  # not select(): a training process's descriptors pass 1024
+        for fd in (self._read, *fds):
+            poller.register(fd, select.POLLIN)
         try:
-            ready, _, _ = select.select([self._read, *fds], [], [], max(timeout, 0.0))
+            events = poller.poll(max(timeout, 0.0) * 1000)
         except InterruptedError:
             return []
-        if not ready:
+        if not events:
             return None
+        ready = [fd for fd, _ in events]
         if self._read in ready:
             drain(self._read)
         return [fd for fd in ready if fd != self._read]
 
     def close(self) -> None:
-        for fd in (self._read, self._write):
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        with self._lock:
+            self._closed = True
+            for fd in (self._read, self._write):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
 
 
 def drain(fd: int) -> None:

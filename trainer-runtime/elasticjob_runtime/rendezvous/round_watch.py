@@ -204,9 +204,12 @@ class RoundWatch:
             raise
 
     def _saw_change(self) -> None:
-        """From the watch thread, after the change is noted (or the watch broke)."""
+        """From the watch thread, after the change is noted (or the watch broke: the next
+        pass at the agent's own interval re-reads, so a watch that breaks again at once
+        is not re-armed at etcd's speed)."""
         self._changed.set()
-        self.on_change()
+        if not self._broken.is_set():
+            self.on_change()
 
     def _note_changes(self, changes: list[Change]) -> None:
         """From the watch thread: which keys changed, for the next membership check."""

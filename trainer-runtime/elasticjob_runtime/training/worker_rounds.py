@@ -244,6 +244,8 @@ class WorkerRounds:
         bell = channel.bell()
         agent = pidfd_of(self._parent)
         try:
+            # a round delivered before the bell was open rang nobody: look once first
+            self._abandon_if_broken(channel)
             while self._wait_for_news(bell, agent):
                 if agent is not None and self.orphaned():
                     os.close(agent)  # readable for good now: stop waiting on it
