@@ -6,6 +6,8 @@ from __future__ import annotations
 import fcntl
 import os
 import select
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -13,11 +15,15 @@ import pytest
 
 from elasticjob_runtime import contract
 from elasticjob_runtime.launch.channel import (
+    DIR_PREFIX,
     AgentChannel,
     Assignment,
     StepReporter,
     WorkerChannel,
     group_broken,
+    new_channel_dir,
+    pid_namespace,
+    sweep_abandoned,
 )
 from elasticjob_runtime.launch.wakeup import drain
 
@@ -163,3 +169,39 @@ def test_a_delivery_rings_the_bell_of_each_worker_that_holds_it_open(tmp_path: P
 
 def _readable(fd: int) -> bool:
     return bool(select.select([fd], [], [], 0)[0])
+
+
+def test_the_next_agent_removes_the_channel_directories_of_killed_agents(tmp_path: Path) -> None:
+    ns = pid_namespace()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # reaped: its pid names no process now
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        names = {
+            "dead": f"{DIR_PREFIX}{ns}-{dead.pid}-abc",
+            "live": f"{DIR_PREFIX}{ns}-{live.pid}-def",
+            "mine": f"{DIR_PREFIX}{ns}-{os.getpid()}-ghi",
+            # a container sharing /tmp with its own pid namespace: its pids mean nothing here
+            "other namespace": f"{DIR_PREFIX}{ns + 1}-{dead.pid}-jkl",
+            "old name": f"{DIR_PREFIX}x1y2z3",
+            "not ours": f"other-{ns}-{dead.pid}-mno",
+        }
+        for name in names.values():
+            (tmp_path / name).mkdir()
+            (tmp_path / name / "assignment-0.json").write_text("{}")
+        assert sweep_abandoned(tmp_path) == [names["dead"]]
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+            n for k, n in names.items() if k != "dead"
+        )
+    finally:
+        live.kill()
+        live.wait()
+
+
+def test_a_new_channel_directory_is_named_so_that_a_sweep_can_judge_it() -> None:
+    made = new_channel_dir()
+    try:
+        assert made.name.startswith(f"{DIR_PREFIX}{pid_namespace()}-{os.getpid()}-")
+        assert sweep_abandoned(made.parent).count(made.name) == 0  # its agent lives
+    finally:
+        made.rmdir()

@@ -52,12 +52,10 @@ import os
 import shutil
 import signal
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
@@ -66,7 +64,7 @@ from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 from torch.distributed.elastic.utils import store as store_util
 
 from elasticjob_runtime import contract
-from elasticjob_runtime.launch.channel import AgentChannel
+from elasticjob_runtime.launch.channel import AgentChannel, new_channel_dir, sweep_abandoned
 from elasticjob_runtime.launch.departing import Departing, DepartureRequest
 from elasticjob_runtime.launch.hang import group_step
 from elasticjob_runtime.launch.hang_watch import HangWatch
@@ -176,7 +174,10 @@ class MembershipAwareAgent(TorchAgent):
         self.joined = joined if joined is not None else threading.Event()
         # Every file between this agent and its workers (channel.py), named to them (and
         # to the spares, which must see the same environment) by one variable.
-        self._notes = Path(tempfile.mkdtemp(prefix="elasticjob-agent-"))
+        swept = sweep_abandoned()  # those of agents killed before they could
+        if swept:
+            log.info("removed %d channel directories of agents that were killed", len(swept))
+        self._notes = new_channel_dir()
         self._channel = AgentChannel(self._notes)
         # None with torch's own rendezvous backends: the agent then behaves as torch's.
         self._membership = membership_of(self.worker_group.spec.rdzv_handler)
