@@ -38,15 +38,13 @@ class Wakeup:
                 os.write(self._write, b"!")
 
     def wait(self, fds: Sequence[int], timeout: float) -> list[int] | None:
-        """The descriptors of ``fds`` that are readable, [] after a nudge (or a signal),
-        None once ``timeout`` s passed with neither."""
+        """The descriptors of ``fds`` that are readable, [] after a nudge, None once
+        ``timeout`` s passed with neither (a signal does not end it: Python retries the
+        poll, PEP 475)."""
         poller = select.poll()  # not select(): a training process's descriptors pass 1024
         for fd in (self._read, *fds):
             poller.register(fd, select.POLLIN)
-        try:
-            events = poller.poll(max(timeout, 0.0) * 1000)
-        except InterruptedError:
-            return []
+        events = poller.poll(max(timeout, 0.0) * 1000)
         if not events:
             return None
         ready = [fd for fd, _ in events]
