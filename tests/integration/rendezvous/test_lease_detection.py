@@ -470,3 +470,33 @@ def test_a_node_that_left_never_announces_itself_again(etcd: EtcdServer) -> None
         stop.set()
         handler._leave()
         client.close()
+
+
+def test_a_stop_that_lands_while_a_node_registers_still_drops_its_key(
+    etcd: EtcdServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A SIGTERM can land just after the member key is put, while ``register`` still runs
+    (a test sent one as soon as it saw the key). The stop path (``leave_registered``,
+    which ``elasticjob-run`` calls on a signal and at exit) must know the node already
+    and revoke its lease: an agent that exited 143 left its key to the TTL in CI."""
+    from torch.distributed.elastic.multiprocessing import SignalException
+
+    from elasticjob_runtime.rendezvous.handler import leave_registered
+    from elasticjob_runtime.rendezvous.lease_holder import LeaseHolder
+
+    def signalled(_holder: LeaseHolder, _client: EtcdClient) -> None:
+        raise SignalException("got SIGTERM", sigval=signal.SIGTERM)
+
+    client = EtcdClient(parse_endpoints(etcd.endpoint), timeout=10)
+    run_id = uuid.uuid4().hex
+    handler = EtcdV3RendezvousHandler(client, run_id, Limits(1, 2, 15), "127.0.0.1")
+    monkeypatch.setattr(LeaseHolder, "_start_keeper", signalled)  # the key is put by then
+    try:
+        with pytest.raises(SignalException):
+            handler.register()
+        assert len(member_keys(client, run_id)) == 1
+        leave_registered()
+        assert member_keys(client, run_id) == {}  # revoked, not left to its TTL
+    finally:
+        handler._leave()
+        client.close()

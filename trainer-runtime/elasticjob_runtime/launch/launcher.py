@@ -304,6 +304,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         # a second SIGTERM now (the kubelet's, after a departure that went by its mark)
         # would end us by the signal instead of with the status we chose.
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        # torch's launcher does not shut the rendezvous down after a signal; the node
+        # still leaves now, while this exception's frames keep its handler alive.
+        from elasticjob_runtime.rendezvous.handler import leave_registered
+
+        leave_registered()
         log.info("stopped by %s", signal.Signals(exc.sigval).name)
         raise SystemExit(128 + int(exc.sigval)) from None
     finally:

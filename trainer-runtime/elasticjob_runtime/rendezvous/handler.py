@@ -135,8 +135,10 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
         with self._register_lock:
             if self._registered:
                 return
+            # Known before the member key exists: a stop (SIGTERM) that lands while
+            # start() still runs must find this node and drop the key it just put.
+            _REGISTERED.add(self)
             self._leases.start()
-            atexit.register(_leave_weak, weakref.ref(self))
             self._registered = True
 
     def _enter(self, number: int) -> None:
@@ -355,10 +357,23 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
         return True
 
 
-def _leave_weak(ref: weakref.ref[EtcdV3RendezvousHandler]) -> None:
-    handler = ref()
-    if handler is not None and not handler._stop.is_set():
-        handler._leave()
+_REGISTERED: weakref.WeakSet[EtcdV3RendezvousHandler] = weakref.WeakSet()
+
+
+def leave_registered() -> None:
+    """Every handler of this process that registered and has not left drops its member
+    key now, so peers learn at once, not after the lease TTL.
+
+    At exit, and by ``elasticjob-run`` when a signal stops it: torch's launcher then
+    skips ``shutdown()`` on purpose (that would close the run for every node), and by
+    exit time a handler left only in cycles may have been collected, its key then left
+    to its TTL (a flaky CI test). Weak: a handler a test dropped is not kept alive."""
+    for handler in list(_REGISTERED):
+        if not handler._stop.is_set():
+            handler._leave()
+
+
+atexit.register(leave_registered)
 
 
 def _conf_seconds(params: RendezvousParameters, key: str, default: int) -> int:
