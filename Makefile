@@ -56,8 +56,9 @@ crds: setup
 demo: setup
 	python scripts/demo.py
 
+# BENCH_ARGS: bench.run's options, e.g. issue 36's table run (bench/README.md)
 bench: setup
-	python -m bench.run
+	python -m bench.run $(BENCH_ARGS)
 
 # 20 jobs through 10 minutes of random faults; not part of `make test` (a smoke of it is).
 soak: setup
