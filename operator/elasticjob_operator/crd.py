@@ -148,6 +148,8 @@ PRINTER_COLUMNS: list[Schema] = [
         "priority": 1,
     },
     {"name": "Placement", "type": "string", "jsonPath": ".status.placement", "priority": 1},
+    # training over wall time, from the runtime's ledger (docs/goodput.md)
+    {"name": "Goodput", "type": "string", "jsonPath": ".status.goodput.percent", "priority": 1},
 ]
 
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import kopf
 
-from elasticjob_operator import builders, models, rest
+from elasticjob_operator import builders, metrics, models, rest
 from elasticjob_operator.assembly import Operator, assemble
 from elasticjob_operator.kueue import workload as kueue_workload
 from elasticjob_operator.observe import worker_labels
@@ -101,6 +101,8 @@ async def job_event(
         if _operator is not None and namespace and uid:
             _operator.deletions.add(namespace, uid)
             _operator.pods.forget((namespace, name))  # no round runs for it again
+        if namespace:
+            metrics.forget_job(namespace, name)  # its goodput series go with it
         return
     if _operator is not None and namespace and not is_own_status_echo(type, body):
         _operator.queue.add((namespace, name), urgent=type == "MODIFIED")

@@ -60,6 +60,7 @@ def _round(op: Operator, namespace: str, name: str, read_progress: bool) -> None
     kube = op.kube
     job = kube.get_job(namespace, name)
     if job is None or job["metadata"].get("deletionTimestamp"):
+        metrics.forget_job(namespace, name)
         return
     meta = job["metadata"]
     ref = builders.JobRef(name=name, namespace=namespace, uid=meta["uid"])
@@ -119,6 +120,7 @@ def _count(ref: builders.JobRef, status: models.ElasticJobStatus, decision: Deci
     """The round's metrics and one log line per decision."""
     namespace = ref.namespace
     new = decision.status
+    metrics.job_round(namespace, ref.name, status, new)
     if new.restart_count > status.restart_count:
         metrics.RESTARTS.labels(namespace=namespace).inc(new.restart_count - status.restart_count)
     hang_delta = (new.hangs.count if new.hangs else 0) - (status.hangs.count if status.hangs else 0)
@@ -159,6 +161,7 @@ def _with_records(
     return replace(
         observed,
         progress=observe.progress_of(records.progress),
+        ledger=observe.ledger_of(records.progress),
         memory_fallbacks=observe.memory_fallbacks_of(records.memory_fallbacks),
         hangs=observe.hangs_of(records.hangs),
         divergences=observe.divergences_of(records.divergences),

@@ -620,6 +620,49 @@ class Progress(_Open):
     update_time: datetime | None = Field(default=None, description="When the runtime published it.")
 
 
+class LastRecovery(_Model):
+    """The newest recovery that ended."""
+
+    cause: str = Field(description="Why the training paused (docs/goodput.md).")
+    pause_seconds: float = Field(description="From its last step to the next, less one step.")
+    step: int = Field(description="The first step committed after it.")
+    time: datetime = Field(description="When that step was committed.")
+
+
+class Goodput(_Open):
+    """Where the job's wall time went, from the runtime's ledger (docs/goodput.md)."""
+
+    run_id: str = Field(description="The run (PET_RDZV_ID) the figures are of: the current one.")
+    ratio: float = Field(description="Training time over wall time (0-1).")
+    percent: str = Field(description="The ratio as a percentage, for `kubectl get -o wide`.")
+    wall_seconds: float = Field(
+        description="From the run's start to the ledger's last entry (throughTime)."
+    )
+    training_seconds: float = Field(description="Committed steps.")
+    waiting_seconds: float = Field(
+        description="From the run's start (the job's creation, or its resumption after a "
+        "suspension) to its first agent's start: queued by Kueue, waiting for pods to be "
+        "scheduled, images pulled."
+    )
+    startup_seconds: float = Field(description="From the first agent's start to the first step.")
+    paused_seconds: dict[str, float] = Field(
+        default_factory=dict, description="Recoveries' pauses, by cause."
+    )
+    lost_seconds: float = Field(
+        description="Work done and thrown away: steps in flight a fault dropped, steps done "
+        "again after going back to a checkpoint."
+    )
+    checkpoint_seconds: float = Field(description="Saves the training waited for.")
+    recoveries: dict[str, int] = Field(default_factory=dict, description="Recoveries by cause.")
+    longest_pause_seconds: float = Field(
+        description="The longest recovery, from its last step to the next, less one step."
+    )
+    through_time: datetime = Field(description="The ledger's last entry.")
+    last_recovery: LastRecovery | None = Field(
+        default=None, description="The newest recovery that ended, and what it cost."
+    )
+
+
 class NodeMemoryFallback(_Model):
     """A worker's node-memory checkpoint copy failed (reported once per run, as an event)."""
 
@@ -762,6 +805,11 @@ class ElasticJobStatus(_Model):
     )
     progress: Progress | None = Field(
         default=None, description="Training progress mirrored from the runtime."
+    )
+    goodput: Goodput | None = Field(
+        default=None,
+        description="Where the job's time went (training, start-up, pauses by cause, lost "
+        "work, checkpoints), from the runtime's ledger of its current run.",
     )
     node_memory_fallback: NodeMemoryFallback | None = Field(
         default=None,

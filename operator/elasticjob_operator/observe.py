@@ -17,6 +17,8 @@ from elasticjob_operator import builders, models
 from elasticjob_operator.kueue.admission import Admission, Placement
 from elasticjob_operator.kueue.priority import Priority
 from elasticjob_runtime.etcd import records
+from elasticjob_runtime.goodput import ledger
+from elasticjob_runtime.goodput.ledger import Ledger
 
 R = TypeVar("R")
 
@@ -67,6 +69,7 @@ class Observed:
     network_policies: frozenset[str] = frozenset()
     disruption_budgets: frozenset[str] = frozenset()
     progress: models.Progress | None = None  # None: not read this round, keep the last one
+    ledger: Ledger | None = None  # the run's goodput ledger, with progress; None: keep the last
     memory_fallbacks: tuple[records.MemoryFallback, ...] = ()  # this run's reports, if read
     hangs: tuple[records.Hang, ...] = ()  # this run's hang records, if read
     divergences: tuple[records.Divergence, ...] = ()  # this run's divergence records
@@ -228,6 +231,26 @@ def progress_of(raw: bytes | None) -> models.Progress | None:
     # OverflowError, OSError: an ``updated`` time past what datetime holds
     except (ValueError, OverflowError, OSError) as exc:
         _malformed("progress record", exc)
+        return None
+
+
+def ledger_of(raw: bytes | None) -> Ledger | None:
+    """The goodput ledger in the stored progress record; None if there is none, or it (or
+    the record) is malformed: the status keeps the last one."""
+    if raw is None:
+        return None
+    try:
+        doc = records.decode_progress(raw).ledger
+        if doc is None:
+            return None
+        decoded = ledger.decode(doc)
+        last = decoded.last.at if decoded.last is not None else decoded.through
+        for moment in (decoded.opened, decoded.through, last):
+            datetime.fromtimestamp(moment, tz=UTC)  # the status holds it as a date
+        return decoded
+    # OverflowError, OSError: a time past what datetime holds
+    except (ValueError, OverflowError, OSError) as exc:
+        _malformed("goodput ledger", exc)
         return None
 
 

@@ -37,6 +37,7 @@ from elasticjob_operator.decision import (
 )
 from elasticjob_operator.divergence import decide_divergences
 from elasticjob_operator.etcd.shared import SharedEtcd, serves
+from elasticjob_operator.goodput import goodput_status, recovery_event, run_started
 from elasticjob_operator.hangs import decide_hangs
 from elasticjob_operator.kueue import workload as kueue_workload
 from elasticjob_operator.kueue.admission import reclaim_patch, release_patch
@@ -401,6 +402,12 @@ def _observe(d: Decision, r: Round, generation: int | None) -> Event | None:
     ):
         st.progress = new
     run = models.run_id(ref.uid, st.incarnation)  # the run the reports were read for
+    if r.observed.ledger is not None:
+        previous = st.goodput if st.goodput is not None and st.goodput.run_id == run else None
+        recovered = recovery_event(previous, r.observed.ledger)
+        if recovered is not None:
+            d.events.append(recovered)
+        st.goodput = goodput_status(r.observed.ledger, run_started(st), run)
     said = decide_memory_fallback(
         st.node_memory_fallback, run, r.observed.memory_fallbacks, spec, now
     )

@@ -16,8 +16,10 @@ is killed through ``kubectl exec`` and on kind a frozen agent is stopped from it
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import re
+import statistics
 import time
 import uuid
 from collections.abc import Iterator
@@ -244,6 +246,41 @@ def test_a_killed_worker_process_costs_at_most_a_checkpoint_interval_in_the_same
     # the launcher restarted the process inside the pod: the pods are the same ones
     assert {n: p.metadata.uid for n, p in c.workers(ns, name).items()} == uids
     assert c.status(ns, name).get("restartCount", 0) == 0
+    assert_goodput_shows_the_recovery(c, ns, name, logs, killed_at)
+
+
+def assert_goodput_shows_the_recovery(
+    c: Cluster, ns: str, name: str, logs: Logs, fault_at: float
+) -> None:
+    """status.goodput counts the one recovery, its buckets add up to the wall time, its
+    pause is the one rank 0's step lines show (an independent clock: the gap less one
+    step), an event says what it cost, and `kubectl get -o wide` shows the ratio."""
+    goodput = wait_for(
+        "status.goodput to count the recovery",
+        lambda: (g := c.status(ns, name).get("goodput")) and sum(g["recoveries"].values()) and g,
+        timeout=60,
+    )
+    assert sum(goodput["recoveries"].values()) == 1, goodput
+    assert set(goodput["recoveries"]) <= {"failure", "restart"}, goodput
+    buckets = ("training", "waiting", "startup", "lost", "checkpoint")
+    booked = sum(goodput[f"{b}Seconds"] for b in buckets) + sum(goodput["pausedSeconds"].values())
+    assert booked == pytest.approx(goodput["wallSeconds"], rel=0.01, abs=0.2), goodput
+    times = [s.t for s in logs.steps()]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    # the recovery is the longest gap between two step lines from just before the fault
+    around = [b - a for a, b in itertools.pairwise(times) if b > fault_at - 1]
+    measured = max(around) - statistics.median(gaps)
+    pause = goodput["longestPauseSeconds"]
+    # a group that restarted may have taken on a ledger up to a second old (goodput.md)
+    slack = 1.2 if "restart" in goodput["recoveries"] else 0.2
+    assert abs(pause - measured) <= max(slack, 0.1 * measured), (pause, measured, goodput)
+    said = c.core.list_namespaced_event(
+        ns, field_selector=f"involvedObject.name={name},reason=Recovered"
+    ).items
+    assert len(said) == 1 and "training paused" in said[0].message, said
+    wide = c.kubectl("-n", ns, "get", "elasticjob", name, "-o", "wide").stdout.splitlines()
+    assert "GOODPUT" in wide[0].split(), wide
+    assert re.search(r"\b\d+\.\d%", wide[1]), wide
 
 
 HANG_TIMEOUT = 10  # the CRD's minimum

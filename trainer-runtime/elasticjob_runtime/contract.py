@@ -62,6 +62,9 @@ WORKER_ASSIGNED_AT: Final = "ELASTICJOB_WORKER_ASSIGNED_AT"
 # set per worker and round by elasticjob-run's etcd-v3 rendezvous: "<run id>/<round>", the
 # round every node of the group shares; Run.round_id adds the token rank 0 draws for it
 ROUND_ID: Final = "ELASTICJOB_ROUND_ID"
+# set by elasticjob-run for its workers: when the agent started (unix time), where the
+# goodput ledger of a new run starts counting (goodput/keeper.py)
+AGENT_STARTED: Final = "ELASTICJOB_AGENT_STARTED"
 
 DEFAULT_RDZV_BACKEND: Final = "etcd-v3"
 RDZV_BACKENDS: Final = ("etcd-v3", "c10d", "etcd")
@@ -79,6 +82,12 @@ ETCD_FAST_LEASE_FLAGS: Final = ("--heartbeat-interval=100", "--election-timeout=
 def progress_key(run_id: str) -> str:
     """etcd key under which a run's progress is published (read by the operator)."""
     return f"/elasticjob/{run_id}/progress"
+
+
+def ledger_key(run_id: str) -> str:
+    """etcd key where rank 0 keeps the run's goodput ledger for a group that restarts: on
+    a lease of its own that outlives the progress record's (goodput/keeper.py)."""
+    return f"/elasticjob/{run_id}/ledger"
 
 
 def memory_fallback_key(run_id: str, pod: str) -> str:

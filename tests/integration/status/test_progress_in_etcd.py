@@ -21,9 +21,11 @@ from elasticjob_runtime.etcd.endpoints import parse_endpoints
 from elasticjob_runtime.etcd.progress import (
     ProgressReporter,
     SampleRate,
+    published_ledger,
     reporter_from_env,
 )
 from elasticjob_runtime.etcd.records import Progress
+from elasticjob_runtime.goodput import ledger as gl
 
 pytestmark = pytest.mark.integration
 
@@ -134,6 +136,32 @@ def test_record_goes_away_on_close(client: EtcdClient, etcd: EtcdServer) -> None
     published(client, rid, 1)
     reporter.close()
     assert read_progress(client, rid) is None  # close() waited for the revoke
+
+
+def test_the_ledger_goes_with_the_record_and_stays_under_its_own_key_after_close(
+    client: EtcdClient, etcd: EtcdServer
+) -> None:
+    """The progress record goes with its lease; the goodput ledger must outlive it for a
+    group that restarts later, and the newest one is what is read back."""
+    rid = run_id()
+    reporter = ProgressReporter(parse_endpoints(etcd.endpoint), rid, world_size=1, min_interval=0)
+    book = gl.committed(gl.opened(100.0), 1, 105.0)
+    reporter.update(1, samples=8, ledger=book)
+    seen = published(client, rid, 1)
+    assert seen.ledger == gl.encode(book)  # with the record, encoded in the background
+    later = gl.committed(book, 2, 106.0)
+    reporter.update(2, samples=8, ledger=later)
+    published(client, rid, 2)
+    # the ledger key was put with the first record; the record's (later) one is newer
+    assert published_ledger(client, rid) == gl.encode(later)
+    ended = gl.finished(later, 107.0)
+    reporter.update_ledger(gl.interrupted(ended, "departure", 106.5))
+    reporter.close()
+    assert read_progress(client, rid) is None
+    kept = client.get(contract.ledger_key(rid))
+    assert kept is not None and kept.lease != 0  # on a lease of its own (an hour)
+    doc = published_ledger(client, rid)
+    assert doc is not None and gl.decode(doc).recoveries == {"departure": 1}  # the newest
 
 
 def test_lease_is_kept_alive_while_the_reporter_lives(client: EtcdClient, etcd: EtcdServer) -> None:

@@ -3,6 +3,7 @@ rendered objects are what the operator needs (and no more), and both images run 
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -292,3 +293,60 @@ def test_the_shared_etcd_admits_watched_workers_and_the_operator_only() -> None:
             render("sharedEtcd.enabled=true", "networkPolicy.enabled=false"), "NetworkPolicy"
         )
     ]
+
+
+def test_the_goodput_dashboard_and_service_monitor_come_only_when_asked_for() -> None:
+    assert not by_kind(render(), "ConfigMap") and not by_kind(render(), "ServiceMonitor")
+    docs = render(
+        "metrics.service.enabled=true",
+        "metrics.serviceMonitor.enabled=true",
+        "metrics.dashboard.enabled=true",
+    )
+    (board,) = by_kind(docs, "ConfigMap")
+    assert board["metadata"]["labels"]["grafana_dashboard"] == "1"  # the sidecar's default
+    dashboard = json.loads(board["data"]["elasticjob-goodput.json"])
+    assert dashboard["uid"] == "elasticjob-goodput"
+    (monitor,) = by_kind(docs, "ServiceMonitor")
+    (service,) = by_kind(docs, "Service")
+    selected = monitor["spec"]["selector"]["matchLabels"]
+    assert selected.items() <= service["metadata"]["labels"].items()
+    assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["metrics"]
+
+
+def test_a_service_monitor_without_the_service_is_refused_saying_why() -> None:
+    exe = shutil.which("helm")
+    assert exe
+    args = ["template", "rel", str(CHART), "--set", "metrics.serviceMonitor.enabled=true"]
+    out = subprocess.run([exe, *args], capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode != 0 and "metrics.service.enabled=true" in out.stderr
+
+
+def test_every_query_of_the_dashboard_names_metrics_the_operator_exports() -> None:
+    from datetime import UTC, datetime
+
+    from prometheus_client import REGISTRY, generate_latest
+
+    from elasticjob_operator import metrics, models
+
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    last = models.LastRecovery(cause="failure", pause_seconds=0.5, step=3, time=at)
+    goodput = models.Goodput(
+        run_id="uid",
+        ratio=0.5, percent="50.0%", wall_seconds=2, training_seconds=1, waiting_seconds=0,
+        startup_seconds=0.5, paused_seconds={"failure": 0.5}, lost_seconds=0,
+        checkpoint_seconds=0, recoveries={"failure": 1}, longest_pause_seconds=0.5,
+        through_time=at, last_recovery=last,
+    )  # fmt: skip
+    progress = models.Progress(step=3, samples_per_second=1.0)
+    after = models.ElasticJobStatus(goodput=goodput, progress=progress)
+    metrics.job_round("dash", "board", models.ElasticJobStatus(), after)
+    try:
+        exposition = generate_latest(REGISTRY).decode()
+    finally:
+        metrics.forget_job("dash", "board")
+    exported = set(re.findall(r"^(elasticjob_\w+)\{[^}]*job=\"board\"", exposition, re.M))
+    dashboard = json.loads((CHART / "dashboards" / "goodput.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    exprs += [v["query"] for v in dashboard["templating"]["list"] if v["type"] == "query"]
+    named = {m for e in exprs for m in re.findall(r"\belasticjob_\w+", e)}
+    assert named and named <= exported, named - exported

@@ -116,6 +116,7 @@ def test_scale_subresource_and_printer_columns_point_at_real_fields() -> None:
         "Age",
         "Admitted",  # -o wide only
         "Placement",  # -o wide only
+        "Goodput",  # -o wide only
     ]
     for name, path in columns.items():
         if name != "Age":

@@ -28,6 +28,7 @@ from elasticjob_operator.observe import (
     ObservedPod,
     Waiting,
     exit_code,
+    ledger_of,
     memory_fallbacks_of,
     observe_pod,
     progress_of,
@@ -50,6 +51,8 @@ from elasticjob_runtime.etcd.records import (
     Progress,
     encode_progress,
 )
+from elasticjob_runtime.goodput import ledger as gl
+from elasticjob_runtime.goodput.ledger import Ledger
 
 REF = JobRef(name="train", namespace="ml", uid="uid-1")
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
@@ -79,18 +82,22 @@ class World:
     config: Config = field(default_factory=lambda: Config(below_min_grace_seconds=60))
     last: Decision | None = None
 
-    def observed(self, progress: models.Progress | None = None) -> Observed:
+    def observed(
+        self, progress: models.Progress | None = None, ledger: Ledger | None = None
+    ) -> Observed:
         return Observed(
             pods=tuple(self.pods.values()),
             services=frozenset(self.services),
             deployments=frozenset(self.deployments),
             progress=progress,
+            ledger=ledger,
         )
 
-    def round(self, progress: models.Progress | None = None) -> Decision:
-        d = reconcile(
-            REF, 1, self.spec, self.status, self.observed(progress), self.now, self.config
-        )
+    def round(
+        self, progress: models.Progress | None = None, ledger: Ledger | None = None
+    ) -> Decision:
+        observed = self.observed(progress, ledger)
+        d = reconcile(REF, 1, self.spec, self.status, observed, self.now, self.config)
         for ref in d.delete:
             if ref.kind == "Pod" and ref.name in self.pods:
                 # deletion is graceful: the pod is terminating until `settle`
@@ -727,6 +734,83 @@ def test_a_malformed_progress_record_is_no_progress_this_round(raw: bytes) -> No
     assert progress_of(raw) is None
     d = w.round(progress=progress_of(raw))
     assert d.status.progress is not None and d.status.progress.step == 10
+
+
+def test_goodput_is_the_runtimes_ledger_with_the_wait_before_its_first_agent() -> None:
+    w = running_world()  # created at T0
+    t0 = T0.timestamp()
+    book = gl.committed(gl.opened(t0 + 30), 1, t0 + 40)  # the agent started 30 s in
+    book = gl.interrupted(gl.committed(book, 2, t0 + 70), "failure", t0 + 71)
+    book = gl.committed(gl.paused(book, t0 + 75), 3, t0 + 100)  # its first step after
+    raw = progress_record(w.now, step=3, ledger=gl.encode(book))
+    d = w.round(progress=progress_of(raw), ledger=ledger_of(raw))
+    g = d.status.goodput
+    assert g is not None
+    assert (g.waiting_seconds, g.startup_seconds, g.wall_seconds) == (30, 10, 100)
+    # 30 s of steps, the step in flight lost (1 s), the regroup (4 s), then a 25 s step
+    assert g.training_seconds == 55
+    assert g.lost_seconds == 1 and g.paused_seconds == {"failure": 4}
+    assert g.recoveries == {"failure": 1} and g.longest_pause_seconds == 5
+    assert (g.ratio, g.percent) == (0.55, "55.0%")
+    assert g.through_time == T0 + timedelta(seconds=100)
+    assert g.run_id == models.run_id(REF.uid, 0)
+    assert g.last_recovery is not None and g.last_recovery.step == 3
+    assert d.status.model_dump(by_alias=True)["goodput"]["pausedSeconds"] == {"failure": 4}
+    said = [e for e in d.events if e.reason == "Recovered"]
+    assert [e.message for e in said] == [
+        "a worker or a node failed: training paused 5.0 s, going on at step 3"
+    ]
+    d = w.round(progress=progress_of(raw), ledger=ledger_of(raw))  # read again: said once
+    assert "Recovered" not in reasons(d)
+    d = w.round()  # not read this round: kept
+    assert d.status.goodput == g
+    two = gl.committed(gl.paused(gl.interrupted(book, "join", t0 + 101), t0 + 103), 4, t0 + 130)
+    two = gl.committed(gl.interrupted(two, "departure", t0 + 131), 5, t0 + 160)
+    raw = progress_record(w.now, step=5, ledger=gl.encode(two))
+    d = w.round(progress=progress_of(raw), ledger=ledger_of(raw))
+    assert [e.message for e in d.events if e.reason == "Recovered"] == [
+        "workers left: training paused 1.0 s, going on at step 5 (2 recoveries since the "
+        "last report)"
+    ]
+
+
+def test_a_new_run_reports_its_own_recoveries_and_counts_no_earlier_run_as_waiting() -> None:
+    w = running_world()
+    t0 = T0.timestamp()
+    book = gl.interrupted(
+        gl.committed(gl.committed(gl.opened(t0), 1, t0 + 1), 2, t0 + 2), "join", t0 + 3
+    )
+    book = gl.committed(book, 3, t0 + 4)
+    raw = progress_record(w.now, step=3, ledger=gl.encode(book))
+    w.round(progress=progress_of(raw), ledger=ledger_of(raw))
+    # a later run (resumed after a suspension) that has recovered once: its own event,
+    # although the earlier run's count was already one
+    w.status.incarnation = 1
+    set_condition(w.status, C.SUSPENDED, True, "Suspended", "", T0 + timedelta(seconds=30))
+    set_condition(w.status, C.SUSPENDED, False, "Resumed", "", T0 + timedelta(seconds=60))
+    later = gl.committed(gl.committed(gl.opened(t0 + 70), 1, t0 + 80), 2, t0 + 81)
+    later = gl.committed(gl.interrupted(later, "failure", t0 + 82), 3, t0 + 84)
+    raw = progress_record(w.now, step=3, ledger=gl.encode(later))
+    d = w.round(progress=progress_of(raw), ledger=ledger_of(raw))
+    assert "Recovered" in reasons(d)
+    g = d.status.goodput
+    assert g is not None and g.run_id == models.run_id(REF.uid, 1)
+    assert g.waiting_seconds == 10  # from the resumption, not the job's creation
+
+
+@pytest.mark.parametrize(
+    "ledger",
+    [
+        {"opened": "yesterday"},
+        {"opened": 1e13, "through": 1e13, "training": 0, "startup": 0, "lost": 0,
+         "checkpoint": 0, "step": 1, "longest_pause": 0},
+    ],
+)  # fmt: skip
+def test_a_malformed_ledger_costs_the_ledger_not_the_progress(ledger: dict[str, Any]) -> None:
+    raw = progress_record(T0, step=3, ledger=ledger)
+    assert ledger_of(raw) is None
+    p = progress_of(raw)
+    assert p is not None and p.step == 3
 
 
 # -- node memory -----------------------------------------------------------------------

@@ -34,11 +34,15 @@ In a training script::
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import json
 import logging
 import math
 import os
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -51,11 +55,14 @@ from elasticjob_runtime.etcd.records import (
     Divergence,
     MemoryFallback,
     Progress,
+    decode_progress,
     encode_divergence,
     encode_memory_fallback,
     encode_progress,
 )
 from elasticjob_runtime.etcd.tls import EtcdTLS, open_client, tls_settings
+from elasticjob_runtime.goodput.ledger import Ledger
+from elasticjob_runtime.goodput.ledger import encode as encode_ledger
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +112,8 @@ class ProgressReporter:
         if ttl < 2:
             raise ValueError(f"ttl must be at least 2 seconds (got {ttl})")
         self.key = contract.progress_key(run_id)
+        self._ledger_key = contract.ledger_key(run_id)
+        self._ledger: Ledger | None = None  # the newest goodput ledger handed over
         self.ttl = ttl
         self.min_interval = min_interval
         self._clock = clock
@@ -129,6 +138,11 @@ class ProgressReporter:
             target=self._publish_loop, name="progress-publisher", daemon=True
         )
         self._publisher.start()
+        # A rank 0 stopped by a signal (its group restarts) that leaves through SystemExit,
+        # not close(), still publishes its newest ledger, which the next group takes on
+        # (one that ends by os._exit, as a SIGTERM save in a broken group does, cannot:
+        # the next group then takes the ledger published up to a second before).
+        atexit.register(_close_at_exit, weakref.ref(self))
 
     @property
     def current(self) -> Progress:
@@ -143,10 +157,14 @@ class ProgressReporter:
         checkpoint_step: int | None = None,
         world_size: int | None = None,
         checkpoint_error: str | None = None,
+        ledger: Ledger | None = None,
     ) -> None:
         """Record a finished step of ``samples`` samples (all ranks); never waits for etcd.
 
-        ``checkpoint_error`` is the failed save's line, if the newest failed (else cleared)."""
+        ``checkpoint_error`` is the failed save's line, if the newest failed (else cleared).
+        ``ledger``: the run's goodput ledger (goodput/ledger.py), encoded only when it is
+        published (with the record and, every :data:`LEDGER_EVERY_S`, under a key that
+        outlives it), in the background: never in a step."""
         rate = self._rate.add(samples, self._clock())
         changes: dict[str, Any] = {
             "step": step,
@@ -159,8 +177,18 @@ class ProgressReporter:
             changes["checkpoint_step"] = checkpoint_step
         if world_size is not None:
             changes["world_size"] = world_size
+        if ledger is not None:
+            self._ledger = ledger
         self._current = replace(self._current, **changes)
         self._changed.set()
+
+    def update_ledger(self, ledger: Ledger) -> None:
+        """The goodput ledger moved on without a step (the run ends): published with the
+        record, if a step has been (a record that never had one is never published)."""
+        if self._current is not self._placeholder:
+            self._ledger = ledger
+            self._current = replace(self._current)  # a new record: published again
+            self._changed.set()
 
     def close(self, wait: float = 2.0) -> None:
         """Stop publishing and remove the record (revoking its lease), waiting at most
@@ -176,6 +204,7 @@ class ProgressReporter:
         published: Progress | None = None  # the record last put under ``lease``
         put_at = refresh_at = -math.inf
         failing = False
+        ledger = LedgerKey(self._client, self._ledger_key)
         try:
             while not self._stop.is_set():
                 self._changed.clear()
@@ -191,9 +220,11 @@ class ProgressReporter:
                         refresh_at = now
                     pending = current is not published and current is not self._placeholder
                     if pending and now - put_at >= self.min_interval:
-                        record = encode_progress(replace(current, updated=time.time()))
-                        self._client.put(self.key, record, lease=lease)
+                        book = encode_ledger(self._ledger) if self._ledger is not None else None
+                        record = replace(current, updated=time.time(), ledger=book)
+                        self._client.put(self.key, encode_progress(record), lease=lease)
                         published, put_at, pending = current, now, False
+                        ledger.keep(book, now)
                 except EtcdError as exc:
                     if not failing:
                         log.warning("progress not published (retrying in the background): %s", exc)
@@ -208,12 +239,71 @@ class ProgressReporter:
                     self._stop.wait(min(until_refresh, put_at + self.min_interval - self._clock()))
                 else:
                     self._changed.wait(until_refresh)
+            if self._current is not self._placeholder and self._ledger is not None:
+                ledger.keep(encode_ledger(self._ledger), self._clock(), force=True)  # newest
             if lease is not None:
                 self._client.revoke(lease)
         except EtcdError as exc:
             log.warning("progress lease not revoked (the key expires by itself): %s", exc)
         finally:
             self._client.close()
+
+
+def _close_at_exit(ref: weakref.ref[ProgressReporter]) -> None:
+    reporter = ref()
+    if reporter is not None:
+        reporter.close()
+
+
+# How often rank 0 also puts the ledger under its own key (and once more when it stops);
+# the progress record carries it every second, but goes with its 15 s lease.
+LEDGER_EVERY_S = 5.0
+# The ledger key's lease: a group that restarts within it takes the ledger on.
+LEDGER_TTL_S = 3600
+
+
+class LedgerKey:
+    """The ledger under :func:`contract.ledger_key`, every :data:`LEDGER_EVERY_S`, on a
+    lease of its own (:data:`LEDGER_TTL_S`), so that a group that restarts after the
+    progress record expired still takes it on (goodput/keeper.py reads it back)."""
+
+    def __init__(self, client: EtcdClient, key: str) -> None:
+        self._client = client
+        self._key = key
+        self._lease: int | None = None
+        self._granted_at = -math.inf
+        self._put_at = -math.inf
+
+    def keep(self, ledger: dict[str, Any] | None, now: float, force: bool = False) -> None:
+        if ledger is None or (not force and now - self._put_at < LEDGER_EVERY_S):
+            return
+        if self._lease is None or now - self._granted_at >= LEDGER_TTL_S / 3:
+            # a new lease, rather than refreshes: the old one ends by itself
+            self._lease, self._granted_at = self._client.grant(LEDGER_TTL_S), now
+        self._client.put(self._key, json.dumps(ledger, sort_keys=True).encode(), lease=self._lease)
+        self._put_at = now
+
+
+def published_ledger(client: EtcdClient, run_id: str) -> dict[str, Any] | None:
+    """The newest ledger a rank 0 of this run published: from the progress record, else
+    from the ledger key (the one with the later ``through``); None if neither holds one."""
+    found: list[dict[str, Any]] = []
+    record = client.get(contract.progress_key(run_id))
+    if record is not None:
+        with contextlib.suppress(ValueError):
+            if (ledger := decode_progress(record.value).ledger) is not None:
+                found.append(ledger)
+    kept = client.get(contract.ledger_key(run_id))
+    if kept is not None:
+        with contextlib.suppress(ValueError):
+            if isinstance(doc := json.loads(kept.value), dict):
+                found.append(doc)
+    through = [
+        (float(d["through"]), i)
+        for i, d in enumerate(found)
+        if isinstance(d.get("through"), int | float)
+    ]
+    return found[max(through)[1]] if through else None
 
 
 @dataclass(frozen=True)

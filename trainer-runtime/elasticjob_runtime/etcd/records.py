@@ -32,6 +32,9 @@ class Progress:
     epoch: int | None = None
     checkpoint_step: int | None = None
     checkpoint_error: str | None = None  # why the newest save failed; None once one works
+    # the goodput ledger as goodput/ledger.py encodes it (decoded there: a malformed one
+    # costs the reader the ledger, never the progress)
+    ledger: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -157,6 +160,7 @@ def decode_progress(raw: bytes) -> Progress:
         epoch=_opt_int(doc, "epoch"),
         checkpoint_step=_opt_int(doc, "checkpoint_step"),
         checkpoint_error=_opt_str(doc, "checkpoint_error"),
+        ledger=ledger if isinstance(ledger := doc.get("ledger"), dict) else None,
     )
 
 

@@ -165,6 +165,8 @@ class MembershipAwareAgent(TorchAgent):
         **kw: Any,
     ) -> None:
         super().__init__(*args, **kw)
+        # where a new run's goodput ledger starts counting (goodput/keeper.py)
+        self._started_at = time.time()
         # When a round last started workers (from spares), and the step it started at:
         # the pool is refilled once that round trains (spare_pool.refill_due).
         self._refill: tuple[float, int | None] | None = None
@@ -340,6 +342,7 @@ class MembershipAwareAgent(TorchAgent):
 
         def start(**kwargs: Any) -> PContext:
             for env in kwargs["envs"].values():
+                env[contract.AGENT_STARTED] = f"{self._started_at:.3f}"
                 if round_id:
                     env[contract.ROUND_ID] = round_id
             self._channel.deliver(generation, kwargs["envs"], kind.abort)

@@ -67,12 +67,15 @@ from elasticjob_runtime.checkpoints.job_identity import current_job, directory_n
 from elasticjob_runtime.checkpoints.manager import CheckpointManager
 from elasticjob_runtime.checkpoints.sharded import ShardedCheckpoints
 from elasticjob_runtime.etcd.progress import reporter_for_rank, reporter_from_env
+from elasticjob_runtime.goodput.keeper import fresh_keeper, read_published, regroup_cause
+from elasticjob_runtime.goodput.ledger import Ledger
 from elasticjob_runtime.training.agreement import Agreement
 from elasticjob_runtime.training.current import Current, Sharded
 from elasticjob_runtime.training.current_ddp import CurrentDDP
 from elasticjob_runtime.training.ddp_replication import DDPReplication
 from elasticjob_runtime.training.device_choice import DEVICE_ENV, choose_device, visible_gpus
 from elasticjob_runtime.training.fsdp_replication import Build, FSDPReplication
+from elasticjob_runtime.training.ledger_sync import Held, sync_ledger
 from elasticjob_runtime.training.loader import ElasticLoader
 from elasticjob_runtime.training.loader_options import refused_option
 from elasticjob_runtime.training.replication import Replication
@@ -218,6 +221,10 @@ class Run:
         )
         self._replica: Replication | None = None  # how the model is laid out, once wrapped
         self._on_regroup = on_regroup
+        # where each second of the run went; every rank keeps it, rank 0 publishes it
+        # (goodput/keeper.py); the group's copy once the first group forms (_form)
+        self._goodput = fresh_keeper()
+        self._goodput_held = Held.NEW  # what this rank's copy is to the next group
 
     # -- who we are this round, and what we hold
 
@@ -270,6 +277,13 @@ class Run:
     def global_batch(self) -> int:
         """Samples the whole group takes in the current step."""
         return self._loop.global_batch
+
+    @property
+    def ledger(self) -> Ledger:
+        """Where each second of the run went so far (goodput/ledger.py): training, start-up,
+        pauses by cause, work lost, checkpoint stalls. Every rank keeps it; rank 0's is
+        the job's ``status.goodput``."""
+        return self._goodput.ledger
 
     @property
     def resyncs(self) -> int:
@@ -414,6 +428,10 @@ class Run:
         assert self._replica is not None
         self._rounds.agree_round_id()
         self.resumed_from = self._replica.form(self._rounds, self.timings)
+        sync_ledger(
+            self._goodput, self._goodput_held, self.rank, self._rounds.device, read_published
+        )
+        self._goodput_held = Held.SURVIVOR  # the next group's: this copy lived through a form
         checked = time.monotonic()
         self._loop.check("after the group formed")
         # State that never went through the Run shows at the first step: check it there.
@@ -489,6 +507,7 @@ class Run:
         a rank told to stop goes on until the ranks agree on a step (its next vote) and
         they all save it; ranks not told to stop then train on."""
         step = self.global_step
+        self._goodput.committed(step)  # before anything below can end the process
         stop_here = True
         if self._replica is not None and self._replica.saves_together:
             stop_here = self._loop.stop_agreed()
@@ -502,6 +521,7 @@ class Run:
             self.ckpt.mark_step(step, stop_here=False)
         if step % self.checkpoint_interval == 0:
             self.save()
+            self._goodput.saved()  # the save's time on this thread: checkpoint time
         if self.reporter is not None:
             self.reporter.update(
                 step,
@@ -510,6 +530,7 @@ class Run:
                 checkpoint_step=self._replica.saved_step if self._replica else None,
                 world_size=self.world_size,
                 checkpoint_error=self.ckpt.save_error,
+                ledger=self._goodput.ledger,
             )
 
     def save(self, *, wait: bool = False) -> None:
@@ -534,9 +555,14 @@ class Run:
         # stands: freeing it joins gloo's threads, and one of them may still be finishing
         # the aborted work, which needs the GIL this thread would hold while it waits.
         assert self._replica is not None
+        self._goodput.regroup_began()
+        old_world = self.world_size
+        if self.rank == 0:  # its copy is the one published so far: the group keeps it
+            self._goodput_held = Held.PUBLISHER
         retired = [self._replica.retire()]
 
         def rebuild(timings: dict[str, float]) -> None:
+            self._goodput.group_changed(regroup_cause(failed, old_world, self.world_size))
             self.timings.clear()  # the same dict the step loop writes into
             self.timings.update(timings)
             self.sampler.reshard(self.rank, self.world_size)
@@ -546,6 +572,7 @@ class Run:
         took = self._rounds.regroup(failed, lambda: self.ckpt.mark_step(self.global_step), rebuild)
         retired.clear()
         self.regroups += 1
+        self._goodput.regrouped()
         log.warning(
             "regrouped in place: rank %d of %d at step %d in %.2f s",
             self.rank,
@@ -571,7 +598,9 @@ class Run:
             self.save(wait=True)
         self._rounds.settle(lambda: self._regroup(failed=False))
         self.ckpt.close()
+        self._goodput.finished()
         if self.reporter is not None:
+            self.reporter.update_ledger(self._goodput.ledger)
             self.reporter.close()
         self._rounds.close()
 
