@@ -21,6 +21,7 @@ PACKAGES = (
     "trainer-runtime/elasticjob_runtime/rendezvous",
     "trainer-runtime/elasticjob_runtime/etcd",
     "trainer-runtime/elasticjob_runtime/checkpoints",
+    "trainer-runtime/elasticjob_runtime/goodput",
     "devcluster/elasticjob_devcluster",
     "pki/elasticjob_pki",
     "examples",

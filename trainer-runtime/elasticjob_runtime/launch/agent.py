@@ -165,8 +165,10 @@ class MembershipAwareAgent(TorchAgent):
         **kw: Any,
     ) -> None:
         super().__init__(*args, **kw)
-        # where a new run's goodput ledger starts counting (goodput/keeper.py)
-        self._started_at = time.time()
+        # where a new run's goodput ledger starts counting (goodput/keeper.py): in this
+        # process's environment, which its workers and warm spares inherit alike (a
+        # variable set only in a worker's own environment made every spare a mismatch)
+        os.environ.setdefault(contract.AGENT_STARTED, f"{time.time():.3f}")
         # When a round last started workers (from spares), and the step it started at:
         # the pool is refilled once that round trains (spare_pool.refill_due).
         self._refill: tuple[float, int | None] | None = None
@@ -342,7 +344,6 @@ class MembershipAwareAgent(TorchAgent):
 
         def start(**kwargs: Any) -> PContext:
             for env in kwargs["envs"].values():
-                env[contract.AGENT_STARTED] = f"{self._started_at:.3f}"
                 if round_id:
                     env[contract.ROUND_ID] = round_id
             self._channel.deliver(generation, kwargs["envs"], kind.abort)
