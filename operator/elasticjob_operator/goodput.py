@@ -10,11 +10,18 @@ ledger's opening. docs/goodput.md defines each bucket.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import UTC, datetime
+from typing import Any, Final, TypeVar
 
 from elasticjob_operator import models
 from elasticjob_operator.decision import Event, normal
-from elasticjob_runtime.goodput.ledger import Cause, Ledger
+from elasticjob_runtime.goodput.ledger import MARKS_KEPT, Cause, Ledger, Mark
+
+T = TypeVar("T", int, float)
+
+# The timeline mark of a suspension: from the last run's last entry to the next's start.
+SUSPENDED: Final = "suspended"
 
 # What an event says happened, by cause (a cause a newer runtime adds is named as it is).
 WHAT: dict[str, str] = {
@@ -54,37 +61,120 @@ def recovery_event(previous: models.Goodput | None, ledger: Ledger) -> Event | N
     )
 
 
-def goodput_status(ledger: Ledger, started: datetime | None, run_id: str) -> models.Goodput:
-    """``status.goodput`` for ``ledger``, of run ``run_id``; ``started``: when the run
-    began (:func:`run_started`), None if unknown (then nothing counts as waiting)."""
+def goodput_status(
+    ledger: Ledger,
+    started: datetime | None,
+    run_id: str,
+    earlier: models.GoodputTotals | None = None,
+) -> models.Goodput:
+    """``status.goodput`` for ``ledger``, of run ``run_id``. ``started``: when the run
+    began (:func:`run_started`), None if unknown (then nothing counts as waiting);
+    ``earlier``: the job's runs before this one (:func:`earlier_runs`), whose time
+    from their last entry to this run's opening is waiting (a suspension) instead."""
     opened = datetime.fromtimestamp(ledger.opened, tz=UTC)
+    if earlier is not None:
+        started = earlier.through_time
     waiting = max(0.0, (opened - started).total_seconds()) if started is not None else 0.0
-    wall = waiting + ledger.wall
-    ratio = ledger.training / wall if wall > 0 else 0.0
+    marks = [_mark(m) for m in ledger.marks]
+    before = earlier or _no_runs(opened)
+    if earlier is not None:
+        suspended = models.TimelineMark(
+            cause=SUSPENDED,
+            since=earlier.through_time,
+            time=opened,
+            pause_seconds=round(waiting, 3),
+            from_step=earlier.step,
+            step=marks[0].step if marks else earlier.step,
+            world=0,
+        )
+        marks.insert(0, suspended)
+    wall = before.wall_seconds + waiting + ledger.wall
+    training = before.training_seconds + ledger.training
+    ratio = training / wall if wall > 0 else 0.0
     return models.Goodput(
         run_id=run_id,
+        runs=before.runs + 1,
         ratio=round(ratio, 4),
         percent=f"{100 * ratio:.1f}%",
-        wall_seconds=round(wall, 1),
-        training_seconds=round(ledger.training, 1),
-        waiting_seconds=round(waiting, 1),
-        startup_seconds=round(ledger.startup, 1),
-        paused_seconds={cause: round(s, 2) for cause, s in sorted(ledger.paused.items())},
-        lost_seconds=round(ledger.lost, 2),
-        checkpoint_seconds=round(ledger.checkpoint, 2),
-        recoveries=dict(sorted(ledger.recoveries.items())),
-        longest_pause_seconds=round(ledger.longest_pause, 2),
+        wall_seconds=round(wall, 3),
+        training_seconds=round(training, 3),
+        waiting_seconds=round(before.waiting_seconds + waiting, 3),
+        startup_seconds=round(before.startup_seconds + ledger.startup, 3),
+        paused_seconds=_sum(before.paused_seconds, ledger.paused, 3),
+        lost_seconds=round(before.lost_seconds + ledger.lost, 3),
+        checkpoint_seconds=round(before.checkpoint_seconds + ledger.checkpoint, 3),
+        recoveries=_sum(before.recoveries, ledger.recoveries),
+        longest_pause_seconds=round(max(before.longest_pause_seconds, ledger.longest_pause), 3),
+        step=ledger.step if ledger.started else before.step,
         through_time=_time(ledger.through),
+        timeline=_bounded([*before.timeline, *marks]),
         last_recovery=None
         if ledger.last is None
         else models.LastRecovery(
             cause=ledger.last.cause,
-            pause_seconds=round(ledger.last.pause, 2),
+            pause_seconds=round(ledger.last.pause, 3),
             step=ledger.last.step,
             time=_time(ledger.last.at),
         ),
+        earlier=earlier,
     )
 
 
+def earlier_runs(current: models.Goodput | None, run_id: str) -> models.GoodputTotals | None:
+    """The totals of the job's runs before ``run_id``, from the status's ``current``
+    goodput: its own earlier runs while it is of ``run_id``, else (the job resumed a
+    new run) all of it, this run's included."""
+    if current is None:
+        return None
+    if current.run_id == run_id:
+        return current.earlier
+    return models.GoodputTotals.model_validate(
+        current.model_dump(include=set(models.GoodputTotals.model_fields))
+    )
+
+
+def _no_runs(at: datetime) -> models.GoodputTotals:
+    return models.GoodputTotals(
+        runs=0,
+        wall_seconds=0.0,
+        training_seconds=0.0,
+        waiting_seconds=0.0,
+        startup_seconds=0.0,
+        lost_seconds=0.0,
+        checkpoint_seconds=0.0,
+        longest_pause_seconds=0.0,
+        through_time=at,
+    )
+
+
+def _mark(m: Mark) -> models.TimelineMark:
+    return models.TimelineMark(
+        cause=m.cause,
+        since=_time(m.since),
+        time=_time(m.at),
+        pause_seconds=round(m.pause, 3),
+        from_step=m.before,
+        step=m.step,
+        world=m.world,
+    )
+
+
+def _bounded(marks: list[models.TimelineMark]) -> list[models.TimelineMark]:
+    """At most MARKS_KEPT marks: the job's first and the newest."""
+    if len(marks) <= MARKS_KEPT:
+        return marks
+    return [marks[0], *marks[len(marks) - MARKS_KEPT + 1 :]]
+
+
+def _sum(a: Mapping[str, T], b: Mapping[str, T], digits: int | None = None) -> dict[str, T]:
+    out: dict[str, Any] = dict(a)
+    for key, value in b.items():
+        out[key] = out.get(key, 0) + value
+    if digits is not None:
+        out = {k: round(v, digits) for k, v in out.items()}
+    return dict(sorted(out.items()))
+
+
 def _time(unix: float) -> datetime:
-    return datetime.fromtimestamp(unix, tz=UTC).replace(microsecond=0)
+    """To the millisecond: a pause is a fraction of a second."""
+    return datetime.fromtimestamp(round(unix, 3), tz=UTC)

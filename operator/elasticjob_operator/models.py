@@ -629,22 +629,33 @@ class LastRecovery(_Model):
     time: datetime = Field(description="When that step was committed.")
 
 
-class Goodput(_Open):
-    """Where the job's wall time went, from the runtime's ledger (docs/goodput.md)."""
+class TimelineMark(_Model):
+    """A point of the job's timeline: a run's start, a recovery, or a suspension."""
 
-    run_id: str = Field(description="The run (PET_RDZV_ID) the figures are of: the current one.")
-    ratio: float = Field(description="Training time over wall time (0-1).")
-    percent: str = Field(description="The ratio as a percentage, for `kubectl get -o wide`.")
+    cause: str = Field(
+        description="start, suspended, or a recovery's cause (docs/goodput.md)."
+    )
+    since: datetime = Field(description="When training stopped (for a start: the run's start).")
+    time: datetime = Field(description="The first step after it.")
+    pause_seconds: float = Field(description="The time it cost (a recovery: less one step).")
+    from_step: int = Field(description="The step committed before it.")
+    step: int = Field(description="The first step committed after it.")
+    world: int = Field(description="The group's size after it (0: not known).")
+
+
+class GoodputTotals(_Open):
+    """Where the job's wall time went, in seconds: every second in exactly one bucket."""
+
+    runs: int = Field(default=1, description="The runs counted (a resumed job starts a new one).")
     wall_seconds: float = Field(
-        description="From the run's start to the ledger's last entry (throughTime)."
+        description="From the job's creation to the ledger's last entry (throughTime)."
     )
     training_seconds: float = Field(description="Committed steps.")
     waiting_seconds: float = Field(
-        description="From the run's start (the job's creation, or its resumption after a "
-        "suspension) to its first agent's start: queued by Kueue, waiting for pods to be "
-        "scheduled, images pulled."
+        description="Before a run's first agent started: queued by Kueue, waiting for pods "
+        "to be scheduled, images pulled, and the time a job was suspended."
     )
-    startup_seconds: float = Field(description="From the first agent's start to the first step.")
+    startup_seconds: float = Field(description="From a run's first agent's start to its first step.")
     paused_seconds: dict[str, float] = Field(
         default_factory=dict, description="Recoveries' pauses, by cause."
     )
@@ -657,9 +668,28 @@ class Goodput(_Open):
     longest_pause_seconds: float = Field(
         description="The longest recovery, from its last step to the next, less one step."
     )
+    step: int = Field(default=0, description="The highest step committed.")
     through_time: datetime = Field(description="The ledger's last entry.")
+    timeline: list[TimelineMark] = Field(
+        default_factory=list,
+        description="Each run's start, each suspension and the newest recoveries, oldest "
+        "first (a bounded list): `kubectl elasticjob-timeline` draws it.",
+    )
+
+
+class Goodput(GoodputTotals):
+    """The job's goodput, from the runtime's ledger of each run (docs/goodput.md)."""
+
+    run_id: str = Field(description="The run (PET_RDZV_ID) whose ledger was read last.")
+    ratio: float = Field(description="Training time over wall time (0-1).")
+    percent: str = Field(description="The ratio as a percentage, for `kubectl get -o wide`.")
     last_recovery: LastRecovery | None = Field(
         default=None, description="The newest recovery that ended, and what it cost."
+    )
+    earlier: GoodputTotals | None = Field(
+        default=None,
+        description="The runs before this one, up to their last ledger entry (the time "
+        "from there to this run's first agent counts as waiting).",
     )
 
 

@@ -37,7 +37,12 @@ from elasticjob_operator.decision import (
 )
 from elasticjob_operator.divergence import decide_divergences
 from elasticjob_operator.etcd.shared import SharedEtcd, serves
-from elasticjob_operator.goodput import goodput_status, recovery_event, run_started
+from elasticjob_operator.goodput import (
+    earlier_runs,
+    goodput_status,
+    recovery_event,
+    run_started,
+)
 from elasticjob_operator.hangs import decide_hangs
 from elasticjob_operator.kueue import workload as kueue_workload
 from elasticjob_operator.kueue.admission import reclaim_patch, release_patch
@@ -407,7 +412,8 @@ def _observe(d: Decision, r: Round, generation: int | None) -> Event | None:
         recovered = recovery_event(previous, r.observed.ledger)
         if recovered is not None:
             d.events.append(recovered)
-        st.goodput = goodput_status(r.observed.ledger, run_started(st), run)
+        earlier = earlier_runs(st.goodput, run)
+        st.goodput = goodput_status(r.observed.ledger, run_started(st), run, earlier)
     said = decide_memory_fallback(
         st.node_memory_fallback, run, r.observed.memory_fallbacks, spec, now
     )

@@ -75,6 +75,10 @@ class LedgerKeeper:
         """The run ends: a recovery under way ends with it."""
         self.ledger = gl.finished(self.ledger, self._clock())
 
+    def formed(self, world: int) -> None:
+        """The group formed with ``world`` ranks (the timeline's group size)."""
+        self.ledger = gl.formed(self.ledger, world)
+
     def adopt(self, other: Ledger) -> None:
         """Take ``other`` (the copy the group chose) in place of this one."""
         self.ledger = other

@@ -18,6 +18,10 @@ The buckets, in seconds of wall time from :attr:`Ledger.opened` to :attr:`Ledger
   a step committed again after a restart went back to a checkpoint;
 * ``checkpoint``: the part of the saves the training thread waited for (after a commit).
 
+Beside the buckets the ledger keeps the run's timeline (:class:`Mark`): its start and its
+newest recoveries, each with the steps and the group size around it, enough to draw the
+run's steps and world size against time (elasticjob_operator/timeline.py).
+
 The operator adds what no rank 0 can see (a job queued or suspended): docs/goodput.md.
 """
 
@@ -32,6 +36,13 @@ from typing import Any, Final
 # How much a normal step's time moves the typical step time (an exponential average):
 # a tenth, so one slow step does not make the next recovery look short.
 TYPICAL_WEIGHT: Final = 0.1
+
+# Timeline marks kept: the start and the newest recoveries (the record is republished
+# every second, and the job's status carries them).
+MARKS_KEPT: Final = 32
+
+# The cause of the first mark: the run's start (from its opening to its first step).
+START: Final = "start"
 
 
 class Cause(enum.StrEnum):
@@ -64,6 +75,22 @@ class Recovered:
 
 
 @dataclass(frozen=True)
+class Mark:
+    """A point of the run's timeline: its start (cause :data:`START`) or a recovery that
+    ended. Training stopped at ``since`` at step ``before`` and went on at ``at`` with
+    step ``step`` in a group of ``world``; ``pause`` as in :class:`Recovered` (for the
+    start: the start-up)."""
+
+    cause: str
+    since: float
+    at: float
+    pause: float
+    before: int
+    step: int
+    world: int
+
+
+@dataclass(frozen=True)
 class Ledger:
     """One run's accounts (seconds); see the module docstring for each bucket."""
 
@@ -81,6 +108,8 @@ class Ledger:
     started: bool = False  # a step has been committed (before: the time is startup)
     recovering: Recovery | None = None
     last: Recovered | None = None  # the newest recovery that ended
+    world: int = 0  # the group's size since it last formed (0: not formed yet)
+    marks: tuple[Mark, ...] = ()  # the start and the newest recoveries, oldest first
 
     @property
     def wall(self) -> float:
@@ -111,9 +140,12 @@ def committed(ledger: Ledger, step: int, at: float) -> Ledger:
     redo = step <= ledger.step  # done before, and lost when the group went back to a checkpoint
     booked = replace(ledger, through=max(at, ledger.through), step=max(step, ledger.step))
     if not ledger.started:
-        return replace(booked, startup=ledger.startup + work, started=True)
+        start = Mark(START, ledger.opened, at, at - ledger.opened, 0, step, ledger.world)
+        return replace(
+            booked, startup=ledger.startup + work, started=True, marks=_marked(ledger, start)
+        )
     if ledger.recovering is not None:
-        return _recovered(booked, ledger.recovering, work, redo, at, step)
+        return _recovered(booked, ledger.recovering, work, redo, at, step, ledger.step)
     if redo:
         return replace(booked, lost=ledger.lost + work)
     return replace(
@@ -137,19 +169,41 @@ def finished(ledger: Ledger, at: float) -> Ledger:
     here, its time a pause, with no step after it."""
     if ledger.recovering is None:
         return ledger
-    pause = max(0.0, at - ledger.recovering.since)
+    recovery = ledger.recovering
+    pause = max(0.0, at - recovery.since)
     ended = paused(ledger, at)
-    return replace(ended, recovering=None, longest_pause=max(ledger.longest_pause, pause))
+    mark = Mark(recovery.cause, recovery.since, at, pause, ledger.step, ledger.step, ledger.world)
+    return replace(
+        ended,
+        recovering=None,
+        longest_pause=max(ledger.longest_pause, pause),
+        marks=_marked(ledger, mark),
+    )
+
+
+def formed(ledger: Ledger, world: int) -> Ledger:
+    """The group formed with ``world`` ranks (the timeline's group size from here)."""
+    return ledger if ledger.world == world else replace(ledger, world=world)
+
+
+def _marked(ledger: Ledger, mark: Mark) -> tuple[Mark, ...]:
+    """``ledger``'s marks and ``mark``, at most :data:`MARKS_KEPT`: the first (the start)
+    and the newest."""
+    marks = (*ledger.marks, mark)
+    if len(marks) <= MARKS_KEPT:
+        return marks
+    return (marks[0], *marks[len(marks) - MARKS_KEPT + 1 :])
 
 
 def _recovered(
-    booked: Ledger, recovery: Recovery, work: float, redo: bool, at: float, step: int
+    booked: Ledger, recovery: Recovery, work: float, redo: bool, at: float, step: int, before: int
 ) -> Ledger:
     """The first step after a recovery: a typical step's time is the step's own (trained,
     or lost if it is a redo), the rest of it waited for the group: the recovery's pause."""
     # no normal step yet (a fault right after the first): none of it was the step's own
     own = 0.0 if booked.typical_step is None else min(work, booked.typical_step)
     pause = max(0.0, at - recovery.since - own)
+    mark = Mark(recovery.cause, recovery.since, at, pause, before, step, booked.world)
     return replace(
         booked,
         training=booked.training + (0.0 if redo else own),
@@ -158,6 +212,7 @@ def _recovered(
         longest_pause=max(booked.longest_pause, pause),
         recovering=None,
         last=Recovered(recovery.cause, pause, step, at),
+        marks=_marked(booked, mark),
     )
 
 
@@ -237,7 +292,14 @@ def encode(ledger: Ledger) -> dict[str, Any]:
         "longest_pause": round(ledger.longest_pause, 3),
         "step": ledger.step,
         "started": ledger.started,
+        "world": ledger.world,
     }
+    if ledger.marks:
+        # compact (a list per mark, in MARK_FIELDS' order): the record goes out every second
+        doc["marks"] = [
+            [m.cause, round(m.since, 3), round(m.at, 3), round(m.pause, 3), m.before, m.step, m.world]
+            for m in ledger.marks
+        ]
     if ledger.typical_step is not None:
         doc["typical_step"] = round(ledger.typical_step, 6)
     if ledger.recovering is not None:
@@ -267,6 +329,8 @@ def decode(doc: object) -> Ledger:
     if last is not None and not (isinstance(last, Mapping) and isinstance(last.get("cause"), str)):
         raise ValueError("ledger.last: not {cause, pause, step, at}")
     return Ledger(
+        world=int(_number(doc, "world")) if "world" in doc else 0,
+        marks=_marks(doc.get("marks", [])),
         opened=_seconds(doc, "opened"),
         through=_seconds(doc, "through"),
         training=_seconds(doc, "training"),
@@ -293,17 +357,44 @@ def decode(doc: object) -> Ledger:
     )
 
 
-def _number(doc: Mapping[str, Any], name: str) -> float:
+# The stored form of a Mark: a list of these, in this order.
+MARK_FIELDS: Final = ("cause", "since", "at", "pause", "before", "step", "world")
+
+
+def _marks(stored: object) -> tuple[Mark, ...]:
+    if not isinstance(stored, list):
+        raise ValueError("ledger.marks: not a list")
+    marks = []
+    for i, row in enumerate(stored):
+        if not (isinstance(row, list) and len(row) == len(MARK_FIELDS) and isinstance(row[0], str)):
+            raise ValueError(f"ledger.marks[{i}]: not [{', '.join(MARK_FIELDS)}]")
+        fields = dict(zip(MARK_FIELDS, row, strict=True))
+        at = f"marks[{i}]"
+        marks.append(
+            Mark(
+                cause=row[0],
+                since=_seconds(fields, "since", at),
+                at=_seconds(fields, "at", at),
+                pause=_seconds(fields, "pause", at),
+                before=int(_seconds(fields, "before", at)),
+                step=int(_seconds(fields, "step", at)),
+                world=int(_seconds(fields, "world", at)),
+            )
+        )
+    return tuple(marks)
+
+
+def _number(doc: Mapping[str, Any], name: str, within: str = "") -> float:
     value = doc.get(name)
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ValueError(f"ledger.{name}: not a number ({value!r})")
+        raise ValueError(f"ledger.{within}{'.' if within else ''}{name}: not a number ({value!r})")
     return float(value)
 
 
-def _seconds(doc: Mapping[str, Any], name: str) -> float:
-    value = _number(doc, name)
+def _seconds(doc: Mapping[str, Any], name: str, within: str = "") -> float:
+    value = _number(doc, name, within)
     if value < 0:
-        raise ValueError(f"ledger.{name}: negative ({value!r})")
+        raise ValueError(f"ledger.{within}{'.' if within else ''}{name}: negative ({value!r})")
     return value
 
 

@@ -431,6 +431,7 @@ class Run:
         sync_ledger(
             self._goodput, self._goodput_held, self.rank, self._rounds.device, read_published
         )
+        self._goodput.formed(self.world_size)
         self._goodput_held = Held.SURVIVOR  # the next group's: this copy lived through a form
         checked = time.monotonic()
         self._loop.check("after the group formed")
