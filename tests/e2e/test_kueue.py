@@ -11,12 +11,15 @@ pods, the job's status and events, the example's own log lines.
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 from elasticjob_examples import sample_audit
+from goodput_checks import assert_goodput_agrees
 from kube_helpers import (
     Cluster,
     Obj,
@@ -263,6 +266,7 @@ def test_a_preempted_job_saves_waits_and_resumes_with_every_sample_once(
     with job_starter(c, ns) as start:
         low = unique("low")
         shared_claim(c, ns, f"{low}-ckpt")
+        applied = time.time()
         logs = start(
             on_claim(
                 queued(
@@ -273,7 +277,7 @@ def test_a_preempted_job_saves_waits_and_resumes_with_every_sample_once(
                         TRAIN_SAMPLES=samples,
                         TRAIN_BATCH_SIZE=batch,
                         TRAIN_SLEEP=0.15,
-                        TRAIN_LOG_EVERY=2,
+                        TRAIN_LOG_EVERY=1,  # every step: goodput_checks reads them
                         TRAIN_CHECKPOINT_INTERVAL=1000,  # only the save at preemption
                         TRAIN_LOG_SAMPLES=1,
                     ),
@@ -300,6 +304,7 @@ def test_a_preempted_job_saves_waits_and_resumes_with_every_sample_once(
             ),
             timeout=TRAIN,
         )
+        evicted = time.time()
         assert "Preempted" in conditions(c, ns, low)["Queued"]["reason"]
         waited = c.kubectl(
             "-n", ns, "wait", f"elasticjob/{high}", "--for=condition=Succeeded", "--timeout=280s"
@@ -320,3 +325,14 @@ def test_a_preempted_job_saves_waits_and_resumes_with_every_sample_once(
     assert not redone, f"steps trained twice across the preemption: {sorted(redone)[:10]}"
     resumed = [r for r in logs.resumes() if r.t > before.t and r.step > 0]
     assert resumed, f"the low job did not resume from a saved step:\n{logs.tail()}"
+    # its goodput spans both runs: the preemption is waiting, on the timeline as a
+    # suspension around the moment the test saw the job evicted, and every second since
+    # the apply is in one bucket
+    goodput = status["goodput"]
+    assert goodput["runs"] == 2 and goodput["earlier"]["runs"] == 1, goodput
+    assert_goodput_agrees(goodput, applied, logs.steps())
+    suspended = [m for m in goodput["timeline"] if m["cause"] == "suspended"]
+    assert len(suspended) == 1, goodput["timeline"]
+    since, until = (datetime.fromisoformat(suspended[0][k]).timestamp() for k in ("since", "time"))
+    assert since <= evicted <= until, (since, evicted, until)
+    assert goodput["waitingSeconds"] >= suspended[0]["pauseSeconds"] > 0

@@ -774,7 +774,7 @@ def test_goodput_is_the_runtimes_ledger_with_the_wait_before_its_first_agent() -
     ]
 
 
-def test_a_new_run_reports_its_own_recoveries_and_counts_no_earlier_run_as_waiting() -> None:
+def test_a_resumed_job_adds_its_new_run_to_the_earlier_ones_and_the_suspension_waits() -> None:
     w = running_world()
     t0 = T0.timestamp()
     book = gl.interrupted(
@@ -782,20 +782,38 @@ def test_a_new_run_reports_its_own_recoveries_and_counts_no_earlier_run_as_waiti
     )
     book = gl.committed(book, 3, t0 + 4)
     raw = progress_record(w.now, step=3, ledger=gl.encode(book))
-    w.round(progress=progress_of(raw), ledger=ledger_of(raw))
+    first = w.round(progress=progress_of(raw), ledger=ledger_of(raw)).status.goodput
+    assert first is not None and first.runs == 1 and first.earlier is None
     # a later run (resumed after a suspension) that has recovered once: its own event,
     # although the earlier run's count was already one
     w.status.incarnation = 1
     set_condition(w.status, C.SUSPENDED, True, "Suspended", "", T0 + timedelta(seconds=30))
     set_condition(w.status, C.SUSPENDED, False, "Resumed", "", T0 + timedelta(seconds=60))
-    later = gl.committed(gl.committed(gl.opened(t0 + 70), 1, t0 + 80), 2, t0 + 81)
-    later = gl.committed(gl.interrupted(later, "failure", t0 + 82), 3, t0 + 84)
-    raw = progress_record(w.now, step=3, ledger=gl.encode(later))
+    later = gl.committed(gl.committed(gl.opened(t0 + 70), 2, t0 + 80), 3, t0 + 81)
+    later = gl.committed(gl.interrupted(later, "failure", t0 + 82), 4, t0 + 84)
+    raw = progress_record(w.now, step=4, ledger=gl.encode(later))
     d = w.round(progress=progress_of(raw), ledger=ledger_of(raw))
     assert "Recovered" in reasons(d)
     g = d.status.goodput
-    assert g is not None and g.run_id == models.run_id(REF.uid, 1)
-    assert g.waiting_seconds == 10  # from the resumption, not the job's creation
+    assert g is not None and g.run_id == models.run_id(REF.uid, 1) and g.runs == 2
+    # the job's wall time from its creation: the time from the first run's last entry to
+    # the second's first agent was the suspension (and the wait to be scheduled again)
+    assert g.wall_seconds == 84 and g.waiting_seconds == 66
+    assert g.startup_seconds == 1 + 10
+    assert g.recoveries == {"failure": 1, "join": 1}
+    buckets = g.training_seconds + g.waiting_seconds + g.startup_seconds + g.lost_seconds
+    buckets += g.checkpoint_seconds + sum(g.paused_seconds.values())
+    assert buckets == pytest.approx(g.wall_seconds)
+    assert g.earlier is not None and g.earlier.through_time == T0 + timedelta(seconds=4)
+    assert [(m.cause, m.from_step, m.step) for m in g.timeline] == [
+        ("start", 0, 1),
+        ("join", 2, 3),
+        ("suspended", 3, 2),
+        ("start", 0, 2),
+        ("failure", 3, 4),
+    ]
+    d = w.round(progress=progress_of(raw), ledger=ledger_of(raw))  # read again: the same
+    assert d.status.goodput == g and "Recovered" not in reasons(d)
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from elasticjob_runtime import contract
 from elasticjob_runtime.etcd.progress import ProgressTarget
@@ -116,3 +118,43 @@ def test_a_malformed_or_absent_published_ledger_or_no_etcd_is_none() -> None:
         raise AssertionError("no etcd to read")
 
     assert keeper.read_published({}, no_read) is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["commit", "redo", "regroup", "save", "read"]),
+            st.floats(min_value=-0.5, max_value=3.0),  # a clock may step back
+        ),
+        max_size=60,
+    )
+)
+def test_the_keepers_steady_commits_book_exactly_what_the_pure_rules_do(
+    events: list[tuple[str, float]],
+) -> None:
+    """The keeper skips building a Ledger for a steady step: the same figures, bit for
+    bit, as the pure rules applied one moment at a time, whenever it is read."""
+    clock = Clock(1000.0)
+    kept = keeper.LedgerKeeper(gl.opened(1000.0), clock)
+    pure, step = gl.opened(1000.0), 0
+    for kind, gap in events:
+        clock.now += gap
+        if kind == "commit":
+            step += 1
+            kept.committed(step)
+            pure = gl.committed(pure, step, clock.now)
+        elif kind == "redo":
+            kept.committed(max(1, step - 2))
+            pure = gl.committed(pure, max(1, step - 2), clock.now)
+        elif kind == "regroup":  # noticed, its round known and done, all at one moment
+            kept.regroup_began()
+            kept.group_changed(Cause.FAILURE)
+            kept.regrouped()
+            pure = gl.paused(gl.interrupted(pure, Cause.FAILURE, clock.now), clock.now)
+        elif kind == "save":
+            kept.saved()
+            pure = gl.saved(pure, clock.now)
+        else:
+            assert kept.ledger == pure
+    assert kept.ledger == pure

@@ -104,6 +104,32 @@ def test_a_run_that_ends_in_a_regroup_ends_its_recovery() -> None:
     assert ledger.accounted == pytest.approx(ledger.wall)
 
 
+def test_the_timeline_marks_the_start_and_each_recovery_with_its_steps_and_group() -> None:
+    ledger = gl.formed(gl.opened(100.0), 2)
+    ledger, at = steps(gl.committed(ledger, 1, 110.0), 2, 9, 0.5, 110.0)  # step 10
+    ledger = gl.interrupted(ledger, Cause.JOIN, at + 0.1)
+    ledger = gl.formed(gl.paused(ledger, at + 0.3), 4)
+    ledger = gl.committed(ledger, 11, at + 0.8)
+    assert ledger.marks == (
+        gl.Mark("start", 100.0, 110.0, 10.0, 0, 1, 2),
+        gl.Mark("join", at, at + 0.8, pytest.approx(0.3), 10, 11, 4),
+    )
+    back = gl.decode(json.loads(json.dumps(gl.encode(ledger))))
+    assert gl.encode(back) == gl.encode(ledger) and back.world == 4
+
+
+def test_the_timeline_keeps_the_start_and_the_newest_recoveries() -> None:
+    ledger, at = gl.committed(gl.opened(0.0), 1, 1.0), 1.0
+    for step in range(2, 2 + 2 * gl.MARKS_KEPT):
+        at += 1.0
+        ledger = gl.committed(gl.interrupted(ledger, Cause.FAILURE, at - 0.5), step, at)
+    assert len(ledger.marks) == gl.MARKS_KEPT
+    assert ledger.marks[0].cause == "start" and ledger.marks[-1].step == ledger.step
+    assert [m.step for m in ledger.marks[1:]] == list(
+        range(ledger.step - gl.MARKS_KEPT + 2, ledger.step + 1)
+    )
+
+
 @pytest.mark.parametrize(
     ("doc", "field"),
     [
@@ -115,6 +141,8 @@ def test_a_run_that_ends_in_a_regroup_ends_its_recovery() -> None:
             ' "paused": [], "step": 1, "longest_pause": 0}',
             "ledger.paused",
         ),
+        ('{"marks": [["start", 1, 2]]}', "ledger.marks.0."),
+        ('{"marks": [["start", 1, 2, 1, 0, -1, 2]]}', "ledger.marks.0..step: negative"),
     ],
 )
 def test_a_malformed_ledger_is_refused_naming_the_field(doc: str, field: str) -> None:
@@ -166,3 +194,5 @@ def test_every_second_falls_in_exactly_one_bucket(events: list[tuple[str, float]
         assert min(ledger.training, ledger.lost, ledger.startup, ledger.checkpoint) >= 0
         assert all(v >= 0 for v in ledger.paused.values())
         assert ledger.longest_pause <= ledger.wall + 0.01
+        assert len(ledger.marks) <= gl.MARKS_KEPT
+        assert all(m.since <= m.at + 0.01 and m.pause >= 0 for m in ledger.marks)

@@ -64,6 +64,9 @@ from elasticjob_runtime.etcd.tls import EtcdTLS, open_client, tls_settings
 from elasticjob_runtime.goodput.ledger import Ledger
 from elasticjob_runtime.goodput.ledger import encode as encode_ledger
 
+# A goodput ledger, or a function that returns the newest (called in the publisher thread).
+LedgerSource = Ledger | Callable[[], Ledger]
+
 log = logging.getLogger(__name__)
 
 # After a failed etcd request, the publisher tries again after this many seconds.
@@ -113,7 +116,7 @@ class ProgressReporter:
             raise ValueError(f"ttl must be at least 2 seconds (got {ttl})")
         self.key = contract.progress_key(run_id)
         self._ledger_key = contract.ledger_key(run_id)
-        self._ledger: Ledger | None = None  # the newest goodput ledger handed over
+        self._ledger: LedgerSource | None = None  # the goodput ledger handed over
         self.ttl = ttl
         self.min_interval = min_interval
         self._clock = clock
@@ -157,14 +160,15 @@ class ProgressReporter:
         checkpoint_step: int | None = None,
         world_size: int | None = None,
         checkpoint_error: str | None = None,
-        ledger: Ledger | None = None,
+        ledger: LedgerSource | None = None,
     ) -> None:
         """Record a finished step of ``samples`` samples (all ranks); never waits for etcd.
 
         ``checkpoint_error`` is the failed save's line, if the newest failed (else cleared).
-        ``ledger``: the run's goodput ledger (goodput/ledger.py), encoded only when it is
-        published (with the record and, every :data:`LEDGER_EVERY_S`, under a key that
-        outlives it), in the background: never in a step."""
+        ``ledger``: the run's goodput ledger (goodput/ledger.py), or a function that
+        returns the newest, read and encoded only when it is published (with the record
+        and, every :data:`LEDGER_EVERY_S`, under a key that outlives it), in the
+        background: never in a step."""
         rate = self._rate.add(samples, self._clock())
         changes: dict[str, Any] = {
             "step": step,
@@ -182,7 +186,7 @@ class ProgressReporter:
         self._current = replace(self._current, **changes)
         self._changed.set()
 
-    def update_ledger(self, ledger: Ledger) -> None:
+    def update_ledger(self, ledger: LedgerSource) -> None:
         """The goodput ledger moved on without a step (the run ends): published with the
         record, if a step has been (a record that never had one is never published)."""
         if self._current is not self._placeholder:
@@ -220,7 +224,7 @@ class ProgressReporter:
                         refresh_at = now
                     pending = current is not published and current is not self._placeholder
                     if pending and now - put_at >= self.min_interval:
-                        book = encode_ledger(self._ledger) if self._ledger is not None else None
+                        book = _encoded(self._ledger)
                         record = replace(current, updated=time.time(), ledger=book)
                         self._client.put(self.key, encode_progress(record), lease=lease)
                         published, put_at, pending = current, now, False
@@ -240,7 +244,7 @@ class ProgressReporter:
                 else:
                     self._changed.wait(until_refresh)
             if self._current is not self._placeholder and self._ledger is not None:
-                ledger.keep(encode_ledger(self._ledger), self._clock(), force=True)  # newest
+                ledger.keep(_encoded(self._ledger), self._clock(), force=True)  # the newest
             if lease is not None:
                 self._client.revoke(lease)
         except EtcdError as exc:
@@ -253,6 +257,12 @@ def _close_at_exit(ref: weakref.ref[ProgressReporter]) -> None:
     reporter = ref()
     if reporter is not None:
         reporter.close()
+
+
+def _encoded(source: LedgerSource | None) -> dict[str, Any] | None:
+    if source is None:
+        return None
+    return encode_ledger(source() if callable(source) else source)
 
 
 # How often rank 0 also puts the ledger under its own key (and once more when it stops);

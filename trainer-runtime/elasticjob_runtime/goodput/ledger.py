@@ -140,7 +140,8 @@ def committed(ledger: Ledger, step: int, at: float) -> Ledger:
     redo = step <= ledger.step  # done before, and lost when the group went back to a checkpoint
     booked = replace(ledger, through=max(at, ledger.through), step=max(step, ledger.step))
     if not ledger.started:
-        start = Mark(START, ledger.opened, at, at - ledger.opened, 0, step, ledger.world)
+        begun = max(at, ledger.opened)  # a clock behind the opener's: no negative start-up
+        start = Mark(START, ledger.opened, begun, begun - ledger.opened, 0, step, ledger.world)
         return replace(
             booked, startup=ledger.startup + work, started=True, marks=_marked(ledger, start)
         )
@@ -151,7 +152,7 @@ def committed(ledger: Ledger, step: int, at: float) -> Ledger:
     return replace(
         booked,
         training=ledger.training + work,
-        typical_step=_typical(ledger.typical_step, work),
+        typical_step=typical(ledger.typical_step, work),
     )
 
 
@@ -172,7 +173,10 @@ def finished(ledger: Ledger, at: float) -> Ledger:
     recovery = ledger.recovering
     pause = max(0.0, at - recovery.since)
     ended = paused(ledger, at)
-    mark = Mark(recovery.cause, recovery.since, at, pause, ledger.step, ledger.step, ledger.world)
+    ended_at = max(at, recovery.since)
+    mark = Mark(
+        recovery.cause, recovery.since, ended_at, pause, ledger.step, ledger.step, ledger.world
+    )
     return replace(
         ended,
         recovering=None,
@@ -203,7 +207,8 @@ def _recovered(
     # no normal step yet (a fault right after the first): none of it was the step's own
     own = 0.0 if booked.typical_step is None else min(work, booked.typical_step)
     pause = max(0.0, at - recovery.since - own)
-    mark = Mark(recovery.cause, recovery.since, at, pause, before, step, booked.world)
+    went_on = max(at, recovery.since)  # a clock behind the publisher's: never before it
+    mark = Mark(recovery.cause, recovery.since, went_on, pause, before, step, booked.world)
     return replace(
         booked,
         training=booked.training + (0.0 if redo else own),
@@ -263,7 +268,8 @@ def restarted(published: Ledger, cause: str) -> Ledger:
     )
 
 
-def _typical(current: float | None, work: float) -> float:
+def typical(current: float | None, work: float) -> float:
+    """The typical step time after a normal step of ``work`` seconds."""
     if current is None:
         return work
     return current + TYPICAL_WEIGHT * (work - current)
@@ -297,7 +303,15 @@ def encode(ledger: Ledger) -> dict[str, Any]:
     if ledger.marks:
         # compact (a list per mark, in MARK_FIELDS' order): the record goes out every second
         doc["marks"] = [
-            [m.cause, round(m.since, 3), round(m.at, 3), round(m.pause, 3), m.before, m.step, m.world]
+            [
+                m.cause,
+                round(m.since, 3),
+                round(m.at, 3),
+                round(m.pause, 3),
+                m.before,
+                m.step,
+                m.world,
+            ]
             for m in ledger.marks
         ]
     if ledger.typical_step is not None:

@@ -278,6 +278,9 @@ class Run:
         """Samples the whole group takes in the current step."""
         return self._loop.global_batch
 
+    def _ledger_now(self) -> Ledger:
+        return self._goodput.ledger
+
     @property
     def ledger(self) -> Ledger:
         """Where each second of the run went so far (goodput/ledger.py): training, start-up,
@@ -531,7 +534,7 @@ class Run:
                 checkpoint_step=self._replica.saved_step if self._replica else None,
                 world_size=self.world_size,
                 checkpoint_error=self.ckpt.save_error,
-                ledger=self._goodput.ledger,
+                ledger=self._ledger_now,  # read in the publisher's thread, not here
             )
 
     def save(self, *, wait: bool = False) -> None:
