@@ -9,6 +9,15 @@ venv="$cache/venv"
 tools="$cache/tools"
 mkdir -p "$cache" "$tools"
 log() { echo "[bootstrap] $*" >&2; }
+# One bootstrap at a time per cache: two make targets started together (or two clones
+# sharing the cache) would otherwise pip-install into one venv at once.
+if command -v flock >/dev/null; then
+  exec 9>"$cache/.bootstrap.lock"
+  if ! flock -n 9; then
+    log "another bootstrap holds $cache/.bootstrap.lock: waiting for it"
+    flock 9
+  fi
+fi
 
 # 1. Debian packages: ip (netns, veth, bridge), nsenter/unshare, openssl.
 need_apt=()
