@@ -16,9 +16,10 @@ ours. Same flags, same seed; only rank 0 logs ``step= ... samples= ... pid= t=``
   these scripts (``--log-every=1``, a checkpoint every 20 steps).
 * ``gpt-goodput`` (only when named): ``bench.run``'s goodput run with these scripts.
 * ``check-cost``: :mod:`bench.check_cost`.
+* ``ledger-cost``: :mod:`bench.ledger_cost`.
 
-``--scenarios real-scripts`` runs the first three and check-cost (about 12 minutes with
-``--reps 3`` on 2 cores, so not in the default set).
+``--scenarios real-scripts`` runs the first three, check-cost and ledger-cost (about 12
+minutes with ``--reps 3`` on 2 cores, so not in the default set).
 """
 
 from __future__ import annotations
@@ -52,8 +53,15 @@ OURS = "elasticjob-run"
 OURS_SCRIPT = scripts.GPT_RUN
 PLAIN_SCRIPT = scripts.GPT_PLAIN
 GROUP = "real-scripts"  # --scenarios real-scripts
-SCENARIOS = ("gpt-throughput", "gpt-worker-kill", "gpt-scale-up", "gpt-goodput", "check-cost")
-GROUP_SCENARIOS = ("gpt-throughput", "gpt-worker-kill", "gpt-scale-up", "check-cost")
+SCENARIOS = (
+    "gpt-throughput",
+    "gpt-worker-kill",
+    "gpt-scale-up",
+    "gpt-goodput",
+    "check-cost",
+    "ledger-cost",
+)
+GROUP_SCENARIOS = ("gpt-throughput", "gpt-worker-kill", "gpt-scale-up", "check-cost", "ledger-cost")
 FAULTS = {"gpt-worker-kill": "worker-kill", "gpt-scale-up": "scale-up"}  # -> bench.run's
 WINDOW = (20, 120)  # steps whose samples/s is the throughput
 THROUGHPUT_TARGET = 0.99  # ours / baseline

@@ -48,6 +48,8 @@ ratio; not in the default set (about 12 minutes more with ``--reps 3``), but
 * ``gpt-worker-kill``, ``gpt-scale-up``: worker-kill and scale-up with those scripts.
 * ``check-cost`` (:mod:`bench.check_cost`): the Run's agreement check and step seeding,
   in percent of a step.
+* ``ledger-cost`` (:mod:`bench.ledger_cost`): keeping the goodput ledger, in percent of a
+  step of the regression example (and its encoding, per second, off the step).
 * ``gpt-goodput`` (only when named): the goodput run with those scripts.
 
 An unchanged classic torchelastic script (:mod:`bench.classic`: bench/classic_imagenet.py,
@@ -88,6 +90,7 @@ from bench import (
     check_cost,
     checkpoint_stall,
     classic,
+    ledger_cost,
     operator_load,
     phases,
     rdzv_scale,
@@ -688,8 +691,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="node-freeze (a node that vanishes without closing its sockets) is not in the "
         "default set: torchrun sits in the collective until its timeout; "
         f"{real_scripts.GROUP} = {' '.join(real_scripts.GROUP_SCENARIOS)} (the realistic "
-        "script beside its plain-DDP original, and the agreement check's cost; gpt-goodput "
-        "only when named); "
+        "script beside its plain-DDP original, and what the agreement check and the goodput "
+        "ledger cost a step; gpt-goodput only when named); "
         f"{classic.GROUP} = {' '.join(classic.SCENARIOS)} (an unchanged classic torchelastic "
         "script under both launchers, each recovery split into phases); "
         f"{sharded.GROUP} = {' '.join(sharded.SCENARIOS)} (an FSDP2 model in place, beside "
@@ -759,7 +762,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         or unchanged
         or sharded_faults
         or sharded_steady
-        or [s for s in real if s != check_cost.SCENARIO]
+        or [s for s in real if s not in (check_cost.SCENARIO, ledger_cost.SCENARIO)]
     )
     etcd = Etcd.start(workdir / "etcd") if needs_etcd else None
     try:
@@ -836,6 +839,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                 goodputs.append(g)
         if check_cost.SCENARIO in real:
             real_figures += check_cost.run(reps, workdir)
+        if ledger_cost.SCENARIO in real:
+            real_figures += ledger_cost.run(reps, workdir)
         if "checkpoint-stall" in scale:
             figures += checkpoint_stall.run(args.checkpoint_sizes, reps, workdir)
         rdzv = [s for s in scale if s in rdzv_scale.SCENARIOS]

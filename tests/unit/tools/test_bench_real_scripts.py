@@ -88,6 +88,7 @@ def test_the_group_name_expands_to_its_scenarios_once() -> None:
         "gpt-worker-kill",
         "gpt-scale-up",
         "check-cost",
+        "ledger-cost",
     ]
     assert "gpt-goodput" not in real_scripts.expand(["real-scripts"])
 
