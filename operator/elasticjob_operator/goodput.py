@@ -25,6 +25,10 @@ SUSPENDED: Final = "suspended"
 
 # What an event says happened, by cause (a cause a newer runtime adds is named as it is).
 WHAT: dict[str, str] = {
+    Cause.CRASH: "a worker crashed",
+    Cause.NODE_LOST: "a node was lost or froze",
+    Cause.HANG: "the training hung and the group restarted",
+    Cause.DIVERGENCE: "the ranks diverged and rank 0's state was copied to every rank",
     Cause.FAILURE: "a worker or a node failed",
     Cause.JOIN: "workers joined",
     Cause.DEPARTURE: "workers left",

@@ -260,7 +260,7 @@ def assert_goodput_shows_the_recovery(
         lambda: (g := c.status(ns, name).get("goodput")) and sum(g["recoveries"].values()) and g,
         timeout=60,
     )
-    assert set(goodput["recoveries"]) <= {"failure", "restart"}, goodput
+    assert set(goodput["recoveries"]) <= {"crash", "restart"}, goodput
     causes = assert_goodput_agrees(goodput, applied, logs.steps())
     assert len(causes) == 1, goodput
     said = c.core.list_namespaced_event(

@@ -62,6 +62,9 @@ WORKER_ASSIGNED_AT: Final = "ELASTICJOB_WORKER_ASSIGNED_AT"
 # set per worker and round by elasticjob-run's etcd-v3 rendezvous: "<run id>/<round>", the
 # round every node of the group shares; Run.round_id adds the token rank 0 draws for it
 ROUND_ID: Final = "ELASTICJOB_ROUND_ID"
+# Why the worker's current round was opened (rendezvous.membership.RoundCause: crash,
+# node-lost, join, departure, hang, start), per round like ROUND_ID; absent when not known.
+ROUND_CAUSE: Final = "ELASTICJOB_ROUND_CAUSE"
 # set by elasticjob-run for its workers: when the agent started (unix time), where the
 # goodput ledger of a new run starts counting (goodput/keeper.py)
 AGENT_STARTED: Final = "ELASTICJOB_AGENT_STARTED"

@@ -27,6 +27,11 @@ from gpt_jobs import (
     worlds,
 )
 
+from elasticjob_runtime.etcd.client import EtcdClient
+from elasticjob_runtime.etcd.endpoints import parse_endpoints
+from elasticjob_runtime.etcd.progress import published_ledger
+from elasticjob_runtime.goodput import ledger as gl
+
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
@@ -196,3 +201,13 @@ def test_with_resync_the_ranks_take_rank_0s_state_and_train_on_saying_so(
     assert result_of(logs)["steps"] == STEPS
     records = divergence_records(etcd, run_id)
     assert {r.step for r in records} == resynced and {r.action for r in records} == {"resync"}
+    # the goodput ledger books the kill as a crash (its round said so) and each resync
+    # as a divergence, each its own recovery
+    client = EtcdClient(parse_endpoints(etcd.endpoint))
+    try:
+        doc = published_ledger(client, run_id)
+    finally:
+        client.close()
+    assert doc is not None, "no goodput ledger in etcd"
+    ledger = gl.decode(doc)
+    assert ledger.recoveries == {"crash": 1, "divergence": len(resynced)}, doc

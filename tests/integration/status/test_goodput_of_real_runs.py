@@ -2,8 +2,9 @@
 checked against the workers' own step lines: an independent clock.
 
 A worker SIGKILLs itself after step 25. In place, the survivors keep their ledger and
-book one recovery; on the restart path the whole group starts again from the step-20
-checkpoint, and its new rank 0 takes on the ledger the old one published. Either way
+book one recovery, a crash (the round its agent opened says so); on the restart path
+the whole group starts again from the step-20 checkpoint, and its new rank 0 takes on
+the ledger the old one published. Either way
 every second falls in one bucket, and the recovery's pause is the gap in the step lines
 less one step.
 """
@@ -118,8 +119,10 @@ def test_a_crash_in_place_is_one_recovery_whose_pause_the_step_lines_confirm(
 ) -> None:
     text, ledger = run_with_a_crash(agents, etcd, tmp_path, in_place=True)
     assert_every_second_booked(ledger)
-    assert ledger.recoveries == {"failure": 1}, json.dumps(gl.encode(ledger))
-    assert set(ledger.paused) == {"failure"}
+    # the killed worker's agent opened the next round, saying why: the survivor, which saw
+    # only a broken collective, books a crash
+    assert ledger.recoveries == {"crash": 1}, json.dumps(gl.encode(ledger))
+    assert set(ledger.paused) == {"crash"}
     lines = step_times(text)
     assert_pause_agrees(ledger.longest_pause, gap_less_a_step(lines, CRASH_AT, CRASH_AT + 1))
     assert ledger.lost < 1.0  # at most the step in flight

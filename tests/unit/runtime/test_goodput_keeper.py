@@ -46,6 +46,42 @@ def test_a_rank_names_the_cause_of_a_regroup_from_what_it_saw(
     assert keeper.regroup_cause(failed, old, new) == cause
 
 
+@pytest.mark.parametrize(
+    ("failed", "told", "cause"),
+    [
+        (True, "crash", Cause.CRASH),  # a survivor saw a broken collective; the round knew
+        (True, "node-lost", Cause.NODE_LOST),
+        (False, "departure", Cause.DEPARTURE),
+        (False, "join", Cause.JOIN),
+        (True, "hang", Cause.HANG),
+        (True, "start", Cause.FAILURE),  # names no recovery: what the rank saw
+        (True, "a-cause-from-a-newer-runtime", Cause.FAILURE),
+    ],
+)
+def test_a_rank_takes_the_cause_its_round_was_opened_for(
+    failed: bool, told: str, cause: Cause
+) -> None:
+    assert keeper.regroup_cause(failed, 4, 4, told) == cause
+
+
+def test_a_group_restarted_for_a_hang_books_a_hang() -> None:
+    published = gl.committed(gl.committed(gl.opened(0.0), 1, 1.0), 2, 2.0)
+    assert keeper.group_start(published, 0.0, "hang").recovering == gl.Recovery("hang", 2.0)
+    assert keeper.group_start(published, 0.0, None).recovering == gl.Recovery("restart", 2.0)
+
+
+def test_a_resync_is_a_divergence_recovery_up_to_the_next_step() -> None:
+    clock = Clock(10.0)
+    kept = keeper.LedgerKeeper(gl.committed(gl.committed(gl.opened(0.0), 1, 1.0), 2, 2.0), clock)
+    clock.now = 2.5
+    kept.resynced(began=2.1)
+    clock.now = 3.6
+    kept.committed(3)
+    assert kept.ledger.recoveries == {"divergence": 1}
+    # from step 2 to step 3: 1.6 s, of which one typical step (1 s) trained
+    assert kept.ledger.longest_pause == pytest.approx(0.6)
+
+
 def test_the_keeper_books_a_regroup_from_its_start_to_its_end_and_the_step_after() -> None:
     clock = Clock(100.0)
     k = keeper.LedgerKeeper(gl.opened(90.0), clock)

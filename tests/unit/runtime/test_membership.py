@@ -23,6 +23,7 @@ from elasticjob_runtime.rendezvous.membership import (
     Open,
     Rejoin,
     Round,
+    RoundCause,
     Seal,
     Standby,
     Wait,
@@ -39,6 +40,7 @@ from elasticjob_runtime.rendezvous.membership import (
     gone_on_without,
     joined_by_record,
     leader_of,
+    restart_cause,
     restart_reason,
     short_of_desired,
     takes_over,
@@ -111,7 +113,7 @@ def settle(
 
 def test_the_first_node_opens_and_leads_the_others_enter_and_follow() -> None:
     assert decide_join(None, "a", LIMITS, 0, None) == Open(
-        Round(1, leader="a"), "first node opens a round"
+        Round(1, leader="a", cause=RoundCause.START), "first node opens a round"
     )
     forming = Round(1, leader="a")
     assert decide_join(forming, "b", LIMITS, 0, None) == Enter(1)
@@ -189,7 +191,7 @@ def test_a_node_that_starts_late_is_in_the_first_round_of_a_job_that_asked_for_i
     a, b = Node("a"), Node("b")
     asked = Limits(1, 2, 15.0, desired=2)
     etcd = settle([a], frozenset("a"), asked)
-    assert a.joined is None and etcd.state == Round(1, leader="a")  # waits for b
+    assert a.joined is None and etcd.state == Round(1, leader="a", cause="start")  # waits for b
     settle([a, b], frozenset("ab"), asked, etcd)
     assert a.joined == Joined(1, ("a", "b"), 0) and b.joined == Joined(1, ("a", "b"), 1)
     # without the count a seals alone, and b comes to a running round: a second round
@@ -197,7 +199,7 @@ def test_a_node_that_starts_late_is_in_the_first_round_of_a_job_that_asked_for_i
     etcd = settle([a], frozenset("a"), Limits(1, 2, 15.0))
     assert a.joined == Joined(1, ("a",), 0)
     settle([b], frozenset("ab"), Limits(1, 2, 15.0), etcd)
-    assert etcd.state == Round(2, leader="b")
+    assert etcd.state == Round(2, leader="b", cause="join")
 
 
 def test_the_awaited_count_stays_within_min_and_max() -> None:
@@ -244,7 +246,7 @@ def test_an_entrant_whose_lease_is_gone_is_left_out_of_the_seal() -> None:
 def test_a_node_standing_by_opens_the_next_round_once_a_participant_is_lost() -> None:
     full = Round(1, ("a", "b", "c"), complete=True, leader="a")
     step = decide_standby(full, "e", frozenset({"a", "c", "e"}))
-    assert step == Open(Round(2, leader="e"), "lost b")
+    assert step == Open(Round(2, leader="e", cause=RoundCause.NODE_LOST), "lost b")
 
 
 def test_survivors_of_a_lost_peer_open_the_next_round_and_form_it_without_it() -> None:
@@ -260,7 +262,7 @@ def test_survivors_of_a_lost_peer_open_the_next_round_and_form_it_without_it() -
 def test_a_newcomer_opens_a_new_round_and_the_running_nodes_are_told_to_restart() -> None:
     running = Round(1, ("a", "b"), complete=True, leader="a")
     assert decide_join(running, "c", LIMITS, 0, None) == Open(
-        Round(2, leader="c"), "joining a round with room"
+        Round(2, leader="c", cause=RoundCause.JOIN), "joining a round with room"
     )
     assert restart_reason(Round(2, leader="c"), [], my_round=1) is not None
     assert restart_reason(running, [], my_round=1) is None
@@ -410,3 +412,26 @@ def test_a_leader_whose_own_lease_ran_out_enters_again_before_it_seals() -> None
     assert decide_lead("a", joins, live, LIMITS, None, 0.0) == decide_seal(
         joins, live, LIMITS, None, 0.0
     )
+
+
+def test_a_round_says_why_its_opener_opened_it_and_the_sealed_round_keeps_it() -> None:
+    running = Round(1, ("a", "b"), complete=True, leader="a", cause="start")
+    # a's own worker exited: its agent comes back to the running round it is in
+    opened = decide_join(running, "a", LIMITS, 1, None)
+    assert isinstance(opened, Open) and opened.round.cause == RoundCause.CRASH
+    # the others join the round it opened, and learn why from it once sealed
+    sealed = Round(2, ("a", "b"), complete=True, leader="a", cause=RoundCause.CRASH)
+    assert decide_join(sealed, "b", LIMITS, 1, 2) == Joined(2, ("a", "b"), 1, "crash")
+    assert Round.decode(sealed.encode()) == sealed
+    # an older runtime's round key has no cause: not known
+    assert Round.decode(b'{"number": 2, "participants": ["a"], "complete": true}').cause == ""
+
+
+def test_a_node_that_restarts_for_a_lost_peer_or_a_departure_says_so() -> None:
+    mine = Round(3, ("a", "b", "c"), complete=True, leader="a")
+    assert restart_cause(mine, ["b"], 3) == RoundCause.NODE_LOST
+    assert restart_cause(mine, [], 3, leaving=["c"]) == RoundCause.DEPARTURE
+    assert restart_cause(mine, [], 3) is None
+    # a newer round is another's: it says its own cause
+    assert restart_cause(Round(4, leader="c"), ["b"], 3) is None
+    assert restart_cause(None, [], 3) is None

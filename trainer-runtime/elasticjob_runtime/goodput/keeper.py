@@ -85,17 +85,26 @@ class LedgerKeeper:
         Ledger it would build."""
         at = self._clock()
         ledger, steady = self._state
-        through, training, last, typical = steady or (
-            ledger.through,
-            ledger.training,
-            ledger.step,
-            ledger.typical_step,
-        )
-        if ledger.started and ledger.recovering is None and step > last and at >= through:
+        if steady is None:
+            if not ledger.started or ledger.recovering is not None:
+                self._set(gl.committed(ledger, step, at))
+                return
+            steady = Steady(ledger.through, ledger.training, ledger.step, ledger.typical_step)
+        through, training, last, typical = steady
+        if step > last and at >= through:
             work = at - through
-            self._state = (ledger, Steady(at, training + work, step, gl.typical(typical, work)))
+            if typical is None:
+                typical = work
+            else:
+                typical += gl.TYPICAL_WEIGHT * (work - typical)
+            self._state = (ledger, Steady(at, training + work, step, typical))
         else:
-            self._set(gl.committed(self.ledger, step, at))
+            self._set(gl.committed(steady.fold(ledger), step, at))
+
+    def resynced(self, began: float) -> None:
+        """The ranks diverged and rank 0's state was copied to every rank, from ``began``
+        (the check) to now: a recovery, whose pause ends at the next commit."""
+        self._set(gl.paused(gl.interrupted(self.ledger, Cause.DIVERGENCE, began), self._clock()))
 
     def saved(self) -> None:
         """The commit's saves are done: the time they took is checkpoint time."""
@@ -135,10 +144,25 @@ class LedgerKeeper:
         return gl.encode(self.ledger)
 
 
-def regroup_cause(failed: bool, old_world: int, new_world: int) -> str:
-    """Why this regroup happened, as far as a rank can tell: a broken collective is a
-    failure (a crash, a lost or frozen node: the rank cannot tell which), a planned
-    regroup that grew the group a join and one that shrank it a departure."""
+# The round causes (rendezvous.membership.RoundCause, through contract.ROUND_CAUSE) that
+# name a recovery's cause as they are; "start" names none.
+TOLD: dict[str, str] = {
+    "crash": Cause.CRASH,
+    "node-lost": Cause.NODE_LOST,
+    "hang": Cause.HANG,
+    "join": Cause.JOIN,
+    "departure": Cause.DEPARTURE,
+}
+
+
+def regroup_cause(failed: bool, old_world: int, new_world: int, told: str | None = None) -> str:
+    """Why this regroup happened. ``told``: the cause the next round's opener wrote in it
+    (a crash, a lost or frozen node, a hang, a join, a departure), which a survivor could
+    not see for itself. Without it, as far as a rank can tell: a broken collective is a
+    failure, a planned regroup that grew the group a join and one that shrank it a
+    departure."""
+    if told in TOLD:
+        return TOLD[told]
     if failed:
         return Cause.FAILURE
     if new_world > old_world:
@@ -155,11 +179,12 @@ def fresh_keeper(env: Mapping[str, str] = os.environ) -> LedgerKeeper:
     return LedgerKeeper(gl.opened(min(now, agent_started(env) or now)))
 
 
-def group_start(published: Ledger | None, earliest: float) -> Ledger:
+def group_start(published: Ledger | None, earliest: float, told: str | None = None) -> Ledger:
     """The ledger of a group of new processes: the run's published one, taken on (the
-    group restarted), else a new run's, opened at the earliest start among its ranks."""
+    group restarted: for a hang, its round says so in ``told``), else a new run's,
+    opened at the earliest start among its ranks."""
     if published is not None:
-        return gl.restarted(published, Cause.RESTART)
+        return gl.restarted(published, Cause.HANG if told == "hang" else Cause.RESTART)
     return gl.opened(earliest)
 
 

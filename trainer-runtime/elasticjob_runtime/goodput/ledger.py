@@ -50,10 +50,14 @@ class Cause(enum.StrEnum):
     runtime may publish causes an older operator does not know; they are kept and shown
     as they are (:func:`decode` reads any string)."""
 
-    FAILURE = "failure"  # a collective broke: a worker crashed, a node was lost or froze
+    CRASH = "crash"  # a worker process exited (its agent started another in its place)
+    NODE_LOST = "node-lost"  # a node was lost or froze (its member lease lapsed)
+    HANG = "hang"  # the agents saw the steps stop and restarted the group
+    DIVERGENCE = "divergence"  # the ranks' states differed: rank 0's was copied to all
+    FAILURE = "failure"  # a collective broke, and the round did not say why
     JOIN = "join"  # a planned regroup that grew the group
     DEPARTURE = "departure"  # a planned regroup that shrank it (a scale-down, a SIGTERM)
-    RESTART = "restart"  # the whole group started again (new processes)
+    RESTART = "restart"  # the whole group started again (new processes), for no cause said
 
 
 @dataclass(frozen=True)

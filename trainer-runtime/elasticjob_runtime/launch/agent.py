@@ -85,6 +85,7 @@ from elasticjob_runtime.launch.torch_internals import (
 from elasticjob_runtime.rendezvous.api import membership_of
 from elasticjob_runtime.rendezvous.etcd_store import EtcdV3Store, RoundAbandoned
 from elasticjob_runtime.rendezvous.leases import notice_within
+from elasticjob_runtime.rendezvous.membership import RoundCause
 
 log = logging.getLogger(__name__)
 
@@ -321,6 +322,8 @@ class MembershipAwareAgent(TorchAgent):
                 log.info("the round lost %s: workers save their last step without waiting", lost)
                 self._channel.mark_group_broken()
         if self._hung:
+            if self._membership is not None:  # the round it opens says why (goodput)
+                self._membership.next_cause = RoundCause.HANG
             # The step in flight will not finish: save the last completed one at once. A
             # stopped (SIGSTOP) worker would hold its SIGTERM until torch's SIGKILL 30 s
             # later; SIGTERM first, then SIGCONT, wakes it into the save-and-exit path.
@@ -342,10 +345,14 @@ class MembershipAwareAgent(TorchAgent):
         membership, run_id = self._membership, worker_group.spec.rdzv_handler.get_run_id()
         round_id = f"{run_id}/{membership.round_number}" if membership is not None else ""
 
+        cause = membership.round_cause if membership is not None else ""
+
         def start(**kwargs: Any) -> PContext:
             for env in kwargs["envs"].values():
                 if round_id:
                     env[contract.ROUND_ID] = round_id
+                if cause:
+                    env[contract.ROUND_CAUSE] = cause
             self._channel.deliver(generation, kwargs["envs"], kind.abort)
             if kind.in_place and running is not None:
                 return running

@@ -73,6 +73,7 @@ ROUND_VARIABLES = frozenset(
         "CUDA_VISIBLE_DEVICES",
         "TORCH_NCCL_ASYNC_ERROR_HANDLING",
         contract.ROUND_ID,
+        contract.ROUND_CAUSE,
     }
 )
 ROUND_PREFIXES = ("TORCHELASTIC_",)

@@ -21,6 +21,10 @@ class MembershipRendezvous(Protocol):
     """A rendezvous that knows its members' liveness (leases) and keeps run records."""
 
     node: str  # this agent's name in the rounds
+    # why the next round this node opens is opened, where the agent knows (a hang), and
+    # the cause of the round it last joined ("": not known); membership.RoundCause
+    next_cause: str | None
+    round_cause: str
 
     @property
     def lease_ttl(self) -> int:

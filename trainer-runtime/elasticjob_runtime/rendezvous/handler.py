@@ -123,6 +123,10 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
         )
         self._watch_peers = watch_peers
         self._finished = False  # training finished here: the close says so (mark_finished)
+        # Why the next round this node opens is opened, where the agent knows (a hang);
+        # else the round watch's reason, else membership's rule (RoundCause).
+        self.next_cause: str | None = None
+        self.round_cause = ""  # the cause of the round last joined ("": not known)
 
     def register(self) -> None:
         """Take part in the run: the run's lease, this node's member lease and key, and a
@@ -168,6 +172,8 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
             self.register()
         except EtcdError as exc:
             raise RendezvousConnectionError(str(exc)) from exc
+        self._joins.cause = self.next_cause or self._watch.restart_cause
+        self.next_cause = None
         self._watch.leave_round()
         self._peers.follow(())
         deadline = time.monotonic() + self._join_timeout
@@ -193,6 +199,7 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
                 joined.rank,
                 joined.world_size,
             )
+            self.round_cause = joined.cause
             return RendezvousInfo(store, joined.rank, joined.world_size, bootstrap)
 
     def _start(self, joined: Joined, sealed_at: int) -> tuple[EtcdV3Store, RendezvousStoreInfo]:

@@ -11,6 +11,7 @@ import logging
 import random
 import signal
 import time
+from dataclasses import replace
 
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
@@ -71,6 +72,10 @@ class JoinExecutor:
         self.join_timeout = join_timeout
         self.entered: int | None = None  # the round whose join key this node put last
         self.leading: int | None = None  # a round this node leads since its leader went
+        # Why this node is joining, where it knows better than the rule that opens a
+        # round (a lost peer, a departure, a hang: not its own crash); the handler sets it
+        # before each join. None: the rule's cause (membership.decide_join).
+        self.cause: str | None = None
         # The members this node, leading, waits for, probed for a dead agent (liveness.py).
         self._stragglers = StragglerProbe()
 
@@ -88,8 +93,15 @@ class JoinExecutor:
         """Open the next round (if no other node just did) and enter it; a node marked
         leaving stops instead (:meth:`stop_if_marked`)."""
         self.stop_if_marked()
-        if self.state.write(step.round, kv):
-            log.info("etcd-v3: %s: opened round %d: %s", self.node, step.round.number, step.why)
+        opening = step.round if self.cause is None else replace(step.round, cause=self.cause)
+        if self.state.write(opening, kv):
+            log.info(
+                "etcd-v3: %s: opened round %d (%s): %s",
+                self.node,
+                opening.number,
+                opening.cause,
+                step.why,
+            )
             self.enter(step.round.number)
 
     def enter(self, number: int) -> None:
@@ -212,7 +224,9 @@ class JoinExecutor:
 
     def _seal(self, current: Round, kv: KeyValue, participants: tuple[str, ...]) -> bool:
         """The round key and the sealed record, in one transaction; whether it won."""
-        sealed = Round(current.number, participants, True, leader=current.leader)
+        sealed = Round(
+            current.number, participants, True, leader=current.leader, cause=current.cause
+        )
         record = {self.state.keys.sealed(current.number): encode_participants(participants)}
         if not self.state.write(sealed, kv, also=record):
             return False

@@ -29,12 +29,27 @@ of a lost peer within the lease TTL instead of heartbeat timeouts.
 
 from __future__ import annotations
 
+import enum
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final
 
 from elasticjob_runtime import contract
+
+
+class RoundCause(enum.StrEnum):
+    """Why a round was opened, as its opener knew it: written in the round key, handed
+    to every worker of the round (``contract.ROUND_CAUSE``), so that a survivor, which
+    saw only a broken collective or a new round, can say what its pause was for (the
+    goodput ledger's causes, docs/goodput.md)."""
+
+    START = "start"  # the run's first round
+    CRASH = "crash"  # the opener's own worker exited (a crash; its agent restarted it)
+    NODE_LOST = "node-lost"  # a participant's member lease lapsed: a lost or frozen node
+    JOIN = "join"  # a node came to a round with room
+    DEPARTURE = "departure"  # a participant announced its departure
+    HANG = "hang"  # the opener's agent saw its workers' steps stop (hang detection)
 
 
 @dataclass(frozen=True)
@@ -50,19 +65,20 @@ class Round:
     closed: bool = False
     leader: str = ""
     finished: bool = False
+    cause: str = ""  # a RoundCause ("" from an older runtime, or not known)
 
     def encode(self) -> bytes:
-        return json.dumps(
-            {
-                "number": self.number,
-                "participants": list(self.participants),
-                "complete": self.complete,
-                "closed": self.closed,
-                "leader": self.leader,
-                "finished": self.finished,
-            },
-            sort_keys=True,
-        ).encode()
+        doc: dict[str, object] = {
+            "number": self.number,
+            "participants": list(self.participants),
+            "complete": self.complete,
+            "closed": self.closed,
+            "leader": self.leader,
+            "finished": self.finished,
+        }
+        if self.cause:
+            doc["cause"] = self.cause
+        return json.dumps(doc, sort_keys=True).encode()
 
     @staticmethod
     def decode(raw: bytes) -> Round:
@@ -74,6 +90,7 @@ class Round:
             closed=bool(data.get("closed", False)),
             leader=str(data.get("leader", "")),
             finished=bool(data.get("finished", False)),
+            cause=str(data.get("cause", "")),
         )
 
 
@@ -146,6 +163,7 @@ class Joined:
     number: int
     participants: tuple[str, ...]
     rank: int
+    cause: str = ""  # the round's RoundCause ("": not known, e.g. read from its sealed record)
 
     @property
     def world_size(self) -> int:
@@ -266,17 +284,19 @@ def decide_join(
     standing by, which read them themselves.
     """
     if current is None:
-        return Open(Round(number=last_joined + 1, leader=me), "first node opens a round")
+        first = Round(number=last_joined + 1, leader=me, cause=RoundCause.START)
+        return Open(first, "first node opens a round")
     if current.closed:
         return Closed(current.finished)
     if current.complete:
         if me in current.participants and current.number > last_joined:
-            return Joined(current.number, current.participants, current.participants.index(me))
+            index = current.participants.index(me)
+            return Joined(current.number, current.participants, index, current.cause)
         nxt = Round(number=current.number + 1, leader=me)
-        if me in current.participants:
-            return Open(nxt, "restarting after a local failure")
+        if me in current.participants:  # (its agent may know better: JoinExecutor.cause)
+            return Open(replace(nxt, cause=RoundCause.CRASH), "restarting after a local failure")
         if len(current.participants) < limits.max_nodes:
-            return Open(nxt, "joining a round with room")
+            return Open(replace(nxt, cause=RoundCause.JOIN), "joining a round with room")
         return Standby(current)
     if entered != current.number:
         return Enter(current.number)
@@ -352,7 +372,8 @@ def decide_standby(current: Round, me: str, live: frozenset[str]) -> Open | Wait
     """A node beyond ``max``: open the next round once a participant is lost, else wait."""
     lost = lost_participants(current.participants, live)
     if lost:
-        return Open(Round(number=current.number + 1, leader=me), f"lost {', '.join(lost)}")
+        nxt = Round(number=current.number + 1, leader=me, cause=RoundCause.NODE_LOST)
+        return Open(nxt, f"lost {', '.join(lost)}")
     return Wait(
         None,
         f"round {current.number} is full ({len(current.participants)} nodes); standing by",
@@ -412,6 +433,21 @@ def short_of_desired(limits: Limits, first_round: bool, sealed: int) -> str | No
         f"{limits.min_nodes}; they join the next round when they come (raise --rdzv-conf "
         "first_round_timeout if your nodes start further apart)"
     )
+
+
+def restart_cause(
+    current: Round | None, lost: Sequence[str], my_round: int, leaving: Sequence[str] = ()
+) -> RoundCause | None:
+    """The cause a node that must restart its workers (:func:`restart_reason`) writes in
+    the round it opens for it; None where the round it will join is another's (a newer
+    round has opened, the state is gone) or there is no restart."""
+    if current is None or current.closed or current.number != my_round:
+        return None
+    if lost:
+        return RoundCause.NODE_LOST
+    if leaving:
+        return RoundCause.DEPARTURE
+    return None
 
 
 def restart_reason(

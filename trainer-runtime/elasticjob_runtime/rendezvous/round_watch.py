@@ -19,6 +19,7 @@ from elasticjob_runtime.rendezvous.membership import (
     Round,
     gone_on_without,
     lost_participants,
+    restart_cause,
     restart_reason,
 )
 from elasticjob_runtime.rendezvous.state import RendezvousState
@@ -45,6 +46,7 @@ class RoundWatch:
         self.round = 0  # the round this node last joined
         self.participants: tuple[str, ...] = ()
         self.restart_why: str | None = None
+        self.restart_cause: str | None = None  # the cause of a round it opens for it
         self._changed = threading.Event()
         self._broken = threading.Event()
         self._lock = threading.Lock()
@@ -64,6 +66,7 @@ class RoundWatch:
         """About to join another round: stop watching this one, forget why it ended."""
         self.stop()
         self.restart_why = None
+        self.restart_cause = None
 
     def stop(self) -> None:
         if self._cancel is not None:
@@ -121,6 +124,7 @@ class RoundWatch:
         if seen is None:
             return 0
         self.restart_why = restart_reason(seen[0], seen[1], self.round, leaving)
+        self.restart_cause = restart_cause(seen[0], seen[1], self.round, leaving)
         if self.restart_why is None:
             return 0
         log.info("etcd-v3: %s restarts its workers: %s", self._node, self.restart_why)

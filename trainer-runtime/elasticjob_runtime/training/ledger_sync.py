@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import enum
 import json
+import os
 from collections.abc import Callable, Sequence
 
 import torch
 
+from elasticjob_runtime import contract
 from elasticjob_runtime.checkpoints.state_transfer import broadcast_bytes, gather_steps
 from elasticjob_runtime.goodput import ledger as gl
 from elasticjob_runtime.goodput.keeper import LedgerKeeper, group_start
@@ -65,7 +67,8 @@ def sync_ledger(
     if src is None:
         src = 0
         if rank == 0:
-            keeper.adopt(group_start(read(), earliest(claims)))
+            told = os.environ.get(contract.ROUND_CAUSE)  # a hang's restart says so
+            keeper.adopt(group_start(read(), earliest(claims), told))
     data = json.dumps(keeper.encoded()).encode() if rank == src else b""
     received = broadcast_bytes(data, src, device)
     if rank != src:

@@ -218,6 +218,7 @@ class Run:
             self._regroup,
             self._committed,
             self.timings,
+            resynced=lambda began: self._goodput.resynced(began),
         )
         self._replica: Replication | None = None  # how the model is laid out, once wrapped
         self._on_regroup = on_regroup
@@ -566,7 +567,8 @@ class Run:
         retired = [self._replica.retire()]
 
         def rebuild(timings: dict[str, float]) -> None:
-            self._goodput.group_changed(regroup_cause(failed, old_world, self.world_size))
+            told = self._rounds.assignment.env.get(contract.ROUND_CAUSE)  # the opener's why
+            self._goodput.group_changed(regroup_cause(failed, old_world, self.world_size, told))
             self.timings.clear()  # the same dict the step loop writes into
             self.timings.update(timings)
             self.sampler.reshard(self.rank, self.world_size)

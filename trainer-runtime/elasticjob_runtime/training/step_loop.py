@@ -85,11 +85,13 @@ class StepLoop:
         regroup: Callable[[bool], None],
         committed: Callable[[], None],
         timings: dict[str, float],
+        resynced: Callable[[float], None] = lambda began: None,
     ) -> None:
         self._state, self._rounds, self._agreement = state, rounds, agreement
         self.seed = seed
         self._regroup = regroup  # regroup(failed): the Run leaves this round for the next
         self._committed = committed  # after a commit: checkpoint and progress
+        self._resynced = resynced  # resynced(began): a divergence's copy is done (goodput)
         self._timings = timings
         self.plan = 0  # bumped when the state changed under a round's plan (a resync)
         self.global_batch = 0  # samples the whole group takes in the current step
@@ -293,5 +295,7 @@ class StepLoop:
         """Compare every rank's state now (agreement.py); a resync plans the round anew."""
         if self.replica is None:
             raise RuntimeError("call run.wrap(...) or run.shard(...) first")
+        began = time.time()
         if self._agreement.check(when, self._state.step, self.replica, self._rounds):
             self.plan += 1  # the sampler's position may have moved
+            self._resynced(began)

@@ -43,6 +43,7 @@ ASSIGNED = (
     "MASTER_ADDR",
     "MASTER_PORT",
     contract.ROUND_ID,
+    contract.ROUND_CAUSE,
 )
 # How often the watcher thread looks for an abandoned round when nothing woke it: it
 # waits on the channel's bell (the agent rings it after each delivery) and on the agent's
