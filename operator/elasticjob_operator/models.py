@@ -632,9 +632,7 @@ class LastRecovery(_Model):
 class TimelineMark(_Model):
     """A point of the job's timeline: a run's start, a recovery, or a suspension."""
 
-    cause: str = Field(
-        description="start, suspended, or a recovery's cause (docs/goodput.md)."
-    )
+    cause: str = Field(description="start, suspended, or a recovery's cause (docs/goodput.md).")
     since: datetime = Field(description="When training stopped (for a start: the run's start).")
     time: datetime = Field(description="The first step after it.")
     pause_seconds: float = Field(description="The time it cost (a recovery: less one step).")
@@ -655,7 +653,9 @@ class GoodputTotals(_Open):
         description="Before a run's first agent started: queued by Kueue, waiting for pods "
         "to be scheduled, images pulled, and the time a job was suspended."
     )
-    startup_seconds: float = Field(description="From a run's first agent's start to its first step.")
+    startup_seconds: float = Field(
+        description="From a run's first agent's start to its first step."
+    )
     paused_seconds: dict[str, float] = Field(
         default_factory=dict, description="Recoveries' pauses, by cause."
     )

@@ -297,7 +297,15 @@ def encode(ledger: Ledger) -> dict[str, Any]:
     if ledger.marks:
         # compact (a list per mark, in MARK_FIELDS' order): the record goes out every second
         doc["marks"] = [
-            [m.cause, round(m.since, 3), round(m.at, 3), round(m.pause, 3), m.before, m.step, m.world]
+            [
+                m.cause,
+                round(m.since, 3),
+                round(m.at, 3),
+                round(m.pause, 3),
+                m.before,
+                m.step,
+                m.world,
+            ]
             for m in ledger.marks
         ]
     if ledger.typical_step is not None:
