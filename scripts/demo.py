@@ -3,8 +3,9 @@
 Starts a devcluster (real kube-apiserver, controller-manager and etcd; two node agents
 running pods as local processes), installs the operator with helm, submits the small
 example as an ElasticJob, then kills a worker process, deletes a worker pod and scales
-the job up while it trains, showing live progress; it ends with a summary and leaves
-nothing running (the cluster is stopped even on Ctrl-C or an error).
+the job up while it trains, showing live progress; it ends with a summary and a picture
+of the job's timeline (``--timeline``, a PNG: elasticjob_operator/timeline.py), and
+leaves nothing running (the cluster is stopped even on Ctrl-C or an error).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from kubernetes import client, config
 
 from elasticjob_devcluster import faults
 from elasticjob_devcluster.controlplane import DevCluster
+from elasticjob_operator import timeline
 from elasticjob_operator.builders import selector_string
 
 REPO = Path(__file__).resolve().parents[1]
@@ -370,10 +372,34 @@ def summary(demo: Demo, injected: list[Fault]) -> str:
     return "\n".join(lines)
 
 
+def draw_timeline(demo: Demo, path: Path, timeout: float = 30) -> Path:
+    """The job's timeline (``kubectl elasticjob-timeline``'s picture) at ``path``: the
+    status's goodput once the operator has written it (it has by the end, unless the
+    job was too short for a resync)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        job = demo.job()
+        try:
+            goodput = timeline.job_goodput(job)
+        except timeline.TimelineError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(2)
+            continue
+        picture = timeline.series(goodput, f"{NAMESPACE}/{JOB}")
+        return timeline.draw(picture, path).resolve()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--dir", type=Path, default=REPO / ".devcluster-demo")
     parser.add_argument("--steps", type=int, default=700, help="training steps of the job")
+    parser.add_argument(
+        "--timeline",
+        type=Path,
+        default=Path("demo-timeline.png"),
+        help="the PNG of the job's timeline to write at the end (default: %(default)s)",
+    )
     args = parser.parse_args(argv)
     cluster = DevCluster(args.dir)
     print("starting the devcluster (kube-apiserver, controller-manager, etcd, 2 nodes)")
@@ -382,6 +408,11 @@ def main(argv: list[str] | None = None) -> int:
         demo = Demo(cluster, cluster.kubeconfig)
         injected = run_demo(demo, args.steps)
         print(summary(demo, injected))
+        try:
+            print(f"timeline:         {draw_timeline(demo, args.timeline)}")
+        except timeline.TimelineError as exc:
+            print(f"timeline:         not drawn: {exc}", file=sys.stderr)
+            return 1
         return 0
     except KeyboardInterrupt:
         print("\ninterrupted; stopping everything", file=sys.stderr)

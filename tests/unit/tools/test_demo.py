@@ -70,3 +70,54 @@ def test_a_lost_pod_reports_both_pauses_until_the_world_is_whole_again(
     assert second.paused_for == pytest.approx(117.6 - 116.0)
     assert demo.describe([first, second]).endswith("; then 1.6s -> world size 2")
     assert demo.recoveries(rejoined, 106.5, 70, world=1) == [first]
+
+
+class FakeDemo:
+    """A demo whose job is ``job`` (only draw_timeline's one call)."""
+
+    def __init__(self, job: dict[str, object]) -> None:
+        self.reads = 0
+        self._job = job
+
+    def job(self) -> dict[str, object]:
+        self.reads += 1
+        return self._job
+
+
+GOODPUT = {
+    "runId": "uid-1",
+    "ratio": 0.9,
+    "percent": "90.0%",
+    "wallSeconds": 100.0,
+    "trainingSeconds": 90.0,
+    "waitingSeconds": 4.0,
+    "startupSeconds": 5.0,
+    "pausedSeconds": {"failure": 1.0},
+    "lostSeconds": 0.0,
+    "checkpointSeconds": 0.0,
+    "recoveries": {"failure": 1},
+    "longestPauseSeconds": 1.0,
+    "step": 700,
+    "throughTime": "2026-11-28T09:01:40Z",
+    "timeline": [
+        {"cause": "start", "since": "2026-11-28T09:00:04Z", "time": "2026-11-28T09:00:09Z",
+         "pauseSeconds": 5.0, "fromStep": 0, "step": 1, "world": 2},
+        {"cause": "failure", "since": "2026-11-28T09:00:30Z", "time": "2026-11-28T09:00:31Z",
+         "pauseSeconds": 1.0, "fromStep": 200, "step": 201, "world": 2},
+    ],
+}  # fmt: skip
+
+
+def test_the_demo_ends_with_a_picture_of_its_job(demo: ModuleType, tmp_path: Path) -> None:
+    job = {"metadata": {"name": "demo", "namespace": "demo"}, "status": {"goodput": GOODPUT}}
+    path = demo.draw_timeline(FakeDemo(job), tmp_path / "demo-timeline.png")
+    assert path == (tmp_path / "demo-timeline.png").resolve()
+    assert path.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_demo_job_without_goodput_is_not_drawn(demo: ModuleType, tmp_path: Path) -> None:
+    fake = FakeDemo({"metadata": {"name": "demo", "namespace": "demo"}, "status": {}})
+    with pytest.raises(demo.timeline.TimelineError, match=r"no status\.goodput yet"):
+        demo.draw_timeline(fake, tmp_path / "demo-timeline.png", timeout=-1)
+    assert fake.reads == 1
+    assert not (tmp_path / "demo-timeline.png").exists()
