@@ -369,7 +369,21 @@ def summary(demo: Demo, injected: list[Fault]) -> str:
         f"{result.get('final_loss', float('nan')):.4f}"
     )
     lines.append(f"wall time:        {time.monotonic() - demo.started:.0f}s")
+    goodput = status.get("goodput")
+    if goodput:
+        lines.append(goodput_line(goodput))
     return "\n".join(lines)
+
+
+def goodput_line(goodput: Obj) -> str:
+    """The job's goodput and where the rest went, as its status has it (docs/goodput.md)."""
+    paused = ", ".join(f"{c} {s:.1f}s" for c, s in sorted(goodput["pausedSeconds"].items()))
+    return (
+        f"goodput:          {goodput['percent']} of {goodput['wallSeconds']:.0f}s "
+        f"(waiting {goodput['waitingSeconds']:.1f}s, startup {goodput['startupSeconds']:.1f}s, "
+        f"paused {paused or 'never'}, lost {goodput['lostSeconds']:.1f}s, "
+        f"checkpoint {goodput['checkpointSeconds']:.1f}s)"
+    )
 
 
 def draw_timeline(demo: Demo, path: Path, timeout: float = 30) -> Path:
@@ -408,6 +422,7 @@ def main(argv: list[str] | None = None) -> int:
         demo = Demo(cluster, cluster.kubeconfig)
         injected = run_demo(demo, args.steps)
         print(summary(demo, injected))
+        print(demo.run("kubectl", "-n", NAMESPACE, "get", "elasticjob", JOB, "-o", "wide"))
         try:
             print(f"timeline:         {draw_timeline(demo, args.timeline)}")
         except timeline.TimelineError as exc:

@@ -121,3 +121,9 @@ def test_a_demo_job_without_goodput_is_not_drawn(demo: ModuleType, tmp_path: Pat
         demo.draw_timeline(fake, tmp_path / "demo-timeline.png", timeout=-1)
     assert fake.reads == 1
     assert not (tmp_path / "demo-timeline.png").exists()
+
+
+def test_the_summary_says_the_goodput_and_where_the_rest_went(demo: ModuleType) -> None:
+    line = demo.goodput_line(GOODPUT)
+    assert line.startswith(f"goodput:          {GOODPUT['percent']} of ")
+    assert "paused failure 1.0s" in line and "startup 5.0s" in line
