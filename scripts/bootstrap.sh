@@ -74,4 +74,28 @@ fi
 
 # 5. Kueue (the manager, its CRDs and chart), built from the Go module proxy, pinned.
 "$repo/devcluster/build-kueue.sh" >/dev/null
+
+# 6. Prometheus, the real one the e2e tests scrape the operator with
+# (tests/e2e/prometheus_server.py): Debian's package, pinned, and only its binary taken
+# out of it (installing the package would start a system service).
+prometheus_deb="2.42.0+ds-5+deb12u1"
+if [[ "$(cat "$tools/.prometheus-stamp" 2>/dev/null)" != "$prometheus_deb" || ! -x "$tools/prometheus" ]]; then
+  log "fetching prometheus $prometheus_deb (Debian's package, its binary only)"
+  tmp=$(mktemp -d)
+  if ! (cd "$tmp" && apt-get download -qq "prometheus=$prometheus_deb" >/dev/null 2>&1); then
+    apt-get update -qq
+    (cd "$tmp" && apt-get download -qq "prometheus=$prometheus_deb" >/dev/null) || {
+      log "apt-get download prometheus=$prometheus_deb failed"
+      exit 1
+    }
+  fi
+  dpkg-deb -x "$tmp"/prometheus_*.deb "$tmp/root"
+  "$tmp/root/usr/bin/prometheus" --version >/dev/null 2>&1 || {
+    log "the prometheus binary of $prometheus_deb does not run here"
+    exit 1
+  }
+  install -m 0755 "$tmp/root/usr/bin/prometheus" "$tools/prometheus"
+  echo "$prometheus_deb" > "$tools/.prometheus-stamp"
+  rm -rf "$tmp"
+fi
 log "ready: venv $venv, tools $tools"

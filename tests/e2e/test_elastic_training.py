@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import re
 import time
 import uuid
@@ -25,11 +26,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from cluster_faults import cluster_faults
 from conftest import E2E_NODES
 from elasticjob_examples import sample_audit
 from goodput_checks import assert_goodput_agrees
 from kube_helpers import (
+    CHART,
     RESTRICTED_CONTAINER,
     RESTRICTED_POD,
     RUNTIME_IMAGE,
@@ -39,6 +42,7 @@ from kube_helpers import (
     installed_operator,
     wait_for,
 )
+from prometheus_server import DashboardAnswers, Prometheus, prometheus_scraping, query_dashboard
 from training_logs import (
     JOB_LABEL,
     ROLE_LABEL,
@@ -85,6 +89,41 @@ def start(cluster: Cluster, ns: str) -> Iterator[Any]:
     """Apply a job and follow its workers' logs; the followers stop after the test."""
     with job_starter(cluster, ns) as start_job:
         yield start_job
+
+
+@pytest.fixture
+def prometheus(
+    cluster: Cluster, devcluster: DevCluster | None, installed: Operator, tmp_path: Path
+) -> Iterator[Prometheus]:
+    """A real Prometheus (Debian's) scraping the operator's metrics Service every second,
+    set up as the chart's ServiceMonitor has the Prometheus Operator scrape it
+    (prometheus_server.py); started before the test's job, stopped after the test."""
+    rendered = cluster.run(
+        "helm",
+        "template",
+        "rel",
+        str(CHART),
+        "--set",
+        "metrics.service.enabled=true",
+        "--set",
+        "metrics.serviceMonitor.enabled=true",
+        "--show-only",
+        "templates/servicemonitor.yaml",
+    ).stdout
+    (endpoint,) = yaml.safe_load(rendered)["spec"]["endpoints"]
+    service = f"{installed.fullname}-metrics"
+    ports = cluster.core.read_namespaced_service(service, installed.namespace).spec.ports
+    (port,) = [p.port for p in ports if p.name == endpoint["port"]]
+    with prometheus_scraping(
+        cluster,
+        devcluster,
+        installed.namespace,
+        service,
+        port,
+        tmp_path / "prometheus",
+        honor_labels=bool(endpoint.get("honorLabels", False)),
+    ) as prom:
+        yield prom
 
 
 def kill_worker_process(c: Cluster, dev: DevCluster | None, ns: str, pod: str) -> None:
@@ -208,11 +247,17 @@ def test_the_example_trains_to_success_and_its_loss_falls(
 
 
 def test_a_killed_worker_process_costs_at_most_a_checkpoint_interval_in_the_same_pods(
-    cluster: Cluster, devcluster: DevCluster | None, ns: str, start: Any
+    cluster: Cluster,
+    devcluster: DevCluster | None,
+    ns: str,
+    start: Any,
+    prometheus: Prometheus,
 ) -> None:
     """The agent restarts the killed process (from a warm spare); the survivor regroups in
     place and the newcomer gets its state, or the group restores the latest checkpoint:
-    either way no more than a checkpoint interval is redone, and no pod is replaced."""
+    either way no more than a checkpoint interval is redone, and no pod is replaced. The
+    status, the events and the goodput dashboard (through a real Prometheus) show the
+    recovery."""
     c = cluster
     name = unique("kill")
     interval = 10
@@ -247,6 +292,7 @@ def test_a_killed_worker_process_costs_at_most_a_checkpoint_interval_in_the_same
     assert {n: p.metadata.uid for n, p in c.workers(ns, name).items()} == uids
     assert c.status(ns, name).get("restartCount", 0) == 0
     assert_goodput_shows_the_recovery(c, ns, name, logs, applied)
+    assert_dashboard_shows_the_recovery(c, prometheus, ns, name)
 
 
 def assert_goodput_shows_the_recovery(
@@ -279,6 +325,88 @@ def wait_goodput(c: Cluster, ns: str, name: str, causes: set[str]) -> dict[str, 
         lambda: (g := c.status(ns, name).get("goodput")) and causes <= set(g["recoveries"]) and g,
         timeout=60,
     )
+
+
+DASHBOARD = CHART / "dashboards" / "goodput.json"
+BUCKETS = {"training", "waiting", "startup", "paused", "lost", "checkpoint"}
+
+
+def assert_dashboard_shows_the_recovery(c: Cluster, prom: Prometheus, ns: str, name: str) -> None:
+    """Every query of the chart's goodput dashboard, through the Prometheus that scraped
+    the operator all along, with $namespace and $job this job, answers with this job's
+    series: its ratio, its recoveries and pauses by the causes its status counts, every
+    time bucket (training and paused above 0), its samples per second, finite p50 and
+    p95 pauses; and the variables list its namespace and name. Polled: a scrape lags
+    the status by up to a second and the operator's round."""
+    dashboard = json.loads(DASHBOARD.read_text())
+    last: list[Any] = []
+
+    def shown() -> bool:
+        goodput = c.status(ns, name)["goodput"]
+        answers = query_dashboard(prom, dashboard, {"namespace": ns, "job": name})
+        problems = dashboard_problems(answers, goodput, ns, name)
+        last[:] = [problems, answers, goodput]
+        return not problems
+
+    try:
+        wait_for("the dashboard's queries to show the recovery", shown, timeout=60)
+    except AssertionError as e:
+        problems, answers, goodput = last or [None, None, None]
+        raise AssertionError(
+            f"{e}\nproblems: {problems}\nanswers: {answers}\nstatus.goodput: {goodput}\n"
+            f"targets: {prom.target_health()}\nprometheus log:\n{prom.log_tail()}"
+        ) from None
+
+
+def dashboard_problems(answers: DashboardAnswers, goodput: Obj, ns: str, name: str) -> list[str]:
+    """What the dashboard's answers lack for this job (none: it shows the recovery)."""
+    problems: list[str] = []
+    expected = {
+        "Goodput [A]",
+        "Recoveries [A]",
+        "Samples per second [A]",
+        "Where the time went (seconds, by bucket) [A]",
+        "Pauses by cause (seconds) [A]",
+        "Recovery pause (p50, p95 of the recoveries so far) [A]",
+        "Recovery pause (p50, p95 of the recoveries so far) [B]",
+        "Goodput over time [A]",
+    }
+    # a panel added or renamed needs its expectation here: every query is checked
+    assert set(answers.panels) == expected, set(answers.panels) ^ expected
+    p = answers.panels
+    causes = {k: float(v) for k, v in goodput["recoveries"].items()}
+
+    def by(label: str, key: str) -> dict[str, float]:
+        return {m.get(label, ""): v for m, v in p[key]}
+
+    for key in ("Goodput [A]", "Goodput over time [A]"):
+        ratio = [(m.get("namespace"), m.get("job"), v) for m, v in p[key]]
+        if len(ratio) != 1 or ratio[0][:2] != (ns, name) or not 0 < ratio[0][2] <= 1:
+            problems.append(f"{key}: {p[key]}")
+    if by("cause", "Recoveries [A]") != causes:
+        problems.append(f"recoveries by cause {p['Recoveries [A]']}, status {causes}")
+    rate = [v for _, v in p["Samples per second [A]"]]
+    if len(rate) != 1 or not rate[0] > 0:
+        problems.append(f"samples per second: {rate}")
+    seconds = by("bucket", "Where the time went (seconds, by bucket) [A]")
+    if set(seconds) != BUCKETS or not (seconds["training"] > 0 and seconds["paused"] > 0):
+        problems.append(f"seconds by bucket: {seconds}")
+    paused = by("cause", "Pauses by cause (seconds) [A]")
+    if set(paused) != set(goodput["pausedSeconds"]) or not all(v > 0 for v in paused.values()):
+        problems.append(f"pauses by cause {paused}, status {goodput['pausedSeconds']}")
+    quantiles = [
+        [v for _, v in p[f"Recovery pause (p50, p95 of the recoveries so far) [{ref}]"]]
+        for ref in "AB"
+    ]
+    if [len(q) for q in quantiles] != [1, 1] or not all(
+        math.isfinite(q[0]) and q[0] > 0 for q in quantiles
+    ):
+        problems.append(f"recovery pause p50, p95: {quantiles}")
+    elif not quantiles[0][0] <= quantiles[1][0]:
+        problems.append(f"p50 above p95: {quantiles}")
+    if ns not in answers.variables["namespace"] or name not in answers.variables["job"]:
+        problems.append(f"variables: {answers.variables}")
+    return problems
 
 
 HANG_TIMEOUT = 10  # the CRD's minimum
