@@ -36,12 +36,18 @@ WHAT: dict[str, str] = {
 }
 
 
-def run_started(status: models.ElasticJobStatus) -> datetime | None:
-    """When the job's current run began: its creation for the first, its resumption for
-    a later one (rule "Suspend"); None if the status does not say."""
+def run_started(
+    status: models.ElasticJobStatus, created: datetime | None = None
+) -> datetime | None:
+    """When the job's current run began: its creation for the first (``created``, the
+    job's creationTimestamp, else its Created condition, which comes with the operator's
+    first round: later by the operator's latency), its resumption for a later one (rule
+    "Suspend"); None if neither says."""
     if status.incarnation == 0:
-        created = status.condition(models.ConditionType.CREATED)
-        return created.last_transition_time if created is not None else None
+        if created is not None:
+            return created
+        condition = status.condition(models.ConditionType.CREATED)
+        return condition.last_transition_time if condition is not None else None
     suspended = status.condition(models.ConditionType.SUSPENDED)
     if suspended is not None and suspended.status == "False":
         return suspended.last_transition_time

@@ -78,6 +78,9 @@ class Observed:
     # where the second one's admitted flavors put the workers it adds
     more_placement: Placement = field(default_factory=Placement)
     priority: Priority | None = None  # the class it names, read while it has no Workload
+    # the job's metadata.creationTimestamp (to the second, as the API server keeps it):
+    # where its goodput's wall time starts (goodput.run_started)
+    created: datetime | None = None
     # where its admitted flavors put the workers
     placement: Placement = field(default_factory=Placement)
     # (index, incarnation) of workers the cluster took, seen only as DELETED (pod_watch.py)

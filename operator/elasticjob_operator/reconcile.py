@@ -413,7 +413,8 @@ def _observe(d: Decision, r: Round, generation: int | None) -> Event | None:
         if recovered is not None:
             d.events.append(recovered)
         earlier = earlier_runs(st.goodput, run)
-        st.goodput = goodput_status(r.observed.ledger, run_started(st), run, earlier)
+        started = run_started(st, r.observed.created)
+        st.goodput = goodput_status(r.observed.ledger, started, run, earlier)
     said = decide_memory_fallback(
         st.node_memory_fallback, run, r.observed.memory_fallbacks, spec, now
     )

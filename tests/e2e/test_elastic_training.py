@@ -261,7 +261,7 @@ def test_a_killed_worker_process_costs_at_most_a_checkpoint_interval_in_the_same
     c = cluster
     name = unique("kill")
     interval = 10
-    applied = time.time()
+    before_apply = time.time()
     logs = start(
         manifest(
             name,
@@ -271,6 +271,7 @@ def test_a_killed_worker_process_costs_at_most_a_checkpoint_interval_in_the_same
             TRAIN_CHECKPOINT_INTERVAL=interval,
         )
     )
+    applied = (before_apply, time.time())  # the creation is in between
     wait_step(logs, 2 * interval + 5, world=2)
     uids = {n: p.metadata.uid for n, p in c.workers(ns, name).items()}
     killed_at = time.time()
@@ -296,7 +297,7 @@ def test_a_killed_worker_process_costs_at_most_a_checkpoint_interval_in_the_same
 
 
 def assert_goodput_shows_the_recovery(
-    c: Cluster, ns: str, name: str, logs: Logs, applied: float
+    c: Cluster, ns: str, name: str, logs: Logs, applied: tuple[float, float]
 ) -> None:
     """status.goodput counts the one recovery, its buckets add up to the wall time since
     the test applied the job, its pause is the one the step lines show (goodput_checks),
@@ -465,7 +466,7 @@ def test_a_deleted_worker_pod_leaves_survivors_training_and_its_replacement_join
 ) -> None:
     c = cluster
     name = unique("shrink")
-    applied = time.time()
+    before_apply = time.time()
     logs = start(
         manifest(
             name,
@@ -475,6 +476,7 @@ def test_a_deleted_worker_pod_leaves_survivors_training_and_its_replacement_join
             TRAIN_CHECKPOINT_INTERVAL=10,
         )
     )
+    applied = (before_apply, time.time())  # the creation is in between
     wait_step(logs, 10, world=2)
     old_uid = c.core.read_namespaced_pod(f"{name}-worker-1", ns).metadata.uid
     restarts = c.status(ns, name).get("restartCount", 0)
@@ -584,7 +586,7 @@ def test_kubectl_scale_2_4_2_world_follows_no_step_is_redone_and_no_sample_repea
     # 28-68 s on two busy cores: 150 steps ran out first, and the job finished at world
     # 2, or at world 4 before the scale-down reached it (so no world 2 after it, ever).
     samples, batch, steps = 2048, 32, 600
-    applied = time.time()
+    before_apply = time.time()
     logs = start(
         manifest(
             name,
@@ -598,6 +600,7 @@ def test_kubectl_scale_2_4_2_world_follows_no_step_is_redone_and_no_sample_repea
             TRAIN_LOG_SAMPLES=1,
         )
     )
+    applied = (before_apply, time.time())  # the creation is in between
     first = wait_step(logs, 6, world=2)
     c.kubectl("-n", ns, "scale", f"elasticjob/{name}", "--replicas=4")
     four = wait_world(logs, 4, first.t, first.step)

@@ -266,7 +266,7 @@ def test_a_preempted_job_saves_waits_and_resumes_with_every_sample_once(
     with job_starter(c, ns) as start:
         low = unique("low")
         shared_claim(c, ns, f"{low}-ckpt")
-        applied = time.time()
+        before_apply = time.time()
         logs = start(
             on_claim(
                 queued(
@@ -286,6 +286,7 @@ def test_a_preempted_job_saves_waits_and_resumes_with_every_sample_once(
                 f"{low}-ckpt",
             )
         )
+        applied = (before_apply, time.time())  # the creation is in between
         before = wait_step(logs, 20, world=3)
 
         high = unique("high")

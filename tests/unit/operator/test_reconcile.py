@@ -774,6 +774,22 @@ def test_goodput_is_the_runtimes_ledger_with_the_wait_before_its_first_agent() -
     ]
 
 
+def test_a_jobs_wall_time_starts_at_its_creation_not_at_the_operators_first_round() -> None:
+    """The Created condition comes with the operator's first round, a moment (or, for a
+    busy operator, much) after the job was created; the creation is when the user's
+    wait began."""
+    w = running_world()  # the Created condition at T0
+    t0 = T0.timestamp()
+    book = gl.committed(gl.opened(t0 + 30), 1, t0 + 40)
+    raw = progress_record(w.now, step=1, ledger=gl.encode(book))
+    observed = replace(
+        w.observed(progress_of(raw), ledger_of(raw)), created=T0 - timedelta(seconds=3)
+    )
+    d = reconcile(REF, 1, w.spec, w.status, observed, w.now, w.config)
+    g = d.status.goodput
+    assert g is not None and (g.waiting_seconds, g.wall_seconds) == (33, 43)
+
+
 def test_a_resumed_job_adds_its_new_run_to_the_earlier_ones_and_the_suspension_waits() -> None:
     w = running_world()
     t0 = T0.timestamp()
