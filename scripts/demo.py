@@ -267,7 +267,8 @@ def demo_manifest(steps: int) -> str:
     worker = doc["spec"]["replicaSpecs"]["Worker"]
     worker["replicas"] = 2
     container = worker["template"]["spec"]["containers"][0]
-    settings = {"TRAIN_STEPS": str(steps), "TRAIN_EPOCHS": "1000"}  # steps decide the end
+    # steps decide the end; every step logged, so a pause is measured to the step
+    settings = {"TRAIN_STEPS": str(steps), "TRAIN_EPOCHS": "1000", "TRAIN_LOG_EVERY": "1"}
     env = [e for e in container.get("env", []) if e["name"] not in settings]
     container["env"] = [*env, *({"name": k, "value": v} for k, v in settings.items())]
     return yaml.safe_dump(doc)
