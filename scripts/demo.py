@@ -3,17 +3,23 @@
 Starts a devcluster (real kube-apiserver, controller-manager and etcd; two node agents
 running pods as local processes), installs the operator with helm, submits the small
 example as an ElasticJob, then kills a worker process, deletes a worker pod and scales
-the job up while it trains, showing live progress; it ends with a summary and a picture
-of the job's timeline (``--timeline``, a PNG: elasticjob_operator/timeline.py), and
-leaves nothing running (the cluster is stopped even on Ctrl-C or an error).
+the job up while it trains, showing live progress; it ends with a summary, a picture
+of the job's timeline (``--timeline``, a PNG: elasticjob_operator/timeline.py) and one
+of the chart's Grafana dashboard as a real Prometheus, scraping the operator all along,
+answered its queries over the run (``--dashboard``, a PNG:
+elasticjob_devcluster/dashboard_picture.py), and leaves nothing running (Prometheus and
+the cluster are stopped even on Ctrl-C or an error).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import math
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,16 +30,19 @@ from typing import Any
 import yaml
 from kubernetes import client, config
 
-from elasticjob_devcluster import faults
+from elasticjob_devcluster import dashboard_picture, faults, prometheus
 from elasticjob_devcluster.controlplane import DevCluster
 from elasticjob_operator import timeline
 from elasticjob_operator.builders import selector_string
 
 REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "charts" / "elasticjob-operator"
+DASHBOARD = CHART / "dashboards" / "goodput.json"
 MANIFEST = REPO / "examples" / "manifests" / "elastic.yaml"
 NAMESPACE = "demo"
 OPERATOR_NAMESPACE = "elasticjob-system"
+RELEASE = "elasticjob-operator"  # its chart's fullname too (the release holds the chart's name)
+METRICS_SERVICE = f"{RELEASE}-metrics"
 JOB = "demo"
 GROUP, VERSION, PLURAL = "elastic.pytorch.org", "v1alpha1", "elasticjobs"
 Obj = dict[str, Any]
@@ -274,12 +283,12 @@ def demo_manifest(steps: int) -> str:
     return yaml.safe_dump(doc)
 
 
-def run_demo(demo: Demo, steps: int) -> list[Fault]:
+def install_operator(demo: Demo) -> None:
     demo.say("installing the operator with helm")
     demo.run(
         "helm",
         "install",
-        "elasticjob-operator",
+        RELEASE,
         str(CHART),
         "--namespace",
         OPERATOR_NAMESPACE,
@@ -288,7 +297,46 @@ def run_demo(demo: Demo, steps: int) -> list[Fault]:
         "--timeout=3m",
         # mirror progress into status every 2 s, so the live view keeps up
         "--set=resyncSeconds=2",
+        # the Service the demo's Prometheus scrapes, as a ServiceMonitor would select it
+        "--set=metrics.service.enabled=true",
     )
+
+
+@dataclass
+class Scrape:
+    """The demo's Prometheus, scraping the operator's metrics since ``since`` (unix
+    time); ``error``: why there is none."""
+
+    prom: prometheus.Prometheus | None = None
+    since: float = 0.0
+    error: str = ""
+
+
+def start_scraping(
+    demo: Demo, binary: str, stack: contextlib.ExitStack, workdir: Path
+) -> prometheus.Prometheus:
+    """Prometheus scraping the operator's metrics Service every second, as the chart's
+    ServiceMonitor has it scraped, through a relay into the devcluster's network; it and
+    the relay stop (Prometheus by its pid) when ``stack`` closes."""
+    endpoint = prometheus.service_monitor_endpoint(CHART)
+    spec = demo.core.read_namespaced_service(METRICS_SERVICE, OPERATOR_NAMESPACE).spec
+    if spec is None or not spec.cluster_ip:
+        raise prometheus.PrometheusError(f"service {METRICS_SERVICE} has no clusterIP")
+    (port,) = [p.port for p in spec.ports or () if p.name == endpoint["port"]]
+    local = stack.enter_context(prometheus.devcluster_relay(demo.cluster, spec.cluster_ip, port))
+    return stack.enter_context(
+        prometheus.scraping_service(
+            f"127.0.0.1:{local}",
+            workdir,
+            namespace=OPERATOR_NAMESPACE,
+            service=METRICS_SERVICE,
+            honor_labels=bool(endpoint.get("honorLabels", False)),
+            binary=binary,
+        )
+    )
+
+
+def run_demo(demo: Demo, steps: int) -> list[Fault]:
     demo.run("kubectl", "create", "namespace", NAMESPACE)
     demo.say(f"kubectl apply: ElasticJob {NAMESPACE}/{JOB} (min 1, max 4, 2 workers)")
     demo.run("kubectl", "apply", "-f", "-", input=demo_manifest(steps))
@@ -405,6 +453,51 @@ def draw_timeline(demo: Demo, path: Path, timeout: float = 30) -> Path:
         return timeline.draw(picture, path).resolve()
 
 
+def draw_dashboard(demo: Demo, scrape: Scrape, path: Path) -> Path:
+    """The chart's dashboard at ``path``: each panel's query for the demo's job, as the
+    demo's Prometheus answers it from its first scrape to now, a point a second (more
+    after 10000 s); x: seconds since the demo started, as its ``[  N s]`` lines count."""
+    if scrape.prom is None:
+        raise dashboard_picture.DashboardPictureError(scrape.error or "no Prometheus ran")
+    dashboard = json.loads(DASHBOARD.read_text())
+    end = time.time()
+    step = float(max(1, math.ceil((end - scrape.since) / 10000)))
+    answers = prometheus.query_dashboard_range(
+        scrape.prom,
+        dashboard,
+        {"namespace": NAMESPACE, "job": JOB},
+        scrape.since,
+        end,
+        step,
+        rate_interval=f"{max(4.0, step + 1.0):.0f}s",  # Grafana's $__rate_interval
+    )
+    origin = end - (time.monotonic() - demo.started)
+    picture = dashboard_picture.picture(
+        dashboard,
+        answers,
+        job=f"{NAMESPACE}/{JOB}",
+        origin=origin,
+        origin_name="the demo's start",
+        source=str(DASHBOARD.relative_to(CHART)),
+    )
+    return dashboard_picture.draw(picture, path).resolve()
+
+
+def why(exc: Exception) -> str:
+    """An error as the demo says it: ours by their message, others with their type."""
+    ours = (prometheus.PrometheusError, dashboard_picture.DashboardPictureError)
+    return str(exc) if isinstance(exc, ours) else f"{type(exc).__name__}: {exc}"
+
+
+def stop_scraping(stack: contextlib.ExitStack) -> None:
+    """Prometheus stopped by its pid, the relay closed, their files removed; what failed
+    is said, not raised (the cluster is stopped next, whatever happens here)."""
+    try:
+        stack.close()
+    except Exception as exc:
+        print(f"demo: stopping Prometheus: {exc}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--dir", type=Path, default=REPO / ".devcluster-demo")
@@ -415,25 +508,55 @@ def main(argv: list[str] | None = None) -> int:
         default=Path("demo-timeline.png"),
         help="the PNG of the job's timeline to write at the end (default: %(default)s)",
     )
+    parser.add_argument(
+        "--dashboard",
+        type=Path,
+        default=Path("demo-dashboard.png"),
+        help="the PNG of the chart's Grafana dashboard, as a real Prometheus answered its "
+        "queries over the run, to write at the end (default: %(default)s)",
+    )
     args = parser.parse_args(argv)
+    try:
+        binary = prometheus.find_binary()
+    except prometheus.PrometheusMissing as exc:
+        print(f"demo: the dashboard needs Prometheus: {exc}", file=sys.stderr)
+        return 1
     cluster = DevCluster(args.dir)
+    scraping = contextlib.ExitStack()
     print("starting the devcluster (kube-apiserver, controller-manager, etcd, 2 nodes)")
     try:
         cluster.up(("node-1", "node-2"))
         demo = Demo(cluster, cluster.kubeconfig)
+        install_operator(demo)
+        scrape = Scrape()
+        try:
+            workdir = Path(scraping.enter_context(tempfile.TemporaryDirectory(prefix="demo-prom-")))
+            scrape.prom = start_scraping(demo, binary, scraping, workdir)
+            scrape.since = time.time()
+            demo.say(f"Prometheus scraping {OPERATOR_NAMESPACE}/{METRICS_SERVICE} every second")
+        except Exception as exc:  # the dashboard's loss, not the demo's
+            scrape.error = f"Prometheus did not start: {why(exc)}"
+            print(f"dashboard:        {scrape.error}", file=sys.stderr)
         injected = run_demo(demo, args.steps)
         print(summary(demo, injected))
         print(demo.run("kubectl", "-n", NAMESPACE, "get", "elasticjob", JOB, "-o", "wide"))
+        drawn = True
         try:
             print(f"timeline:         {draw_timeline(demo, args.timeline)}")
         except timeline.TimelineError as exc:
             print(f"timeline:         not drawn: {exc}", file=sys.stderr)
-            return 1
-        return 0
+            drawn = False
+        try:
+            print(f"dashboard:        {draw_dashboard(demo, scrape, args.dashboard)}")
+        except Exception as exc:  # said, and the exit status says it; the rest stands
+            print(f"dashboard:        not drawn: {why(exc)}", file=sys.stderr)
+            drawn = False
+        return 0 if drawn else 1
     except KeyboardInterrupt:
         print("\ninterrupted; stopping everything", file=sys.stderr)
         return 130
     finally:
+        stop_scraping(scraping)  # before the cluster: its relay dials into the cluster
         cluster.down()
         left = cluster.leftover_processes()
         if left:

@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from cluster_faults import cluster_faults
 from conftest import E2E_NODES
 from elasticjob_examples import sample_audit
@@ -42,7 +41,7 @@ from kube_helpers import (
     installed_operator,
     wait_for,
 )
-from prometheus_server import DashboardAnswers, Prometheus, prometheus_scraping, query_dashboard
+from prometheus_server import prometheus_scraping
 from training_logs import (
     JOB_LABEL,
     ROLE_LABEL,
@@ -59,6 +58,13 @@ from training_logs import (
 
 from elasticjob_devcluster import faults
 from elasticjob_devcluster.controlplane import DevCluster
+from elasticjob_devcluster.prometheus import (
+    DashboardAnswers,
+    Prometheus,
+    PrometheusError,
+    query_dashboard,
+    service_monitor_endpoint,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -98,19 +104,7 @@ def prometheus(
     """A real Prometheus (Debian's) scraping the operator's metrics Service every second,
     set up as the chart's ServiceMonitor has the Prometheus Operator scrape it
     (prometheus_server.py); started before the test's job, stopped after the test."""
-    rendered = cluster.run(
-        "helm",
-        "template",
-        "rel",
-        str(CHART),
-        "--set",
-        "metrics.service.enabled=true",
-        "--set",
-        "metrics.serviceMonitor.enabled=true",
-        "--show-only",
-        "templates/servicemonitor.yaml",
-    ).stdout
-    (endpoint,) = yaml.safe_load(rendered)["spec"]["endpoints"]
+    endpoint = service_monitor_endpoint(CHART)
     service = f"{installed.fullname}-metrics"
     ports = cluster.core.read_namespaced_service(service, installed.namespace).spec.ports
     (port,) = [p.port for p in ports if p.name == endpoint["port"]]
@@ -351,7 +345,7 @@ def assert_dashboard_shows_the_recovery(c: Cluster, prom: Prometheus, ns: str, n
 
     try:
         wait_for("the dashboard's queries to show the recovery", shown, timeout=60)
-    except AssertionError as e:
+    except (AssertionError, PrometheusError) as e:
         problems, answers, goodput = last or [None, None, None]
         raise AssertionError(
             f"{e}\nproblems: {problems}\nanswers: {answers}\nstatus.goodput: {goodput}\n"

@@ -312,7 +312,7 @@ def test_the_goodput_dashboard_and_service_monitor_come_only_when_asked_for() ->
     assert selected.items() <= service["metadata"]["labels"].items()
     assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["metrics"]
     # the series' own namespace and job labels, not the Service's (the dashboard selects
-    # on them; tests/e2e/prometheus_server.py scrapes with this setting)
+    # on them; elasticjob_devcluster/prometheus.py scrapes with this setting)
     assert [e.get("honorLabels") for e in monitor["spec"]["endpoints"]] == [True]
 
 

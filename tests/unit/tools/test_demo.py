@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
+import time
+import types
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -127,3 +131,57 @@ def test_the_summary_says_the_goodput_and_where_the_rest_went(demo: ModuleType) 
     line = demo.goodput_line(GOODPUT)
     assert line.startswith(f"goodput:          {GOODPUT['percent']} of ")
     assert "paused failure 1.0s" in line and "startup 5.0s" in line
+
+
+class FakePrometheus:
+    """Answers every range query with one series per query (the demo's job's)."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[str, float, float, float]] = []
+
+    def query_range(
+        self, expr: str, start: float, end: float, step: float
+    ) -> list[tuple[dict[str, str], list[tuple[float, float]]]]:
+        self.asked.append((expr, start, end, step))
+        labels = {"namespace": "demo", "job": "demo", "cause": "failure", "bucket": "training"}
+        return [(labels, [(start, 0.5), (start + step, 0.6)])]
+
+
+def test_the_demo_draws_the_dashboard_its_prometheus_answered(
+    demo: ModuleType, tmp_path: Path
+) -> None:
+    fake = FakePrometheus()
+    scrape = demo.Scrape(prom=fake, since=time.time() - 120)
+    fake_demo = types.SimpleNamespace(started=time.monotonic() - 125)
+    path = demo.draw_dashboard(fake_demo, scrape, tmp_path / "demo-dashboard.png")
+    assert path == (tmp_path / "demo-dashboard.png").resolve()
+    assert path.read_bytes()[:4] == b"\x89PNG"
+    dashboard = json.loads(demo.DASHBOARD.read_text())
+    assert len(fake.asked) == sum(len(p["targets"]) for p in dashboard["panels"])
+    for expr, start, end, step in fake.asked:
+        assert 'namespace=~"demo"' in expr and 'job=~"demo"' in expr
+        assert start == scrape.since and end - start == pytest.approx(120, abs=5)
+        assert step == 1.0  # a point a second over the demo's few minutes
+
+
+def test_a_demo_whose_prometheus_did_not_start_says_so_at_the_end(
+    demo: ModuleType, tmp_path: Path
+) -> None:
+    scrape = demo.Scrape(error="Prometheus did not start: no route")
+    fake_demo = types.SimpleNamespace(started=time.monotonic())
+    with pytest.raises(demo.dashboard_picture.DashboardPictureError, match="no route"):
+        demo.draw_dashboard(fake_demo, scrape, tmp_path / "demo-dashboard.png")
+    assert not (tmp_path / "demo-dashboard.png").exists()
+
+
+def test_without_the_prometheus_binary_the_demo_exits_1_before_starting_anything(
+    demo: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    def missing() -> str:
+        raise demo.prometheus.PrometheusMissing("no prometheus binary on PATH")
+
+    monkeypatch.setattr(demo.prometheus, "find_binary", missing)
+    monkeypatch.setattr(demo, "DevCluster", None)  # it would fail if the demo got that far
+    assert demo.main(["--dir", str(tmp_path / "cluster")]) == 1
+    assert "no prometheus binary on PATH" in capsys.readouterr().err
+    assert not (tmp_path / "cluster").exists()
