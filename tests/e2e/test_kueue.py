@@ -335,5 +335,7 @@ def test_a_preempted_job_saves_waits_and_resumes_with_every_sample_once(
     suspended = [m for m in goodput["timeline"] if m["cause"] == "suspended"]
     assert len(suspended) == 1, goodput["timeline"]
     since, until = (datetime.fromisoformat(suspended[0][k]).timestamp() for k in ("since", "time"))
-    assert since <= evicted <= until, (since, evicted, until)
+    # The test sees the job evicted once its pods are terminating; their workers save and
+    # publish their ledger a moment later (0.04 s in one run): the last entry may follow.
+    assert since <= evicted + 2.0 and evicted <= until, (since, evicted, until)
     assert goodput["waitingSeconds"] >= suspended[0]["pauseSeconds"] > 0

@@ -50,7 +50,7 @@ from elasticjob_runtime.etcd.endpoints import parse_endpoints
 from elasticjob_runtime.rendezvous import leases
 from elasticjob_runtime.rendezvous.handler import EtcdV3RendezvousHandler
 from elasticjob_runtime.rendezvous.keys import state_key
-from elasticjob_runtime.rendezvous.membership import Limits, Round
+from elasticjob_runtime.rendezvous.membership import Limits, Round, RoundCause
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -333,7 +333,9 @@ def test_a_node_that_only_entered_a_round_since_the_loss_writes_to_its_store_at_
         until(lambda: b.num_nodes_waiting() > 0, 15)
 
         opener, opened = join(a)  # a opens the next round and leads it: two are needed
-        until(lambda: forming(reader, run_id) == Round(number=2, leader=a.node), 15)
+        # (the state is gone: to a, as to the run's first node, a round to start)
+        opening = Round(number=2, leader=a.node, cause=RoundCause.START)
+        until(lambda: forming(reader, run_id) == opening, 15)
         info = within(30, b.next_rendezvous)  # b only enters it
         opener.join(30)
         assert opened and info.world_size == 2

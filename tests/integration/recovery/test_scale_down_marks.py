@@ -34,7 +34,7 @@ from elasticjob_runtime.etcd.endpoints import parse_endpoints
 from elasticjob_runtime.rendezvous.handler import EtcdV3RendezvousHandler
 from elasticjob_runtime.rendezvous.join_executor import MarkedLeaving
 from elasticjob_runtime.rendezvous.keys import leaving_prefix, state_key
-from elasticjob_runtime.rendezvous.membership import Limits, Round
+from elasticjob_runtime.rendezvous.membership import Limits, Round, RoundCause
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -99,7 +99,8 @@ def test_a_node_marked_while_it_joins_stops_as_a_sigterm_would_and_opens_no_roun
         with pytest.raises(MarkedLeaving) as raised:
             goes.next_rendezvous()  # a round with room: it would open the next one
         assert raised.value.sigval == signal.SIGTERM  # torch's launcher keeps the run open
-        assert round_key(etcd, run_id) == Round(1, (stays.node,), True, leader=stays.node)
+        sealed = Round(1, (stays.node,), True, leader=stays.node, cause=RoundCause.START)
+        assert round_key(etcd, run_id) == sealed
         assert stays.num_nodes_waiting() == 0  # nothing for the others to regroup for
 
 
