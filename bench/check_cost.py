@@ -29,13 +29,10 @@ neighbours); the cost per step is ``check / check_every / step``.
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import inspect
 import multiprocessing
-import os
 import queue
-import shutil
 import statistics
 import tempfile
 import time
@@ -46,6 +43,7 @@ from typing import Any
 
 from bench.ports import free_port
 from bench.report import Figure
+from bench.spawned_ranks import as_rank, stop_spawned
 
 SCENARIO = "check-cost"
 CASES = ("train_regression", "train_gpt")
@@ -169,16 +167,7 @@ def _build(case: str, run: Any) -> tuple[Any, Any]:
 
 def _worker(rank: int, port: int, case: str, directory: str, results: Any) -> None:
     """One rank: train, then time the check and the seeding; put rank 0's figures."""
-    for name in list(os.environ):
-        if name.startswith(("TORCHELASTIC_", "ELASTICJOB_", "PET_")):
-            del os.environ[name]
-    os.environ.update(
-        RANK=str(rank),
-        WORLD_SIZE="2",
-        LOCAL_RANK=str(rank),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
+    as_rank(rank, 2, port)
     import torch
     import torch.distributed as dist
 
@@ -298,14 +287,7 @@ def measure_once(case: str, timeout: float, parent: Path | None = None) -> Sampl
         ours.peer = {k: peer[k] for k in TIMES}
         return ours
     finally:
-        for proc in procs:
-            proc.join(timeout=10)
-            if proc.is_alive():
-                proc.kill()  # our own child, by its handle
-                proc.join(timeout=10)
-        with contextlib.suppress(Exception):
-            results.close()
-        shutil.rmtree(directory, ignore_errors=True)
+        stop_spawned(procs, results, directory)
 
 
 def figures(samples: Sequence[Sample], failures: Sequence[str], case: str) -> list[Figure]:

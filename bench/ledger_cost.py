@@ -27,14 +27,11 @@ share is an upper bound. The publisher's encoding is per second, beside it. Medi
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import itertools
 import json
 import multiprocessing
-import os
 import queue
-import shutil
 import statistics
 import tempfile
 import time
@@ -45,6 +42,7 @@ from typing import Any
 
 from bench.ports import free_port
 from bench.report import Figure
+from bench.spawned_ranks import as_rank, stop_spawned
 
 SCENARIO = "ledger-cost"
 CASE = "train_regression"
@@ -106,12 +104,7 @@ def _per_call(call: Callable[[], object]) -> float:
 
 def _worker(port: int, directory: str, results: Any) -> None:
     """Train the timed steps under a Run, then time the ledger's calls; put a Sample."""
-    for name in list(os.environ):
-        if name.startswith(("TORCHELASTIC_", "ELASTICJOB_", "PET_")):
-            del os.environ[name]
-    os.environ.update(
-        RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
-    )
+    as_rank(0, 1, port)
     import torch
 
     from bench.check_cost import _build  # the regression step check-cost times
@@ -208,13 +201,7 @@ def measure_once(timeout: float, parent: Path | None = None) -> Sample:
                 if proc.exitcode not in (None, 0):
                     raise RuntimeError(f"{CASE}: the process exited {proc.exitcode}") from None
     finally:
-        proc.join(timeout=10)
-        if proc.is_alive():
-            proc.kill()  # our own child, by its handle
-            proc.join(timeout=10)
-        with contextlib.suppress(Exception):
-            results.close()
-        shutil.rmtree(directory, ignore_errors=True)
+        stop_spawned([proc], results, directory)
 
 
 def _us(x: float | None) -> str:
