@@ -16,7 +16,7 @@ from typing import Any, Final, TypeVar
 
 from elasticjob_operator import models
 from elasticjob_operator.decision import Event, normal
-from elasticjob_runtime.goodput.ledger import MARKS_KEPT, Cause, Ledger, Mark
+from elasticjob_runtime.goodput.ledger import Cause, Ledger, Mark, kept
 
 T = TypeVar("T", int, float)
 
@@ -117,7 +117,7 @@ def goodput_status(
         longest_pause_seconds=round(max(before.longest_pause_seconds, ledger.longest_pause), 3),
         step=ledger.step if ledger.started else before.step,
         through_time=_time(ledger.through),
-        timeline=_bounded([*before.timeline, *marks]),
+        timeline=kept([*before.timeline, *marks]),
         last_recovery=None
         if ledger.last is None
         else models.LastRecovery(
@@ -167,13 +167,6 @@ def _mark(m: Mark) -> models.TimelineMark:
         step=m.step,
         world=m.world,
     )
-
-
-def _bounded(marks: list[models.TimelineMark]) -> list[models.TimelineMark]:
-    """At most MARKS_KEPT marks: the job's first and the newest."""
-    if len(marks) <= MARKS_KEPT:
-        return marks
-    return [marks[0], *marks[len(marks) - MARKS_KEPT + 1 :]]
 
 
 def _sum(a: Mapping[str, T], b: Mapping[str, T], digits: int | None = None) -> dict[str, T]:

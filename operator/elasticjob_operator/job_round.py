@@ -14,7 +14,7 @@ import logging
 import time
 from dataclasses import replace
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
@@ -84,7 +84,10 @@ def _round(op: Operator, namespace: str, name: str, read_progress: bool) -> None
     listed = {p.uid: p.index for p in observed.pods if p.uid}
     news = op.pods.settle((namespace, name), listed, time.monotonic())
     observed = replace(
-        observed, taken=news.taken, departing=news.departing, created=created_at(meta)
+        observed,
+        taken=news.taken,
+        departing=news.departing,
+        created=observe.timestamp(meta.get("creationTimestamp")),
     )
     shared = shared_etcd_of(ref, spec, observed, op.config)
     if read_progress and not status.finished and spec.rdzv_backend is not models.RdzvBackend.C10D:
@@ -106,15 +109,6 @@ def _round(op: Operator, namespace: str, name: str, read_progress: bool) -> None
         kube.apply(ref, job, refusals.refused(status, refused, now.replace(microsecond=0)))
         return
     _count(ref, status, decision)
-
-
-def created_at(meta: dict[str, Any]) -> datetime | None:
-    """The object's creationTimestamp; None if it has none (or not one the API writes)."""
-    raw = meta.get("creationTimestamp")
-    try:
-        return datetime.fromisoformat(raw) if isinstance(raw, str) else None
-    except ValueError:
-        return None
 
 
 def _ensure_credentials(op: Operator, ref: builders.JobRef, step: Credentials) -> None:

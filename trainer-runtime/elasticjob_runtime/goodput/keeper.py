@@ -93,11 +93,7 @@ class LedgerKeeper:
         through, training, last, typical = steady
         if step > last and at >= through:
             work = at - through
-            if typical is None:
-                typical = work
-            else:
-                typical += gl.TYPICAL_WEIGHT * (work - typical)
-            self._state = (ledger, Steady(at, training + work, step, typical))
+            self._state = (ledger, Steady(at, training + work, step, gl.typical(typical, work)))
         else:
             self._set(gl.committed(steady.fold(ledger), step, at))
 

@@ -29,9 +29,9 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 # How much a normal step's time moves the typical step time (an exponential average):
 # a tenth, so one slow step does not make the next recovery look short.
@@ -40,6 +40,8 @@ TYPICAL_WEIGHT: Final = 0.1
 # Timeline marks kept: the start and the newest recoveries (the record is republished
 # every second, and the job's status carries them).
 MARKS_KEPT: Final = 32
+
+M = TypeVar("M")  # a timeline mark, of the ledger or of the job's status
 
 # The cause of the first mark: the run's start (from its opening to its first step).
 START: Final = "start"
@@ -195,12 +197,16 @@ def formed(ledger: Ledger, world: int) -> Ledger:
 
 
 def _marked(ledger: Ledger, mark: Mark) -> tuple[Mark, ...]:
-    """``ledger``'s marks and ``mark``, at most :data:`MARKS_KEPT`: the first (the start)
-    and the newest."""
-    marks = (*ledger.marks, mark)
+    """``ledger``'s marks and ``mark``, as many as a timeline keeps (:func:`kept`)."""
+    return tuple(kept([*ledger.marks, mark]))
+
+
+def kept(marks: Sequence[M]) -> list[M]:
+    """A timeline's marks as it keeps them, at most :data:`MARKS_KEPT`: the first (the
+    start) and the newest. The ledger's and the job's status's (which adds earlier runs)."""
     if len(marks) <= MARKS_KEPT:
-        return marks
-    return (marks[0], *marks[len(marks) - MARKS_KEPT + 1 :])
+        return list(marks)
+    return [marks[0], *marks[len(marks) - MARKS_KEPT + 1 :]]
 
 
 def _recovered(
