@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from elasticjob_devcluster import network
+from elasticjob_devcluster.controlplane import free_ports
 
 if TYPE_CHECKING:
     from elasticjob_devcluster.controlplane import DevCluster
@@ -94,14 +95,6 @@ def stop_process(proc: subprocess.Popen[Any], what: str) -> None:
     raise PrometheusError(f"{what} (pid {proc.pid}) is still there after it was stopped")
 
 
-def free_port() -> int:
-    """A free port of 127.0.0.1 (whoever binds it next may take it: Prometheus, a relay
-    binding with SO_REUSEADDR)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextlib.contextmanager
 def devcluster_relay(dev: DevCluster, cluster_ip: str, port: int) -> Iterator[int]:
     """A port on 127.0.0.1 whose connections reach ``cluster_ip:port`` of the devcluster
@@ -109,7 +102,7 @@ def devcluster_relay(dev: DevCluster, cluster_ip: str, port: int) -> Iterator[in
     cfg = dev.config()
     if cfg is None:
         raise PrometheusError(f"the devcluster in {dev.dir} is not up")
-    local = free_port()
+    local = free_ports(1)[0]
     relay = network.Proxy("", cfg.network)  # listens here, dials from the cluster netns
     try:
         relay.set_routes({("127.0.0.1", local): [(cluster_ip, port)]})
@@ -229,7 +222,7 @@ def running_prometheus(
     }
     config_file = workdir / "prometheus.yml"
     config_file.write_text(json.dumps(config, indent=2))  # JSON is YAML
-    port = free_port()
+    port = free_ports(1)[0]
     log = workdir / "prometheus.log"
     cmd = [
         binary,
