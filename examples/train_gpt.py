@@ -144,6 +144,11 @@ def warmup_cosine(warmup: int, total: int) -> Any:
     return factor
 
 
+def timings(run: Run) -> str:
+    """The seconds of the Run's last grouping, by part (``timings=wait:0.010,...``)."""
+    return "timings=" + ",".join(f"{k}:{v:.3f}" for k, v in run.timings.items())
+
+
 def say(line: str) -> None:
     """One write per line: the ranks share the agent's stdout, and an unbuffered
     ``print`` writes the newline apart, so two ranks' lines could run together."""
@@ -161,7 +166,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         backend=args.backend,
         on_regroup=lambda run: say(
             f"regrouped at step {run.global_step} ({run.resumed_from}) "
-            f"world={run.world_size} rank={run.rank} t={time.time():.3f}"
+            f"world={run.world_size} rank={run.rank} {timings(run)} t={time.time():.3f}"
         ),
     )
     torch.manual_seed(args.seed)
@@ -181,7 +186,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     say(
         f"started ({run.resumed_from}) at step {run.global_step} world={run.world_size} "
-        f"rank={run.rank} pid={os.getpid()} device={run.device} t={time.time():.3f}"
+        f"rank={run.rank} pid={os.getpid()} device={run.device} {timings(run)} "
+        f"t={time.time():.3f}"
     )
     loss_fn = nn.CrossEntropyLoss()
     started = time.monotonic()

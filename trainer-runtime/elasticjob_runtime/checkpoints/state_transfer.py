@@ -2,8 +2,9 @@
 
 A rank that lacks the newest step (a node that joined with an empty node-local
 directory, a worker regrouped in place) gets it from a peer: the ranks first gather
-which step each holds, then one rank broadcasts its checkpoint bytes
-(:mod:`elasticjob_runtime.checkpoints.format`).
+which step each holds, then one rank broadcasts it: a whole training state as raw tensor
+bytes (:mod:`elasticjob_runtime.checkpoints.state_broadcast`), smaller things (a
+checkpoint file read by one rank, a ledger, a round's token) as bytes from here.
 """
 
 from __future__ import annotations

@@ -15,15 +15,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from elasticjob_runtime.checkpoints.format import (
-    CheckpointError,
-    deserialize,
-    serialize,
-    state_to_save,
-)
+from elasticjob_runtime.checkpoints.format import CheckpointError, state_to_save
 from elasticjob_runtime.checkpoints.manager import CheckpointManager
 from elasticjob_runtime.checkpoints.restore import source_rank
-from elasticjob_runtime.checkpoints.state_transfer import broadcast_bytes, gather_steps
+from elasticjob_runtime.checkpoints.state_broadcast import broadcast_state
+from elasticjob_runtime.checkpoints.state_transfer import gather_steps
 from elasticjob_runtime.training.sampler import ElasticSampler
 
 # The Run's own entries in the state; what users register goes beside them.
@@ -150,12 +146,10 @@ class TrainingState:
     ) -> None:
         """Every rank takes rank ``src``'s whole state; ``load`` False: this rank holds
         it already and only takes part in the broadcast (default: every rank but ``src``)."""
-        data = serialize(state_to_save(self.objects())) if rank == src else b""
-        received = broadcast_bytes(data, src, device)
-        if load is None:
-            load = rank != src
-        if load:
-            self.load(deserialize(received, source=f"rank {src}"))
+        sent = state_to_save(self.objects()) if rank == src else None
+        received = broadcast_state(sent, src, device, keep=load is not False)
+        if received is not None:
+            self.load(received)
 
     def clear_gradients(self) -> None:
         """A dropped step's gradients are partial (some buckets reduced, some not) and

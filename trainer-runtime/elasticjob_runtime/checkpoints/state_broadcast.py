@@ -1,0 +1,180 @@
+"""One rank's whole state on every rank: its tensors as raw bytes, the rest as a skeleton.
+
+A joiner used to get a peer's state as ``torch.save`` bytes: the sender pickled every
+tensor into one bytes object and copied it into a tensor, the receiver copied it out and
+unpickled it. For the realistic example's 53 MB (model, AdamW's moments, an EMA) that was
+150 ms of copying and pickling around a 19 ms broadcast, on the two cores the training
+needs, while the group waited. Here the sender splits the state into a *skeleton* (the
+same containers, each plain tensor replaced by a ``meta`` tensor of its shape and dtype,
+pickled by ``torch.save`` and loaded with torch's safe loader as before) and the tensors
+themselves, which travel as their raw bytes in a few buckets of at most
+:data:`BUCKET_BYTES`: one copy into a bucket on the sender, one out of it on the
+receiver (none for a tensor that fills a bucket of its own), and no pickling of data.
+
+Only plain strided tensors go as bytes; anything else (a tensor subclass, a sparse or
+quantized tensor, an object the safe loader knows) stays inside the skeleton, exactly as
+``torch.save`` sent it before. A tensor that sat on the CPU at the sender is put on the
+receiver's CPU, so an optimizer's ``step`` counter stays where a checkpoint puts it; the
+others arrive on the group's device, where ``load_state_dict`` takes them from.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from elasticjob_runtime.checkpoints.format import deserialize, serialize
+from elasticjob_runtime.checkpoints.state_transfer import broadcast_bytes
+
+BUCKET_BYTES = 1 << 26  # 64 MiB: the most a bucket adds to either side's memory
+ALIGN = 64  # every tensor's bytes start at a multiple of this in its bucket
+_CPU_KEY = "cpu"  # the skeleton's list: which byte-sent tensors were on the sender's CPU
+_STATE_KEY = "state"
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """One broadcast: ``size`` bytes holding the tensors ``(index, offset)``."""
+
+    size: int
+    parts: tuple[tuple[int, int], ...]
+
+
+def plan_buckets(
+    sizes: Sequence[int], limit: int = BUCKET_BYTES, align: int = ALIGN
+) -> list[Bucket]:
+    """The tensors (their byte sizes, in order) packed in order into buckets of at most
+    ``limit`` bytes, each start aligned to ``align``; a tensor larger than ``limit`` is a
+    bucket of its own, of exactly its size. Pure: both sides compute the same plan."""
+    buckets: list[Bucket] = []
+    parts: list[tuple[int, int]] = []
+    end = 0
+    for index, size in enumerate(sizes):
+        if size > limit:
+            if parts:
+                buckets.append(Bucket(end, tuple(parts)))
+                parts, end = [], 0
+            buckets.append(Bucket(size, ((index, 0),)))
+            continue
+        start = -(-end // align) * align
+        if parts and start + size > limit:
+            buckets.append(Bucket(end, tuple(parts)))
+            parts, start = [], 0
+        parts.append((index, start))
+        end = start + size
+    if parts:
+        buckets.append(Bucket(end, tuple(parts)))
+    return buckets
+
+
+def sent_as_bytes(value: object) -> bool:
+    """Whether a leaf travels as raw bytes (a plain dense tensor), not inside the skeleton."""
+    return (
+        type(value) in (torch.Tensor, torch.nn.Parameter)
+        and value.layout == torch.strided  # type: ignore[attr-defined]
+        and not value.is_quantized  # type: ignore[attr-defined]
+    )
+
+
+def map_tensors(obj: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
+    """``obj`` with ``fn`` applied to every leaf :func:`sent_as_bytes`, walking dicts
+    (an ``OrderedDict``'s ``_metadata`` kept: modules' ``load_state_dict`` reads it),
+    lists and tuples in their order, which a pickled skeleton keeps."""
+    if sent_as_bytes(obj):
+        return fn(obj)
+    if isinstance(obj, dict):
+        out: dict[Any, Any] = OrderedDict() if isinstance(obj, OrderedDict) else {}
+        for key, value in obj.items():
+            out[key] = map_tensors(value, fn)
+        metadata = getattr(obj, "_metadata", None)
+        if metadata is not None and isinstance(out, OrderedDict):
+            out._metadata = metadata  # type: ignore[attr-defined]
+        return out
+    if isinstance(obj, list):
+        return [map_tensors(value, fn) for value in obj]
+    if isinstance(obj, tuple):
+        items = [map_tensors(value, fn) for value in obj]
+        return type(obj)(*items) if hasattr(obj, "_fields") else tuple(items)
+    return obj
+
+
+def _nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def _as_bytes(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """The tensor's bytes, flat, on ``device``."""
+    return tensor.detach().to(device).contiguous().reshape(-1).view(torch.uint8)
+
+
+def broadcast_state(
+    state: Mapping[str, Any] | None,
+    src: int,
+    device: torch.device,
+    *,
+    keep: bool = True,
+    bucket_bytes: int = BUCKET_BYTES,
+) -> dict[str, Any] | None:
+    """Rank ``src``'s ``state`` (a mapping of state dicts; None on the other ranks), a
+    copy of it returned on every other rank. None on ``src``, and where ``keep`` is
+    False: that rank takes part in the collectives but needs no copy."""
+    import torch.distributed as dist
+
+    sending = dist.get_rank() == src
+    tensors: list[torch.Tensor] = []
+    header = b""
+    if sending:
+        assert state is not None
+
+        def to_meta(tensor: torch.Tensor) -> torch.Tensor:
+            tensors.append(tensor)
+            meta = torch.empty(tensor.shape, dtype=tensor.dtype, device="meta")
+            return meta.requires_grad_(tensor.requires_grad)
+
+        skeleton = map_tensors(dict(state), to_meta)
+        on_cpu = [t.device.type == "cpu" for t in tensors]
+        header = serialize({_STATE_KEY: skeleton, _CPU_KEY: on_cpu})
+    received = broadcast_bytes(header, src, device)
+    if not sending:
+        loaded = deserialize(received, source=f"rank {src}")
+        skeleton, on_cpu = loaded[_STATE_KEY], loaded[_CPU_KEY]
+        map_tensors(skeleton, tensors.append)  # the meta tensors, in the sender's order
+    arrived: list[torch.Tensor | None] = [None] * len(tensors)
+    for bucket in plan_buckets([_nbytes(t) for t in tensors], bucket_bytes):
+        buffer = _fill(bucket, tensors, device) if sending else _empty(bucket, device)
+        if bucket.size:
+            dist.broadcast(buffer, src)
+        if sending or not keep:
+            continue
+        whole = len(bucket.parts) == 1 and bucket.size == _nbytes(tensors[bucket.parts[0][0]])
+        for index, offset in bucket.parts:
+            meta = tensors[index]
+            raw = buffer[offset : offset + _nbytes(meta)]
+            tensor = raw.view(meta.dtype).view(meta.shape)
+            if on_cpu[index] and tensor.device.type != "cpu":
+                tensor = tensor.cpu()
+            elif not whole:
+                tensor = tensor.clone()  # its own storage: the bucket is freed after this
+            arrived[index] = tensor.requires_grad_() if meta.requires_grad else tensor
+    if sending or not keep:
+        return None
+    taken: Iterator[torch.Tensor | None] = iter(arrived)
+    return map_tensors(skeleton, lambda _meta: next(taken))  # type: ignore[no-any-return]
+
+
+def _fill(bucket: Bucket, tensors: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
+    if len(bucket.parts) == 1 and bucket.size == _nbytes(tensors[bucket.parts[0][0]]):
+        return _as_bytes(tensors[bucket.parts[0][0]], device)
+    buffer = torch.zeros(bucket.size, dtype=torch.uint8, device=device)
+    for index, offset in bucket.parts:
+        tensor = tensors[index]
+        buffer[offset : offset + _nbytes(tensor)] = _as_bytes(tensor, device)
+    return buffer
+
+
+def _empty(bucket: Bucket, device: torch.device) -> torch.Tensor:
+    return torch.empty(bucket.size, dtype=torch.uint8, device=device)
