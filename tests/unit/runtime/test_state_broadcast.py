@@ -113,13 +113,30 @@ def _broadcast(rank: int, port: int, out: Any, bucket_sizes: list[int]) -> None:
     )
     dist.init_process_group("gloo", store=store, rank=rank, world_size=3)
     results = []
-    for bucket_bytes in bucket_sizes:
-        sent = _state() if rank == 1 else None
-        cpu = torch.device("cpu")
-        got = broadcast_state(sent, 1, cpu, keep=rank != 2, bucket_bytes=bucket_bytes)
-        results.append((None if got is None else _saved(got), _storage_sizes(got)))
-    out.put((rank, results))
+    # every rank receives (a broadcast); rank 0 alone (sends to it; rank 2 takes no part)
+    for receivers in (None, [0]):
+        for bucket_bytes in bucket_sizes:
+            sent = _state() if rank == 1 else None
+            cpu = torch.device("cpu")
+            got = broadcast_state(sent, 1, cpu, receivers=receivers, bucket_bytes=bucket_bytes)
+            results.append((None if got is None else _saved(got), _storage_sizes(got)))
+    out.put((rank, results, _newcomer(rank)))
     dist.destroy_process_group()
+
+
+class _Runs:
+    """The one spawned group both broadcast tests read (a group costs seconds to spawn)."""
+
+    def __init__(self) -> None:
+        self._got: list[Any] | None = None
+
+    def ranks(self) -> list[Any]:
+        if self._got is None:
+            self._got = on_ranks(_broadcast, 3, [1 << 26, 40])
+        return self._got
+
+
+_RUNS = _Runs()
 
 
 def _storage_sizes(state: Any) -> list[tuple[int, int]]:
@@ -152,32 +169,39 @@ def _leaves_equal(a: Any, b: Any) -> None:
 
 def test_every_rank_gets_the_senders_state_leaf_for_leaf_in_one_or_many_buckets() -> None:
     # one bucket; a bucket per few tensors, with the big ones alone
-    got = dict(on_ranks(_broadcast, 3, [1 << 26, 40]))
-    for (received, sizes), (sent, _), (kept, _) in zip(got[0], got[1], got[2], strict=True):
-        assert sent is None and kept is None  # the sender, and a rank that keeps nothing
-        _leaves_equal(torch.load(io.BytesIO(received), weights_only=True), _state())
+    got = {rank: results for rank, results, _ in _RUNS.ranks()}
+    assert len(got[0]) == 4
+    for case, ((first, sizes), (sent, _), (third, _)) in enumerate(
+        zip(got[0], got[1], got[2], strict=True)
+    ):
+        assert sent is None  # the sender
+        for received in (first, third) if case < 2 else (first,):
+            _leaves_equal(torch.load(io.BytesIO(received), weights_only=True), _state())
         assert len(sizes) > 20 and all(own == size for own, size in sizes)
+        assert case < 2 or third is None  # not a receiver: it takes no part
 
 
-def _newcomer(rank: int, port: int, out: Any) -> None:
-    store = dist.TCPStore(  # type: ignore[attr-defined]
-        "127.0.0.1", port, 2, is_master=rank == 0, timeout=timedelta(seconds=60)
-    )
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
+def _newcomer(rank: int) -> tuple[str, bytes]:
+    """Two survivors and a newcomer share the newest state (TrainingState.share_newest)."""
     model, optimizer = _model_and_optimizer()
-    if rank == 0:  # the survivor has trained a step; the newcomer's AdamW has no state yet
-        model(torch.randn(4, 6)).sum().backward()
-        optimizer.step()
     state = TrainingState()
     state.module, state.optimizer = model, optimizer
-    state.step = 1 if rank == 0 else 0
-    state.copy_from(0, rank, torch.device("cpu"))
-    objects = state.objects()
-    out.put((rank, _saved({k: state_to_save(objects)[k] for k in ("model", "optim", "run")})))
-    dist.destroy_process_group()
+    if rank < 2:  # two survivors have trained a step; the newcomer's AdamW has no state yet
+        model(torch.randn(4, 6)).sum().backward()
+        optimizer.step()
+        state.step, state.live = 1, True
+    ckpt: Any = None  # read only when no rank holds a step in memory
+    resumed = state.share_newest(rank, 3, torch.device("cpu"), ckpt)
+    objects = state_to_save(state.objects())
+    return resumed, _saved({k: objects[k] for k in ("model", "optim", "run")})
 
 
-def test_a_newcomer_with_an_empty_optimizer_ends_with_the_survivors_state() -> None:
-    got = dict(on_ranks(_newcomer, 2))
-    survivor, newcomer = (torch.load(io.BytesIO(got[r]), weights_only=True) for r in (0, 1))
+def test_a_newcomer_with_an_empty_optimizer_ends_with_a_survivors_state() -> None:
+    got = {rank: newcomer for rank, _, newcomer in _RUNS.ranks()}
+    assert [got[r][0] for r in range(3)] == [
+        "own memory at step 1",
+        "own memory at step 1",
+        "rank 0 at step 1",
+    ]
+    survivor, newcomer = (torch.load(io.BytesIO(got[r][1]), weights_only=True) for r in (0, 2))
     _leaves_equal(newcomer, survivor)

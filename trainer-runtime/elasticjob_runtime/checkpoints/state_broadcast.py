@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from elasticjob_runtime.checkpoints.format import deserialize, serialize
-from elasticjob_runtime.checkpoints.state_transfer import broadcast_bytes
+from elasticjob_runtime.checkpoints.state_transfer import broadcast_bytes, bytes_of
 
 BUCKET_BYTES = 1 << 26  # 64 MiB: the most a bucket adds to either side's memory
 ALIGN = 64  # every tensor's bytes start at a multiple of this in its bucket
@@ -116,15 +116,23 @@ def broadcast_state(
     src: int,
     device: torch.device,
     *,
-    keep: bool = True,
+    receivers: Sequence[int] | None = None,
     bucket_bytes: int = BUCKET_BYTES,
 ) -> dict[str, Any] | None:
     """Rank ``src``'s ``state`` (a mapping of state dicts; None on the other ranks), a
-    copy of it returned on every other rank. None on ``src``, and where ``keep`` is
-    False: that rank takes part in the collectives but needs no copy."""
+    copy of it returned on each of ``receivers`` (default: every other rank), None on
+    ``src`` and on the ranks that take no part. Every rank must call it with the same
+    ``src`` and ``receivers``; when some ranks need nothing (survivors beside a joiner)
+    the bytes go to the receivers alone, so a joiner's copy costs the same at any size."""
     import torch.distributed as dist
 
-    sending = dist.get_rank() == src
+    rank = dist.get_rank()
+    others = [r for r in range(dist.get_world_size()) if r != src]
+    wanted = others if receivers is None else sorted(set(receivers) - {src})
+    if rank != src and rank not in wanted:
+        return None
+    move = _Move(src, None if wanted == others else wanted)
+    sending = rank == src
     tensors: list[torch.Tensor] = []
     header = b""
     if sending:
@@ -138,7 +146,7 @@ def broadcast_state(
         skeleton = map_tensors(dict(state), to_meta)
         on_cpu = [t.device.type == "cpu" for t in tensors]
         header = serialize({_STATE_KEY: skeleton, _CPU_KEY: on_cpu})
-    received = broadcast_bytes(header, src, device)
+    received = move.bytes(header, device)
     if not sending:
         loaded = deserialize(received, source=f"rank {src}")
         skeleton, on_cpu = loaded[_STATE_KEY], loaded[_CPU_KEY]
@@ -147,8 +155,8 @@ def broadcast_state(
     for bucket in plan_buckets([_nbytes(t) for t in tensors], bucket_bytes):
         buffer = _fill(bucket, tensors, device) if sending else _empty(bucket, device)
         if bucket.size:
-            dist.broadcast(buffer, src)
-        if sending or not keep:
+            move.tensor(buffer)
+        if sending:
             continue
         whole = len(bucket.parts) == 1 and bucket.size == _nbytes(tensors[bucket.parts[0][0]])
         for index, offset in bucket.parts:
@@ -160,10 +168,48 @@ def broadcast_state(
             elif not whole:
                 tensor = tensor.clone()  # its own storage: the bucket is freed after this
             arrived[index] = tensor.requires_grad_() if meta.requires_grad else tensor
-    if sending or not keep:
+    if sending:
         return None
     taken: Iterator[torch.Tensor | None] = iter(arrived)
     return map_tensors(skeleton, lambda _meta: next(taken))  # type: ignore[no-any-return]
+
+
+@dataclass(frozen=True)
+class _Move:
+    """One tensor from ``src`` to every other rank (a broadcast), or to ``receivers``
+    alone (a send to each; gloo's broadcast costs the sender and the wire once per
+    rank, needed or not)."""
+
+    src: int
+    receivers: Sequence[int] | None  # None: every rank
+
+    def tensor(self, tensor: torch.Tensor) -> None:
+        import torch.distributed as dist
+
+        if self.receivers is None:
+            dist.broadcast(tensor, self.src)
+        elif dist.get_rank() != self.src:
+            dist.recv(tensor, self.src)
+        else:
+            for work in [dist.isend(tensor, dst) for dst in self.receivers]:
+                if work is not None:
+                    work.wait()
+
+    def bytes(self, data: bytes, device: torch.device) -> bytes:
+        import torch.distributed as dist
+
+        if self.receivers is None:
+            return broadcast_bytes(data, self.src, device)
+        size = torch.tensor([len(data)], dtype=torch.int64, device=device)
+        self.tensor(size)
+        sending = dist.get_rank() == self.src
+        buf = (
+            torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
+            if sending
+            else torch.empty(int(size.item()), dtype=torch.uint8, device=device)
+        )
+        self.tensor(buf)
+        return data if sending else bytes_of(buf)
 
 
 def _fill(bucket: Bucket, tensors: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:

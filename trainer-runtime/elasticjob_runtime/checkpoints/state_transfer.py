@@ -47,5 +47,10 @@ def broadcast_bytes(data: bytes, src: int, device: torch.device) -> bytes:
     dist.broadcast(buf, src)
     if dist.get_rank() == src:
         return data
+    return bytes_of(buf)
+
+
+def bytes_of(buf: torch.Tensor) -> bytes:
+    """A uint8 tensor's bytes (no numpy)."""
     host = buf.cpu().contiguous()
     return ctypes.string_at(host.data_ptr(), host.numel())

@@ -9,7 +9,7 @@ step any rank holds in memory (or at the newest checkpoint when none does).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -136,18 +136,24 @@ class TrainingState:
             return "fresh"
         src = source_rank(steps)  # the same rule as a checkpoint's restore over the group
         if src is not None:
-            self.copy_from(src, rank, device, load=steps[rank] != newest)
+            behind = [r for r, step in enumerate(steps) if step != newest]
+            self.copy_from(src, rank, device, receivers=behind)
         if steps[rank] == newest:
             return f"own memory at step {newest}"
         return f"rank {src} at step {newest}"
 
     def copy_from(
-        self, src: int, rank: int, device: torch.device, *, load: bool | None = None
+        self,
+        src: int,
+        rank: int,
+        device: torch.device,
+        *,
+        receivers: Sequence[int] | None = None,
     ) -> None:
-        """Every rank takes rank ``src``'s whole state; ``load`` False: this rank holds
-        it already and only takes part in the broadcast (default: every rank but ``src``)."""
+        """``receivers`` (default: every rank but ``src``) take rank ``src``'s whole
+        state; the other ranks hold it already and take no part."""
         sent = state_to_save(self.objects()) if rank == src else None
-        received = broadcast_state(sent, src, device, keep=load is not False)
+        received = broadcast_state(sent, src, device, receivers=receivers)
         if received is not None:
             self.load(received)
 
