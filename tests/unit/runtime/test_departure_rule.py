@@ -124,11 +124,14 @@ def test_a_sigterm_asks_for_a_departure_only_while_a_round_trains() -> None:
     from elasticjob_runtime.launch.departing import DepartureRequest
 
     request = DepartureRequest()
+    woken: list[bool] = []
+    request.on_taken = lambda: woken.append(True)  # the agent's monitor pass, at once
     assert not request.take()  # no round trains: the agent stops as torch's would
     request.accepting = True
     assert request.take() and request.requested_at is not None
     request.accepting = False
     assert request.take()  # a second SIGTERM changes nothing: the departure goes on
+    assert woken == [True]
 
 
 class MarkedNode:

@@ -59,6 +59,16 @@ def test_the_injected_backend_variable_is_read_and_a_flag_beats_it(
     assert args_for("--rdzv-backend=etcd-v3").rdzv_backend == "etcd-v3"  # type: ignore[attr-defined]
 
 
+def test_the_monitor_interval_defaults_to_half_a_second_unless_asked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("PET_MONITOR_INTERVAL", raising=False)
+    assert args_for().monitor_interval == 0.5  # type: ignore[attr-defined]
+    assert args_for("--monitor-interval=0.1").monitor_interval == 0.1  # type: ignore[attr-defined]
+    monkeypatch.setenv("PET_MONITOR_INTERVAL", "2")
+    assert float(args_for().monitor_interval) == 2.0  # type: ignore[attr-defined]
+
+
 def test_a_bad_desired_node_count_is_one_line_before_anything_starts(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -10,9 +10,11 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
+from elasticjob_runtime.launch.channel import AgentChannel, WorkerChannel
 from elasticjob_runtime.launch.monitor_wake import MonitorWake
 from elasticjob_runtime.launch.wakeup import Wakeup, pidfd_of
 
@@ -106,3 +108,37 @@ def test_the_monitor_wakes_once_for_each_worker_exit_and_at_a_nudge() -> None:
             proc.kill()
             proc.wait()
         wake.close()
+
+
+def test_the_monitor_wakes_when_a_worker_rings_the_agents_bell(tmp_path: Path) -> None:
+    agent = AgentChannel(tmp_path)
+    wake = MonitorWake(agent.bell())
+    worker = WorkerChannel(tmp_path, 0)
+    try:
+        assert wake.wait([], 0.05) is False
+        for tell in (
+            lambda: worker.request_regroup(3),
+            worker.offer_in_place,
+            lambda: worker.say_taken(3),
+            worker.say_finished,
+            lambda: worker.say_fatal("diverged"),
+        ):
+            threading.Timer(0.05, tell).start()
+            started = time.monotonic()
+            assert wake.wait([], LONG) is True
+            assert time.monotonic() - started < HANG
+            assert wake.wait([], 0.05) is False  # the ring was drained: one wake each
+    finally:
+        wake.close()
+
+
+def test_a_nudge_never_waits_for_its_lock_so_a_signal_handler_cannot_deadlock() -> None:
+    wakeup = Wakeup()
+    try:
+        wakeup._lock.acquire()  # as if the handler interrupted a nudge() or close()
+        wakeup.nudge()  # returns at once
+        wakeup._lock.release()
+        wakeup.nudge()
+        assert wakeup.wait([], LONG) == []
+    finally:
+        wakeup.close()

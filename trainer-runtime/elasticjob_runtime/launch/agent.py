@@ -201,8 +201,11 @@ class MembershipAwareAgent(TorchAgent):
         self._reaped_at = 0.0
         spec = self.worker_group.spec
         # A pass waits up to the interval asked for, and starts at once when a worker
-        # exits or the round watch sees a change (monitor_wake.py).
-        self._wake = MonitorWake()
+        # exits, rings the agent's bell, or the round watch sees a change, or a SIGTERM
+        # asks for a departure (monitor_wake.py).
+        self._wake = MonitorWake(self._channel.bell())
+        if departure is not None:
+            departure.on_taken = self._wake.nudge
         self._monitor_every = spec.monitor_interval
         spec.monitor_interval = TORCH_LOOP_SLEEP_S
         if self._membership is not None:

@@ -25,6 +25,10 @@ Workers write these back:
 * ``bell-<local rank>``: a FIFO its round watcher waits on; the agent writes a byte to
   it after every delivery, so the watcher wakes at once instead of polling (it still
   looks once a second, so a lost ring costs at most that).
+* ``agent-bell``: the agent's FIFO; a worker writes a byte to it after each of the
+  files above but its step (:meth:`WorkerChannel.request_regroup` and the rest), so the
+  agent's monitor pass comes at once instead of at its interval
+  (:mod:`elasticjob_runtime.launch.monitor_wake`).
 * ``step-<local rank>``: the last step it completed (:class:`StepReporter`). The agent
   reads them once per monitor pass for all its readers: the hang clock (hang.py) and the
   refill of the spares the round took (spare_pool.py).
@@ -83,6 +87,7 @@ GROUP_BROKEN = "group-broken"  # the agent stops workers whose round lost a peer
 HANDED_OVER = "handed-over"  # this node left the job; its peers went on without it
 STEP_WIDTH = 20  # digits of a step file, rewritten in place
 BELL = "bell"  # bell-<local rank>: the FIFO a worker's round watcher waits on
+AGENT_BELL = "agent-bell"  # the FIFO the agent's monitor wait includes
 DIR_PREFIX = "elasticjob-agent-"  # <pid namespace>-<pid>-<random>: new_channel_dir
 _OWNED_DIR = re.compile(rf"^{re.escape(DIR_PREFIX)}(\d+)-(\d+)-")
 
@@ -144,6 +149,12 @@ class AgentChannel:
             _write_whole(self.directory / f"assignment-{local_rank}.json", assignment.to_json())
         for local_rank in envs:
             ring(self.directory / f"{BELL}-{local_rank}")
+
+    def bell(self) -> int | None:
+        """A descriptor that becomes readable when a worker wrote one of its files (drain
+        it), or None where no FIFO can be made (the monitor pass then comes at its
+        interval alone)."""
+        return open_fifo(self.directory / AGENT_BELL)
 
     def in_place_pids(self) -> dict[int, int]:
         """Local rank -> pid of each worker that said it can regroup in place."""
@@ -278,31 +289,30 @@ class WorkerChannel:
         """A descriptor that becomes readable when the agent delivers a round (drain it
         with :func:`~elasticjob_runtime.launch.wakeup.drain`), or None where no FIFO can be
         made (the caller polls). Opened read-write, so it never reads as end-of-file."""
-        path = self.directory / f"{BELL}-{self.local_rank}"
-        try:
-            with contextlib.suppress(FileExistsError):
-                os.mkfifo(path, 0o600)
-            return os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
-        except OSError:
-            return None
+        return open_fifo(self.directory / f"{BELL}-{self.local_rank}")
+
+    def _tell_agent(self, name: str, text: str) -> None:
+        """Write a file for the agent and ring its bell, so it reads it now."""
+        _write_whole(self.directory / f"{name}-{self.local_rank}", text)
+        ring(self.directory / AGENT_BELL)
 
     def offer_in_place(self) -> None:
-        _write_whole(self.directory / f"in-place-{self.local_rank}", str(os.getpid()))
+        self._tell_agent("in-place", str(os.getpid()))
 
     def request_regroup(self, generation: int) -> None:
-        _write_whole(self.directory / f"regroup-{self.local_rank}", str(generation))
+        self._tell_agent("regroup", str(generation))
 
     def say_taken(self, generation: int) -> None:
         """This worker takes round ``generation``: the agent restarts a worker that does
         not take a round it was handed in place (hang.py)."""
         with contextlib.suppress(OSError):  # the agent is gone: nobody to tell
-            _write_whole(self.directory / f"taken-{self.local_rank}", str(generation))
+            self._tell_agent("taken", str(generation))
 
     def say_finished(self) -> None:
-        _write_whole(self.directory / f"finished-{self.local_rank}", str(os.getpid()))
+        self._tell_agent("finished", str(os.getpid()))
 
     def say_fatal(self, message: str) -> None:
-        _write_whole(self.directory / f"fatal-{self.local_rank}", message)
+        self._tell_agent("fatal", message)
 
     def handed_over(self) -> bool:
         """Has this node left the job, its peers having gone on without it?"""
@@ -311,6 +321,17 @@ class WorkerChannel:
     def agent_regrouping(self) -> bool:
         """Is the agent forming a round this worker was offered for?"""
         return (self.directory / REGROUPING).exists()
+
+
+def open_fifo(path: Path) -> int | None:
+    """The FIFO at ``path`` (made if missing), opened read-write so it never reads as
+    end-of-file, non-blocking; None where no FIFO can be made."""
+    try:
+        with contextlib.suppress(FileExistsError):
+            os.mkfifo(path, 0o600)
+        return os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
 
 
 def ring(path: Path) -> None:

@@ -53,6 +53,8 @@ class DepartureRequest:
         self._lock = threading.Lock()
         self.accepting = False  # an agent's round is training: it can hand over
         self.requested_at: float | None = None
+        # called once a departure is under way (the agent's monitor pass, at once)
+        self.on_taken: Callable[[], None] = lambda: None
 
     def take(self) -> bool:
         """From the signal handler: True when a departure is (now) under way; False when
@@ -62,6 +64,7 @@ class DepartureRequest:
         if not self.accepting:
             return False
         self.requested_at = time.monotonic()
+        self.on_taken()
         return True
 
 

@@ -30,12 +30,20 @@ class Wakeup:
         self._closed = False
 
     def nudge(self) -> None:
-        """End the current (or next) wait now; safe from any thread, and after close()."""
-        with self._lock:
+        """End the current (or next) wait now; safe from any thread, from a signal
+        handler, and after close()."""
+        # A signal handler runs in the main thread, maybe inside nudge() or close()
+        # holding the lock: it must not wait for it. Held by a nudge, a wake is pending
+        # anyway; by close(), there is nothing left to wake.
+        if not self._lock.acquire(blocking=False):
+            return
+        try:
             if self._closed:
                 return
             with contextlib.suppress(OSError):  # full: a wake is pending anyway
                 os.write(self._write, b"!")
+        finally:
+            self._lock.release()
 
     def wait(self, fds: Sequence[int], timeout: float) -> list[int] | None:
         """The descriptors of ``fds`` that are readable, [] after a nudge, None once
