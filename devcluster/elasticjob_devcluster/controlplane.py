@@ -274,6 +274,15 @@ def _http_ok(url: str, context: ssl.SSLContext | None = None) -> bool:
         return False
 
 
+def _listening(port: int) -> bool:
+    """Whether something accepts connections on the loopback ``port``."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
 def _admin_ssl_context(pki: ClusterPKI) -> ssl.SSLContext:
     ctx = ssl.create_default_context(cafile=str(pki.ca.cert))
     ctx.load_cert_chain(str(pki.admin.cert), str(pki.admin.key))
@@ -435,7 +444,10 @@ class DevCluster:
         old = next((r for r in records if r.name == APISERVER), None)
         if old is None:
             raise ClusterError(f"no {APISERVER} in {self._records_path}; was `up` run here?")
-        procs.stop([old], grace_seconds=15)
+        # Once it stops listening it only drains open streams (`kubectl logs -f`, watches)
+        # for up to its request timeout, a minute: the outage would grow from seconds to
+        # the whole grace, and every client's reconnect backoff with it.
+        procs.stop([old], grace_seconds=15, done=lambda: not _listening(cfg.apiserver_port))
         log = self.dir / "logs" / f"{APISERVER}.log"
         _, new = procs.spawn(APISERVER, apiserver_args(cfg, self.pki), log)
         procs.save_records(self._records_path, procs.replaced(self.records(), old, new))

@@ -14,7 +14,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -157,13 +157,19 @@ def _group_alive(pgid: int) -> bool:
     return any(f[STATE] != "Z" and int(f[PGRP]) == pgid for _, f in _processes())
 
 
-def stop(records: Sequence[ProcessRecord], grace_seconds: float = 10.0) -> None:
-    """SIGTERM each recorded process group, wait up to ``grace_seconds``, then SIGKILL."""
+def stop(
+    records: Sequence[ProcessRecord],
+    grace_seconds: float = 10.0,
+    done: Callable[[], bool] | None = None,
+) -> None:
+    """SIGTERM each recorded process group, wait up to ``grace_seconds``, then SIGKILL.
+    ``done``: the wait also ends once it is true, e.g. a server that has stopped listening
+    but would hold its open streams until its own shutdown timeout."""
     for record in records:
         _signal_group(record, signal.SIGTERM)
     deadline = time.monotonic() + grace_seconds
     pending = list(records)
-    while pending and time.monotonic() < deadline:
+    while pending and time.monotonic() < deadline and not (done is not None and done()):
         pending = [r for r in pending if _group_alive(r.pid) and not _leader_reused(r)]
         if pending:
             time.sleep(0.1)

@@ -42,8 +42,21 @@ log = logging.getLogger("elasticjob_operator")
 _operator: Operator | None = None
 
 
+# An operator that starts while the API server cannot be reached (a control-plane restart,
+# an upgrade) tries again soon: kopf retries a failed startup only after a minute, and the
+# liveness probe kills the pod before that, so the jobs waited a minute for nothing.
+STARTUP_RETRY_FIRST_S = 1.0
+STARTUP_RETRY_MAX_S = 10.0
+
+
+def startup_retry_delay(retry: int) -> float:
+    """Seconds before the next startup attempt after ``retry + 1`` failed ones: doubling
+    from 1 s (an API server back within seconds is used at once), at most 10 s."""
+    return min(STARTUP_RETRY_MAX_S, STARTUP_RETRY_FIRST_S * 2.0**retry)
+
+
 @kopf.on.startup()
-def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+def startup(settings: kopf.OperatorSettings, retry: int = 0, **_: Any) -> None:
     global _operator
     settings.posting.level = logging.WARNING
     # One log line per decision (ours), not one per watch event or liveness probe.
@@ -61,7 +74,11 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=models.GROUP, key="last-handled-configuration"
     )
-    operator = assemble(from_env(os.environ))
+    try:
+        operator = assemble(from_env(os.environ))
+    except Exception as exc:  # the API server unreachable; a bad setting is SystemExit
+        delay = startup_retry_delay(retry)
+        raise kopf.TemporaryError(f"cannot start yet: {exc}", delay=delay) from exc
     operator.start()
     _operator = operator
 

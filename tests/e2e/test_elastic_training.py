@@ -556,7 +556,7 @@ def test_a_frozen_agent_fails_its_liveness_probe_and_its_pod_is_replaced(
 
     frozen_at = time.time()
     broken.freeze_container(ns, pod)
-    wait_for("the survivor to train alone", lambda: at(1, frozen_at), TRAIN)
+    alone = wait_for("the survivor to train alone", lambda: at(1, frozen_at), TRAIN)
 
     def replacement() -> Any:
         p = c.running_workers(ns, name).get(pod)
@@ -564,7 +564,9 @@ def test_a_frozen_agent_fails_its_liveness_probe_and_its_pod_is_replaced(
 
     # liveness: three failed probes 10 s apart (the startup probe passed long before)
     wait_for("the frozen worker to be killed and replaced", replacement, TRAIN)
-    wait_for("the replacement to join", lambda: at(2, frozen_at), TRAIN)
+    # after the survivor trained alone: a step at world 2 logged just after the freeze
+    # (the one in flight) is no join, and the status would be read before the replacement
+    wait_for("the replacement to join", lambda: at(2, alone.t), TRAIN)
     assert c.status(ns, name).get("restartCount") == restarts + 1
     events = c.kubectl("-n", ns, "get", "events", "--field-selector", f"involvedObject.name={name}")
     assert f"worker {pod} failed with exit code 137" in events.stdout, events.stdout
