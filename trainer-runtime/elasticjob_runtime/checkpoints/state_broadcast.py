@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from elasticjob_runtime.checkpoints.format import deserialize, serialize
-from elasticjob_runtime.checkpoints.state_transfer import broadcast_bytes, bytes_of
+from elasticjob_runtime.checkpoints.state_transfer import move_bytes
 
 BUCKET_BYTES = 1 << 26  # 64 MiB: the most a bucket adds to either side's memory
 ALIGN = 64  # every tensor's bytes start at a multiple of this in its bucket
@@ -158,7 +158,7 @@ def broadcast_state(
             move.tensor(buffer)
         if sending:
             continue
-        whole = len(bucket.parts) == 1 and bucket.size == _nbytes(tensors[bucket.parts[0][0]])
+        whole = _alone(bucket, tensors)
         for index, offset in bucket.parts:
             meta = tensors[index]
             raw = buffer[offset : offset + _nbytes(meta)]
@@ -196,24 +196,16 @@ class _Move:
                     work.wait()
 
     def bytes(self, data: bytes, device: torch.device) -> bytes:
-        import torch.distributed as dist
+        return move_bytes(data, self.src, device, self.tensor)
 
-        if self.receivers is None:
-            return broadcast_bytes(data, self.src, device)
-        size = torch.tensor([len(data)], dtype=torch.int64, device=device)
-        self.tensor(size)
-        sending = dist.get_rank() == self.src
-        buf = (
-            torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
-            if sending
-            else torch.empty(int(size.item()), dtype=torch.uint8, device=device)
-        )
-        self.tensor(buf)
-        return data if sending else bytes_of(buf)
+
+def _alone(bucket: Bucket, tensors: Sequence[torch.Tensor]) -> bool:
+    """Is the bucket exactly one tensor's bytes (sent as they are, kept as received)?"""
+    return len(bucket.parts) == 1 and bucket.size == _nbytes(tensors[bucket.parts[0][0]])
 
 
 def _fill(bucket: Bucket, tensors: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
-    if len(bucket.parts) == 1 and bucket.size == _nbytes(tensors[bucket.parts[0][0]]):
+    if _alone(bucket, tensors):
         return _as_bytes(tensors[bucket.parts[0][0]], device)
     buffer = torch.zeros(bucket.size, dtype=torch.uint8, device=device)
     for index, offset in bucket.parts:

@@ -10,6 +10,7 @@ checkpoint file read by one rank, a ledger, a round's token) as bytes from here.
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 
 import torch
 
@@ -38,19 +39,25 @@ def broadcast_bytes(data: bytes, src: int, device: torch.device) -> bytes:
     collectives need numpy, which a slim image may not have)."""
     import torch.distributed as dist
 
+    return move_bytes(data, src, device, lambda tensor: dist.broadcast(tensor, src))
+
+
+def move_bytes(
+    data: bytes, src: int, device: torch.device, move: Callable[[torch.Tensor], object]
+) -> bytes:
+    """``data`` of rank ``src`` on each rank that ``move`` (a broadcast, or a send to some
+    ranks) carries a tensor to: its size first, then its bytes."""
+    import torch.distributed as dist
+
+    sending = dist.get_rank() == src
     size = torch.tensor([len(data)], dtype=torch.int64, device=device)
-    dist.broadcast(size, src)
-    if dist.get_rank() == src:
+    move(size)
+    if sending:
         buf = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
     else:
         buf = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
-    dist.broadcast(buf, src)
-    if dist.get_rank() == src:
+    move(buf)
+    if sending:
         return data
-    return bytes_of(buf)
-
-
-def bytes_of(buf: torch.Tensor) -> bytes:
-    """A uint8 tensor's bytes (no numpy)."""
     host = buf.cpu().contiguous()
     return ctypes.string_at(host.data_ptr(), host.numel())

@@ -57,7 +57,7 @@ if TYPE_CHECKING:  # it imports torch, which a bad command line need not wait fo
 
 PROG = "elasticjob-run"
 # The agent's monitor interval unless asked: what needs it at once wakes it anyway
-# (monitor_wake.py), and torch's 0.1 s cost each agent 5.5 ms of CPU a second.
+# (monitor_wake.py), and torch's 0.1 s cost each agent about 4 ms of CPU a second.
 MONITOR_INTERVAL_S = 0.5
 # by name, not __name__: run as `python -m elasticjob_runtime.launch.launcher` this is __main__
 log = logging.getLogger("elasticjob_runtime.launch.launcher")

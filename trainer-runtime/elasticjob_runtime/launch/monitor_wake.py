@@ -14,7 +14,8 @@ and also as soon as
 
 So nothing that needs the agent at once waits for the interval, and the agent's default
 interval (``elasticjob-run --monitor-interval``) is 0.5 s, not torch's 0.1: ten passes a
-second cost each agent 5.5 ms of CPU a second (of 18) on the two cores its workers fill.
+second cost each agent about 4 ms of CPU a second (15.5 against 11.5, two agents of the
+regression example) on the two cores its workers fill.
 
 Each exit wakes a wait once: a worker whose exit the agent leaves standing (a departure
 that waits for its peers, a failure explained by a membership change) does not turn the
