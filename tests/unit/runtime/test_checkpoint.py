@@ -290,6 +290,33 @@ def test_a_failing_memory_copy_is_reported_once_with_the_sizes(
     assert report.shm_bytes is not None and report.shm_bytes > 0  # the parent filesystem's
 
 
+def test_a_rank_that_writes_node_memory_alone_reports_its_tensors_bytes(
+    tmp_path: Path,
+) -> None:
+    reports: list[MemoryFallback] = []
+    blocker = tmp_path / "shm-full"
+    blocker.write_text("not a directory")
+    mgr = CheckpointManager(
+        tmp_path / "ckpt",
+        memory_dir=blocker / "run",
+        writer=False,  # a node's local rank 0 that is not the global rank 0
+        memory_writer=True,
+        on_memory_fallback=reports.append,
+    )
+    mgr.save({"x": torch.ones(1000), "y": torch.zeros(10, dtype=torch.float64)}, 7)
+    [report] = reports
+    assert report.checkpoint_bytes == 4000 + 80  # no copy written: the tensors' bytes
+
+
+def test_the_disk_and_node_memory_copies_are_the_bytes_torch_save_makes(tmp_path: Path) -> None:
+    model = make_model()
+    state = {"model": model, "note": "text"}
+    manager(tmp_path).save(state, 3)
+    expected = serialize({"model": model.state_dict(), "note": "text"})
+    assert read_verified(tmp_path / "ckpt", 3) == (expected, "")
+    assert read_verified(tmp_path / "shm", 3) == (expected, "")
+
+
 def test_without_an_etcd_endpoint_a_memory_fallback_is_only_logged(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

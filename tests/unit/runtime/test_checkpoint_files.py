@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import errno
+import hashlib
+import os
 import stat
 from pathlib import Path
 
@@ -9,11 +12,13 @@ import pytest
 
 from elasticjob_runtime.checkpoints.files import (
     CommitRecord,
+    Sink,
     checkpoint_name,
     commit,
     committed_steps,
     default_memory_dir,
     prune,
+    read_record,
     read_verified,
     remove_memory_copy,
 )
@@ -115,3 +120,62 @@ def test_a_finished_jobs_memory_copy_goes_and_its_job_directory_once_empty(
     assert remove_memory_copy(pod_b)
     assert not job.exists() and (tmp_path / "elasticjob").is_dir()  # the shared root stays
     assert not remove_memory_copy(pod_b)  # nothing there: nothing to say
+
+
+def _in_pieces(sink: Sink) -> None:
+    """As ``torch.save`` writes: small records and memoryviews of large buffers."""
+    sink.write(b"header")
+    sink.write(memoryview(bytes(range(256)) * 4096))
+    sink.write(b"")
+
+
+def test_a_streamed_save_and_its_kernel_copy_commit_the_same_verified_bytes(
+    tmp_path: Path,
+) -> None:
+    expected = b"header" + bytes(range(256)) * 4096
+    first = commit(tmp_path / "disk", 5, _in_pieces, job="j")
+    second = commit(tmp_path / "memory", 5, first, job="j", private=True)
+    assert (first.size, first.sha256) == (len(expected), hashlib.sha256(expected).hexdigest())
+    assert (second.size, second.sha256) == (first.size, first.sha256)
+    for directory in (tmp_path / "disk", tmp_path / "memory"):
+        assert read_verified(directory, 5, "j") == (expected, "")
+        assert read_record(directory, 5).sha256 == first.sha256
+    assert second.path == tmp_path / "memory" / checkpoint_name(5)
+
+
+def test_a_save_that_fails_while_streaming_leaves_nothing_and_keeps_the_last_commit(
+    tmp_path: Path,
+) -> None:
+    commit(tmp_path, 1, b"good")
+
+    def broken(sink: Sink) -> None:
+        sink.write(b"half a checkpoint")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(OSError, match="No space"):
+        commit(tmp_path, 2, broken)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        checkpoint_name(1),
+        checkpoint_name(1) + ".commit",
+    ]
+
+
+def test_a_copy_where_the_kernel_cannot_sendfile_goes_through_python(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = commit(tmp_path / "disk", 3, b"state" * 1000)
+
+    def unsupported(*_: object) -> int:  # as some FUSE and network filesystems answer
+        raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
+
+    monkeypatch.setattr(os, "sendfile", unsupported)
+    commit(tmp_path / "memory", 3, first)
+    assert read_verified(tmp_path / "memory", 3) == (b"state" * 1000, "")
+
+
+def test_a_copy_of_a_file_that_shrank_fails_and_commits_nothing(tmp_path: Path) -> None:
+    first = commit(tmp_path / "disk", 3, b"state" * 1000)
+    first.path.write_bytes(b"state")  # truncated after its commit
+    with pytest.raises(OSError, match="ended at byte 5 of 5000"):
+        commit(tmp_path / "memory", 3, first)
+    assert committed_steps(tmp_path / "memory") == []

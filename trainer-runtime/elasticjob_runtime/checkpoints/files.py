@@ -8,6 +8,11 @@ checkpoint without its marker is a save that did not finish. A write that fails 
 or read-only filesystem) removes its temp file and, if the marker failed, the data file:
 what was committed before stays as it was.
 
+A checkpoint is written as it is serialized (a :data:`Fill`), hashed on the way, and its
+second copy (node memory beside the directory) is a kernel copy of the first
+(``sendfile``): no copy of the bytes is ever held in the process, which used to hold two
+(a ``BytesIO`` and its ``getvalue()``) and copied them twice more in Python.
+
 Also where this pod's node-memory copy lives (``/dev/shm/elasticjob/<job>/<pod>``, made
 0700, the job part named by its identity), its removal once the job has succeeded, and how
 much room its filesystem has. Bytes in, bytes out, no torch:
@@ -18,6 +23,7 @@ back.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -25,8 +31,10 @@ import re
 import shutil
 import socket
 import threading
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import BinaryIO, Protocol
 
 from elasticjob_runtime import contract
 from elasticjob_runtime.checkpoints.job_identity import directory_name
@@ -34,6 +42,16 @@ from elasticjob_runtime.checkpoints.job_identity import directory_name
 _DATA_RE = re.compile(r"^step-(\d+)\.pt$")
 MARKER_SUFFIX = ".commit"
 DEFAULT_MEMORY_ROOT = "/dev/shm"
+
+
+class Sink(Protocol):
+    """Where a :data:`Fill` writes: all a ``torch.save`` into a file object needs."""
+
+    def write(self, data: bytes | memoryview, /) -> int: ...
+
+
+Fill = Callable[[Sink], object]
+"""Writes a file's bytes into a :class:`Sink`: ``torch.save`` of a state, for one."""
 
 
 def checkpoint_name(step: int) -> str:
@@ -79,13 +97,13 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(directory: Path, name: str, data: bytes) -> Path:
+def _write_atomic(directory: Path, name: str, fill: Callable[[BinaryIO], object]) -> Path:
     """Write ``directory/name`` so that it is either absent or complete, and durable."""
     target = directory / name
     tmp = directory / f".{name}.tmp.{os.getpid()}.{threading.get_ident()}"
     try:
         with open(tmp, "wb") as f:
-            f.write(data)
+            fill(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, target)
@@ -95,6 +113,69 @@ def write_atomic(directory: Path, name: str, data: bytes) -> Path:
         raise
     _fsync_dir(directory)
     return target
+
+
+def write_atomic(directory: Path, name: str, data: bytes) -> Path:
+    """Write ``directory/name`` so that it is either absent or complete, and durable."""
+    return _write_atomic(directory, name, lambda f: f.write(data))
+
+
+@dataclass(frozen=True)
+class Written:
+    """A committed checkpoint's data file, its size and SHA-256: what its marker says,
+    and what a second copy of it needs (:func:`commit` copies it without reading it)."""
+
+    path: Path
+    size: int
+    sha256: str
+
+
+class _Hashing:
+    """A write-only file that hashes and counts what passes through it to the file it
+    is :meth:`over`. ``torch.save`` hands it each storage as a memoryview: nothing is
+    copied here."""
+
+    def __init__(self) -> None:
+        self._file: BinaryIO | None = None
+        self._hash = hashlib.sha256()
+        self.size = 0
+
+    def over(self, file: BinaryIO) -> _Hashing:
+        self._file = file
+        return self
+
+    def write(self, data: bytes | memoryview) -> int:
+        view = memoryview(data)
+        self._hash.update(view)  # releases the GIL for large buffers, as the write does
+        self.size += view.nbytes
+        assert self._file is not None
+        self._file.write(view)
+        return view.nbytes
+
+    def flush(self) -> None:
+        if self._file is not None:
+            self._file.flush()
+
+    def hexdigest(self) -> str:
+        return self._hash.hexdigest()
+
+
+def _copy_file(source: Path, out: BinaryIO, size: int) -> None:
+    """``size`` bytes of ``source`` appended to ``out``, copied by the kernel."""
+    out.flush()
+    with open(source, "rb") as src:
+        offset = 0
+        while offset < size:
+            try:
+                sent = os.sendfile(out.fileno(), src.fileno(), offset, size - offset)
+            except OSError as exc:  # a filesystem without sendfile: copy through Python
+                if offset or exc.errno not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+                    raise
+                shutil.copyfileobj(src, out)
+                sent = size
+            if sent == 0:
+                raise OSError(errno.EIO, f"{source} ended at byte {offset} of {size}")
+            offset += sent
 
 
 def make_private_dirs(directory: Path, shared: Path | None = None) -> None:
@@ -111,34 +192,43 @@ def make_private_dirs(directory: Path, shared: Path | None = None) -> None:
 def commit(
     directory: Path,
     step: int,
-    data: bytes,
+    content: bytes | Fill | Written,
     *,
     job: str = "",
     private: bool = False,
     shared: Path | None = None,
-    digest: str | None = None,
-) -> Path:
-    """Write one checkpoint: data file, then its marker. Returns the data file's path.
+) -> Written:
+    """Write one checkpoint: data file, then its marker.
 
-    ``private`` creates missing directories as :func:`make_private_dirs` does. When the
-    marker cannot be written the data file goes too (it would only hold the space a full
-    filesystem lacks). ``digest``: the SHA-256 of ``data`` when the caller has it already
-    (the same bytes go to disk and node memory; hashing a GB takes seconds).
+    ``content``: the bytes, a :data:`Fill` that writes them (hashed as they pass), or
+    a checkpoint committed elsewhere, copied by the kernel with its size and digest (the
+    same state goes to disk and node memory; hashing a GB takes seconds). ``private``
+    creates missing directories as :func:`make_private_dirs` does. When the marker cannot
+    be written the data file goes too (it would only hold the space a full filesystem
+    lacks).
     """
     if private:
         make_private_dirs(directory, shared)
     else:
         directory.mkdir(parents=True, exist_ok=True)
     name = checkpoint_name(step)
-    path = write_atomic(directory, name, data)
-    record = CommitRecord(step, name, len(data), digest or hashlib.sha256(data).hexdigest(), job)
+    if isinstance(content, Written):
+        source = content
+        path = _write_atomic(directory, name, lambda f: _copy_file(source.path, f, source.size))
+        written = Written(path, source.size, source.sha256)
+    else:
+        fill: Fill = content if callable(content) else (lambda f: f.write(content))
+        hashing = _Hashing()
+        path = _write_atomic(directory, name, lambda f: fill(hashing.over(f)))
+        written = Written(path, hashing.size, hashing.hexdigest())
+    record = CommitRecord(step, name, written.size, written.sha256, job)
     try:
         write_atomic(directory, name + MARKER_SUFFIX, record.to_bytes())
     except BaseException:
         with contextlib.suppress(OSError):
             path.unlink()
         raise
-    return path
+    return written
 
 
 def steps_on_disk(directory: Path) -> dict[int, bool]:

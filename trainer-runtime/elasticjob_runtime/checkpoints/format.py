@@ -21,9 +21,11 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, cast
 
 import torch
+
+from elasticjob_runtime.checkpoints.files import Sink
 
 
 class CheckpointError(RuntimeError):
@@ -61,8 +63,14 @@ def state_to_save(state: Mapping[str, Any]) -> dict[str, Any]:
 
 def serialize(state: Mapping[str, Any]) -> bytes:
     buf = io.BytesIO()
-    torch.save(dict(state), buf)
+    serialize_into(state, buf)
     return buf.getvalue()
+
+
+def serialize_into(state: Mapping[str, Any], sink: Sink) -> None:
+    """The same bytes as :func:`serialize`, written as they are made: ``torch.save``
+    writes only, each storage as one memoryview of its bytes."""
+    torch.save(dict(state), cast(IO[bytes], sink))
 
 
 def deserialize(

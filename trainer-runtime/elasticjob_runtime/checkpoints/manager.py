@@ -47,7 +47,7 @@ docs/checkpoints.md has the whole story.
 from __future__ import annotations
 
 import contextlib
-import hashlib
+import functools
 import logging
 import os
 import threading
@@ -58,11 +58,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from elasticjob_runtime import contract
-from elasticjob_runtime.checkpoints.files import checkpoint_name, commit, default_memory_dir, prune
+from elasticjob_runtime.checkpoints.files import (
+    Written,
+    checkpoint_name,
+    commit,
+    default_memory_dir,
+    prune,
+)
 from elasticjob_runtime.checkpoints.format import (
     Checkpoint,
     CheckpointError,
-    serialize,
+    serialize_into,
     state_to_save,
 )
 from elasticjob_runtime.checkpoints.job_identity import current_job
@@ -70,6 +76,7 @@ from elasticjob_runtime.checkpoints.restore import load_into, newest_intact, new
 from elasticjob_runtime.checkpoints.save_faults import WRITE_FAULTS, SaveFaults
 from elasticjob_runtime.checkpoints.sigterm_save import SigtermSave
 from elasticjob_runtime.checkpoints.snapshot import Snapshots
+from elasticjob_runtime.checkpoints.state_broadcast import map_tensors
 from elasticjob_runtime.etcd.records import MemoryFallback
 from elasticjob_runtime.launch.channel import StepReporter
 
@@ -83,6 +90,14 @@ StateSource = Mapping[str, Any] | Callable[[], Mapping[str, Any]]
 
 def _env_rank(name: str) -> int:
     return int(os.environ.get(name, "0"))
+
+
+def _tensor_bytes(state: Mapping[str, Any]) -> int:
+    """About a checkpoint's size, its tensors' bytes: for a copy that failed before
+    any copy of it was written."""
+    sizes: list[int] = []
+    map_tensors(state, lambda t: sizes.append(t.numel() * t.element_size()))
+    return sum(sizes)
 
 
 class CheckpointManager:
@@ -209,14 +224,13 @@ class CheckpointManager:
         recorded in :attr:`save_error`, and what was saved before stays; other errors
         (a file where the directory should be) raise.
         """
-        data = serialize(state)
         to_memory = self.memory_writer and self.memory_dir is not None
-        # hashed once for both copies (a GB takes seconds)
-        digest = hashlib.sha256(data).hexdigest() if to_disk or to_memory else None
+        fill = functools.partial(serialize_into, state)
+        first: Written | None = None  # the copy the other one is copied from, unread
         saved = False
         if to_disk:
             try:
-                commit(self.directory, step, data, job=self.job, digest=digest)
+                first = commit(self.directory, step, fill, job=self.job)
             except OSError as exc:
                 if exc.errno not in WRITE_FAULTS:
                     raise
@@ -235,16 +249,16 @@ class CheckpointManager:
                 commit(
                     self.memory_dir,
                     step,
-                    data,
+                    first or fill,
                     job=self.job,
                     private=True,
                     shared=self._memory_shared,
-                    digest=digest,
                 )
                 prune(self.memory_dir, 1, protect=step)
                 saved = True
             except OSError as exc:
-                self._faults.memory_failed(self.memory_dir, self.directory, step, len(data), exc)
+                size = first.size if first else _tensor_bytes(state)
+                self._faults.memory_failed(self.memory_dir, self.directory, step, size, exc)
         # saved where this rank writes; a directory fault leaves the step to be saved again
         if (saved and self.save_error is None) or not (to_disk or to_memory):
             self._saved_step = step
