@@ -16,11 +16,55 @@ import os
 import random
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 
 from bench.coverage import Coverage, coverage, trained
 from bench.harness import Job, StepLine, wait_for
+
+AFTER_FAULT_S = 10.0  # how long after a fault slower steps are charged to it
+
+
+@dataclass(frozen=True)
+class LostTime:
+    """Where a window's time went beyond its steady steps, in seconds: each gap between
+    two new steps, less a steady step per step it advanced, charged to the first that
+    applies."""
+
+    pauses: float  # the gap a fault fell into
+    checkpoints: float  # the gaps ending at an interval save's step and the next one
+    after_faults: float  # the gaps within AFTER_FAULT_S of a fault (a spare starting)
+    other: float  # the rest: noise, both ways
+
+
+def lost_time(
+    timeline: Sequence[tuple[float, int]],
+    faults: Sequence[float],
+    step_time: float,
+    window: float,
+    checkpoint_interval: int | None,
+) -> LostTime:
+    """The breakdown of a window [0, ``window``] from its (seconds, step) lines, any
+    worker's, in any order; a step trained again after a fault is not new."""
+    new: list[tuple[float, int]] = []
+    for t, step in sorted(timeline):
+        if not new or step > new[-1][1]:
+            new.append((t, step))
+    lost = {"pauses": 0.0, "checkpoints": 0.0, "after_faults": 0.0, "other": 0.0}
+    for (t0, s0), (t1, s1) in pairwise(new):
+        if t0 < 0 or t1 > window:  # a gap across the window's edge is left out
+            continue
+        excess = t1 - t0 - step_time * (s1 - s0)
+        if any(t0 <= f < t1 for f in faults):
+            lost["pauses"] += excess
+        elif checkpoint_interval and any(s % checkpoint_interval == 0 for s in (s1, s1 - 1)):
+            lost["checkpoints"] += excess
+        elif any(0 <= t0 - f < AFTER_FAULT_S for f in faults):
+            lost["after_faults"] += excess
+        else:
+            lost["other"] += excess
+    return LostTime(**{k: round(v, 2) for k, v in lost.items()})
 
 
 @dataclass
@@ -37,6 +81,7 @@ class Goodput:
     goodput_samples: float | None = None
     faults: list[float] = field(default_factory=list)  # seconds into the window
     timeline: list[tuple[float, int]] = field(default_factory=list)  # (seconds, step)
+    lost: LostTime | None = None  # where the window's time went beyond the steady steps
     coverage: Coverage | None = None  # the data the whole run trained, from its first step
     error: str | None = None
 
@@ -80,9 +125,11 @@ def run_goodput(
     seed: int,
     scenario: str = "goodput",
     samples: int | None = None,
+    checkpoint_interval: int | None = None,
 ) -> Goodput:
     """Inject the faults into ``job`` (already training steadily) and measure; with
-    ``samples`` (the data set's size; the job logs its samples), the data it trained."""
+    ``samples`` (the data set's size; the job logs its samples), the data it trained;
+    with ``checkpoint_interval`` (the script's), the time its saves took apart."""
     result = Goodput(job.launcher, scenario)
     rng = random.Random(seed)
     start = time.time()
@@ -105,6 +152,10 @@ def run_goodput(
         full = max((s.world for s in steps if s.t <= start), default=1)
         result.goodput_samples = goodput_by_share(steps, start, end, result.step_time, full)
     result.timeline = [(round(s.t - start, 3), s.step) for s in steps if start - 5 <= s.t <= end]
+    if result.step_time is not None:
+        result.lost = lost_time(
+            result.timeline, result.faults, result.step_time, result.window, checkpoint_interval
+        )
     # a script that logs no samples says nothing of its data
     if samples is not None and (indices := trained(job.logs())):
         result.coverage = coverage(indices, samples)

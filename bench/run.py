@@ -418,7 +418,8 @@ def goodput_run(
         first = wait_for("training at world size 2", lambda: steady(job, 2), limits.start)
         time.sleep(max(0.0, first.t + SETTLE_SECONDS - time.time()))
         samples = flag_value(train_args, "--samples")
-        return run_goodput(job, minutes, GOODPUT_INTERVAL, seed, label, samples)
+        interval = flag_value(train_args, "--checkpoint-interval")
+        return run_goodput(job, minutes, GOODPUT_INTERVAL, seed, label, samples, interval)
     except TimeoutError as exc:
         (workdir / "timeout.txt").write_text(job.tail(40))
         return Goodput(launcher, label, error=str(exc))
@@ -835,6 +836,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                     scenario,
                 )
                 shown = f"{g.goodput:.1%}" if g.goodput is not None else f"FAILED: {g.error}"
+                if g.lost is not None:
+                    shown += f" (seconds lost beyond steady steps: {g.lost})"
                 print(f"{scenario:<15} {launcher:<17} {shown}", flush=True)
                 goodputs.append(g)
         if check_cost.SCENARIO in real:

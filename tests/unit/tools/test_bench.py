@@ -141,3 +141,17 @@ def test_goodput_by_share_counts_a_step_a_lone_survivor_trained_as_half_a_step()
     steps += [StepLine(25, 2, 2, 102.55)]  # a step logged again is not new
     share = goodput_by_share(steps, 100.0, 103.0, 0.1, full=2)
     assert share == pytest.approx((10 + 10 * 0.5 + 10) * 0.1 / 3.0, abs=1e-4)
+
+
+def test_lost_time_charges_each_slow_gap_to_its_fault_save_or_spare() -> None:
+    from bench.goodput import LostTime, lost_time
+
+    step = 1.0
+    timeline = [(float(t), t) for t in range(0, 20)]  # steady: a step a second to step 19
+    timeline += [(19.5, 19), (23.0, 20)]  # a fault at 20.0: 3 s more, the other rank's line
+    timeline += [(24.5, 21), (25.5, 22), (27.0, 23)]  # slower after it: 0.5, 0, 0.5 more
+    timeline += [(39.0, 35), (40.3, 36), (41.8, 37)]  # the save at 36 and the next: 0.3, 0.5
+    timeline += [(42.6, 38), (44.2, 39)]  # noise: -0.2, 0.6
+    timeline += [(60.0, 40)]  # the last gap ends past the window
+    lost = lost_time(timeline, [20.0], step, window=55.0, checkpoint_interval=12)
+    assert lost == LostTime(pauses=3.0, checkpoints=0.8, after_faults=1.0, other=0.4)
