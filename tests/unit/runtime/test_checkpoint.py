@@ -2,19 +2,29 @@
 
 from __future__ import annotations
 
+import errno
+import functools
 import logging
+import resource
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
 
-from elasticjob_runtime.checkpoints.files import checkpoint_name, committed_steps, read_verified
+from elasticjob_runtime.checkpoints.files import (
+    checkpoint_name,
+    commit,
+    committed_steps,
+    read_verified,
+)
 from elasticjob_runtime.checkpoints.format import (
     CheckpointError,
     UnsafeCheckpointError,
     deserialize,
     serialize,
+    serialize_into,
 )
 from elasticjob_runtime.checkpoints.manager import CheckpointManager
 from elasticjob_runtime.etcd.progress import memory_fallback_reporter_from_env
@@ -315,6 +325,24 @@ def test_the_disk_and_node_memory_copies_are_the_bytes_torch_save_makes(tmp_path
     expected = serialize({"model": model.state_dict(), "note": "text"})
     assert read_verified(tmp_path / "ckpt", 3) == (expected, "")
     assert read_verified(tmp_path / "shm", 3) == (expected, "")
+
+
+def test_a_write_that_fails_inside_torch_save_raises_its_own_os_error(tmp_path: Path) -> None:
+    # torch.save's zip writer, closing on the way out, raises a RuntimeError of its own
+    # ("unexpected pos"): the manager must still see the OSError (a full disk is a fault
+    # it survives). A file size limit makes the kernel refuse the write past 4 KiB.
+    state = {"model": make_model().state_dict(), "big": torch.zeros(10_000)}
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG, not a signal
+    resource.setrlimit(resource.RLIMIT_FSIZE, (4096, limit[1]))
+    try:
+        with pytest.raises(OSError) as raised:
+            commit(tmp_path, 1, functools.partial(serialize_into, state))
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limit)
+        signal.signal(signal.SIGXFSZ, previous)
+    assert raised.value.errno == errno.EFBIG
+    assert list(tmp_path.iterdir()) == []  # nor a temp file left
 
 
 def test_without_an_etcd_endpoint_a_memory_fallback_is_only_logged(

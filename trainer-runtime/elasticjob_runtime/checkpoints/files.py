@@ -131,25 +131,28 @@ class Written:
 
 
 class _Hashing:
-    """A write-only file that hashes and counts what passes through it to the file it
-    is :meth:`over`. ``torch.save`` hands it each storage as a memoryview: nothing is
+    """A write-only file that hashes and counts what passes through it to the file
+    :meth:`fill` names. ``torch.save`` hands it each storage as a memoryview: nothing is
     copied here."""
 
     def __init__(self) -> None:
         self._file: BinaryIO | None = None
         self._hash = hashlib.sha256()
         self.size = 0
-
-    def over(self, file: BinaryIO) -> _Hashing:
-        self._file = file
-        return self
+        # the write that failed: torch.save's zip writer, closing on the way out, raises
+        # a RuntimeError of its own that would hide it (a full disk must stay an OSError)
+        self.failed: OSError | None = None
 
     def write(self, data: bytes | memoryview) -> int:
         view = memoryview(data)
         self._hash.update(view)  # releases the GIL for large buffers, as the write does
         self.size += view.nbytes
         assert self._file is not None
-        self._file.write(view)
+        try:
+            self._file.write(view)
+        except OSError as exc:
+            self.failed = exc
+            raise
         return view.nbytes
 
     def flush(self) -> None:
@@ -158,6 +161,16 @@ class _Hashing:
 
     def hexdigest(self) -> str:
         return self._hash.hexdigest()
+
+    def fill(self, fill: Fill, file: BinaryIO) -> None:
+        """``fill`` into ``file`` through this sink; a write that failed is what raises."""
+        self._file = file
+        try:
+            fill(self)
+        except Exception:
+            if self.failed is not None:
+                raise self.failed from None
+            raise
 
 
 def _copy_file(source: Path, out: BinaryIO, size: int) -> None:
@@ -219,7 +232,7 @@ def commit(
     else:
         fill: Fill = content if callable(content) else (lambda f: f.write(content))
         hashing = _Hashing()
-        path = _write_atomic(directory, name, lambda f: fill(hashing.over(f)))
+        path = _write_atomic(directory, name, lambda f: hashing.fill(fill, f))
         written = Written(path, hashing.size, hashing.hexdigest())
     record = CommitRecord(step, name, written.size, written.sha256, job)
     try:
