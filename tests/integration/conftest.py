@@ -316,7 +316,8 @@ def start(
         argv,
         stdout=log.open("wb"),
         stderr=subprocess.STDOUT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+        # a hang's stacks on SIGABRT (abort_with_stacks)
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1", **(env or {})},
         start_new_session=True,
     )
     agents.append(proc)
@@ -374,13 +375,44 @@ def still_running(pids: Iterable[int]) -> list[int]:
 
 
 def wait_for(what: str, check: Callable[[], T | None], timeout: float, log: Path) -> T:
-    """bench's ``wait_for``, failing the test with the end of ``log``."""
+    """bench's ``wait_for``, failing the test with the end of ``log`` and, since a
+    timeout is a hang until shown otherwise, the stacks of the processes it started."""
     from bench.harness import wait_for as poll
 
     try:
         return poll(what, check, timeout)
     except TimeoutError as exc:
-        pytest.fail(f"{exc}\n{log.read_text()[-3000:]}")
+        aborted = abort_with_stacks()
+        stacks = [
+            f"\n--- {path.relative_to(log.parent)}\n{text[-4000:]}"
+            for path in sorted(log.parent.glob("**/stderr.log"))
+            if "most recent call first" in (text := path.read_text(errors="replace"))
+        ]
+        pytest.fail(
+            f"{exc}\n{log.read_text(errors='replace')[-8000:]}{''.join(stacks)}\n"
+            f"(SIGABRT to the Python processes it started, {aborted}: each wrote its threads' "
+            "stacks to its stderr, above)"
+        )
+
+
+def abort_with_stacks(pause_s: float = 0.3) -> list[int]:
+    """SIGABRT every Python process under this one (agents, spares, workers): with
+    ``PYTHONFAULTHANDLER`` set, as :func:`start` sets it, each writes every thread's
+    stack to its stderr as it dies. What a hang left behind is otherwise lost. The
+    deepest go first, one at a time: a worker writes through its agent's pipe, and
+    writers sharing a stream would interleave."""
+    from elasticjob_devcluster.procs import descendants
+
+    aborted = []
+    for pid in reversed(descendants(os.getpid())):
+        with contextlib.suppress(OSError):
+            # a spare that became a worker rewrites its argv as one string, spaces and all
+            program = os.fsdecode(Path(f"/proc/{pid}/cmdline").read_bytes()).split()[0]
+            if Path(program).name.startswith("python"):
+                os.kill(pid, signal.SIGABRT)
+                aborted.append(pid)
+                time.sleep(pause_s)
+    return aborted
 
 
 def result_of(text: str) -> dict[str, Any]:
