@@ -132,6 +132,17 @@ def test_goodput_counts_net_new_steps_at_the_steady_step_time() -> None:
     assert gained == 59 - 40 and share == pytest.approx(19 * 0.1 / 4.0)
 
 
+def test_the_steady_step_is_the_windows_own_when_the_machine_speeds_up() -> None:
+    from bench.goodput import steady_step_time
+
+    slow = [StepLine(i, 2, 1, 100.0 + 0.4 * i) for i in range(10)]  # settling: 0.4 s a step
+    fast = [StepLine(10 + i, 2, 1, 104.0 + 0.3 * i) for i in range(40)]  # the window: 0.3 s
+    stall = [StepLine(50, 2, 1, 118.0)]  # a fault's pause, one gap of many
+    steps = slow + fast + stall
+    assert steady_step_time(steps, 104.0) == pytest.approx(0.4)
+    assert steady_step_time(steps, 120.0, since=104.0) == pytest.approx(0.3)
+
+
 def test_goodput_by_share_counts_a_step_a_lone_survivor_trained_as_half_a_step() -> None:
     from bench.goodput import goodput_by_share
 
