@@ -395,24 +395,43 @@ def wait_for(what: str, check: Callable[[], T | None], timeout: float, log: Path
         )
 
 
+def _process_line(pid: int) -> str:
+    """``ppid state command`` of a live process, from /proc."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    state, ppid = stat[stat.rindex(")") + 2 :].split()[:2]
+    command = os.fsdecode(Path(f"/proc/{pid}/cmdline").read_bytes()).replace("\0", " ")
+    return f"ppid={ppid} state={state} {command.strip()[:160]}"
+
+
 def abort_with_stacks(pause_s: float = 0.3) -> list[int]:
     """SIGABRT every Python process under this one (agents, spares, workers): with
     ``PYTHONFAULTHANDLER`` set, as :func:`start` sets it, each writes every thread's
-    stack to its stderr as it dies. What a hang left behind is otherwise lost. The
-    deepest go first, one at a time: a worker writes through its agent's pipe, and
-    writers sharing a stream would interleave."""
+    stack to its stderr as it dies. What a hang left behind is otherwise lost.
+
+    All are stopped (SIGSTOP) first and aborted while stopped, so each stack is the one
+    of the hang: an agent that saw its worker die would otherwise SIGTERM the others,
+    and those die without a stack. They go on (SIGCONT) deepest first, one at a time:
+    a worker writes through its agent's pipe, and writers sharing a stream would
+    interleave."""
     from elasticjob_devcluster.procs import descendants
 
-    aborted = []
-    for pid in reversed(descendants(os.getpid())):
+    found = []
+    for pid in descendants(os.getpid()):
         with contextlib.suppress(OSError):
+            print("process", pid, _process_line(pid))  # pytest shows it with the failure
             # a spare that became a worker rewrites its argv as one string, spaces and all
             program = os.fsdecode(Path(f"/proc/{pid}/cmdline").read_bytes()).split()[0]
             if Path(program).name.startswith("python"):
-                os.kill(pid, signal.SIGABRT)
-                aborted.append(pid)
-                time.sleep(pause_s)
-    return aborted
+                os.kill(pid, signal.SIGSTOP)
+                found.append(pid)
+    for pid in found:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGABRT)
+    for pid in reversed(found):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGCONT)
+            time.sleep(pause_s)
+    return found
 
 
 def result_of(text: str) -> dict[str, Any]:
