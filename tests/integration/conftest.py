@@ -420,8 +420,8 @@ def abort_with_stacks(pause_s: float = 0.3) -> list[int]:
         with contextlib.suppress(OSError):
             print("process", pid, _process_line(pid))  # pytest shows it with the failure
             # a spare that became a worker rewrites its argv as one string, spaces and all
-            program = os.fsdecode(Path(f"/proc/{pid}/cmdline").read_bytes()).split()[0]
-            if Path(program).name.startswith("python"):
+            words = os.fsdecode(Path(f"/proc/{pid}/cmdline").read_bytes()).split()
+            if words and Path(words[0]).name.startswith("python"):  # none: a zombie
                 os.kill(pid, signal.SIGSTOP)
                 found.append(pid)
     for pid in found:
