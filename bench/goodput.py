@@ -156,12 +156,11 @@ def run_goodput(
     result.faults = [round(f - start, 2) for f in faults]
     result.step_time = steady_step_time(steps, end, since=start)
     result.step_time_before = steady_step_time(steps, start)
+    result.timeline = [(round(s.t - start, 3), s.step) for s in steps if start - 5 <= s.t <= end]
     if result.step_time is not None:
         result.steps, result.goodput = goodput(steps, start, end, result.step_time)
         full = max((s.world for s in steps if s.t <= start), default=1)
         result.goodput_samples = goodput_by_share(steps, start, end, result.step_time, full)
-    result.timeline = [(round(s.t - start, 3), s.step) for s in steps if start - 5 <= s.t <= end]
-    if result.step_time is not None:
         result.lost = lost_time(
             result.timeline, result.faults, result.step_time, result.window, checkpoint_interval
         )
