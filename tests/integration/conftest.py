@@ -388,18 +388,20 @@ def wait_for(what: str, check: Callable[[], T | None], timeout: float, log: Path
             for path in sorted(log.parent.glob("**/stderr.log"))
             if "most recent call first" in (text := path.read_text(errors="replace"))
         ]
+        agent_log = log.read_text(errors="replace")
+        first = agent_log.find("Fatal Python error")  # every stack, and what led to them
+        shown = agent_log[max(0, first - 3000) :] if first >= 0 else agent_log[-8000:]
         pytest.fail(
-            f"{exc}\n{log.read_text(errors='replace')[-8000:]}{''.join(stacks)}\n"
+            f"{exc}\n{shown}{''.join(stacks)}\n"
             f"(SIGABRT to the Python processes it started, {aborted}: each wrote its threads' "
             "stacks to its stderr, above)"
         )
 
 
-def _process_line(pid: int) -> str:
+def _process_line(pid: int, command: str) -> str:
     """``ppid state command`` of a live process, from /proc."""
     stat = Path(f"/proc/{pid}/stat").read_text()
     state, ppid = stat[stat.rindex(")") + 2 :].split()[:2]
-    command = os.fsdecode(Path(f"/proc/{pid}/cmdline").read_bytes()).replace("\0", " ")
     return f"ppid={ppid} state={state} {command.strip()[:160]}"
 
 
@@ -411,16 +413,17 @@ def abort_with_stacks(pause_s: float = 0.3) -> list[int]:
     All are stopped (SIGSTOP) first and aborted while stopped, so each stack is the one
     of the hang: an agent that saw its worker die would otherwise SIGTERM the others,
     and those die without a stack. They go on (SIGCONT) deepest first, one at a time:
-    a worker writes through its agent's pipe, and writers sharing a stream would
-    interleave."""
+    a worker without redirects writes into its agent's log, and writers sharing a file
+    would interleave."""
     from elasticjob_devcluster.procs import descendants
 
     found = []
     for pid in descendants(os.getpid()):
         with contextlib.suppress(OSError):
-            print("process", pid, _process_line(pid))  # pytest shows it with the failure
+            command = os.fsdecode(Path(f"/proc/{pid}/cmdline").read_bytes()).replace("\0", " ")
+            print("process", pid, _process_line(pid, command))  # shown with the failure
             # a spare that became a worker rewrites its argv as one string, spaces and all
-            words = os.fsdecode(Path(f"/proc/{pid}/cmdline").read_bytes()).split()
+            words = command.split()
             if words and Path(words[0]).name.startswith("python"):  # none: a zombie
                 os.kill(pid, signal.SIGSTOP)
                 found.append(pid)

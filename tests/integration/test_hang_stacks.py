@@ -26,6 +26,6 @@ def test_a_timed_out_wait_fails_with_the_stacks_of_the_agent_and_its_worker(
         wait_for("the sleeper to finish", agent.poll, 8, log)
     message = str(failed.value)
     assert "timed out after 8s waiting for the sleeper to finish" in message
-    # the worker's stack names the function it hangs in; the agent's is there too
-    assert "in nap_forever" in message and "elasticjob_runtime/launch" in message
+    # the worker's stack names the function it hangs in; the agent's own is there too
+    assert "in nap_forever" in message and "elasticjob_runtime/launch/launcher.py" in message
     assert agent.wait(timeout=30) != 0
