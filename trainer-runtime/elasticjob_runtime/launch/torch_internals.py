@@ -14,8 +14,10 @@ runtime uses the public names this module gives them:
 * :class:`HandlerChoosingContext` and :class:`AdoptedProcess`: a ``SubprocessContext``
   that picks each rank's handler, and a handler around a process already running (a
   warm spare);
-* :data:`TERMINAL_STATE_SYNC_ID`, :func:`abort_process_group` and
-  :func:`forget_unscale` (a ``GradScaler`` whose step was dropped after ``unscale_``).
+* :data:`TERMINAL_STATE_SYNC_ID`, :func:`abort_process_group`,
+  :func:`forget_failed_group_names` (a build that failed left torch's group counter
+  advanced) and :func:`forget_unscale` (a ``GradScaler`` whose step was dropped after
+  ``unscale_``).
 
 :data:`PRIVATE_NAMES`, :data:`AGENT_HOOKS` and :data:`AGENT_ATTRIBUTES` list them;
 ``tests/unit/runtime/test_torch_internals.py`` fails, naming the name, when an installed
@@ -46,6 +48,7 @@ PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
     ("torch.distributed.elastic.agent.server.local_elastic_agent", "start_processes"),
     ("torch.distributed.launcher.api", "LocalElasticAgent"),
     ("torch.distributed.distributed_c10d", "_abort_process_group"),
+    ("torch.distributed.distributed_c10d", "_world"),
 )
 # LocalElasticAgent's methods we override or call, with their parameters after self.
 AGENT_HOOKS: dict[str, tuple[str, ...]] = {
@@ -202,6 +205,21 @@ def abort_process_group() -> None:
     import torch.distributed as dist
 
     dist.distributed_c10d._abort_process_group()
+
+
+def forget_failed_group_names() -> None:
+    """Name the next default process group "0", as every peer names theirs.
+
+    ``init_process_group`` names its group from a counter it advances *before* building
+    it, and only destroying a built default group resets that counter. A build that
+    failed (a peer died while gloo connected its mesh) leaves it at 1, so the next
+    round's group would be "1" and would put its keys under ``1/`` while its peers read
+    ``0/``: every member waits for the others' addresses until the group's timeout (the
+    in-place hang of issue 36). Does nothing while a default group stands."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.distributed_c10d._world.group_count = 0
 
 
 def forget_unscale(scaler: Any) -> None:

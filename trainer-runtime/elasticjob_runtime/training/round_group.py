@@ -46,6 +46,10 @@ import torch.distributed as dist
 from torch.distributed import PrefixStore, Store, TCPStore  # type: ignore[attr-defined]
 
 from elasticjob_runtime.launch.channel import Assignment
+from elasticjob_runtime.launch.torch_internals import (
+    abort_process_group,
+    forget_failed_group_names,
+)
 
 log = logging.getLogger(__name__)
 
@@ -201,6 +205,7 @@ class GlooRoundGroup:
         store = round_store(assignment, timeout, superseded)
         with self._lock:  # an abort while gloo connects fails the store's waits
             self._sockets = opened_between(before, open_sockets())
+        forget_failed_group_names()  # a failed build must not rename this one
         dist.init_process_group(
             "gloo",
             store=store,
@@ -244,6 +249,7 @@ class NcclRoundGroup:
     def build(
         self, assignment: Assignment, timeout: timedelta, superseded: Callable[[], bool] = never
     ) -> None:
+        forget_failed_group_names()  # as in GlooRoundGroup.build
         dist.init_process_group(
             "nccl",
             store=round_store(assignment, timeout, superseded),
@@ -263,9 +269,6 @@ class NcclRoundGroup:
         with self._lock:
             live, self._live = self._live, False
         if live and dist.is_initialized():
-            # the fence imports torch's agent, which a worker has no other use for
-            from elasticjob_runtime.launch.torch_internals import abort_process_group
-
             abort_process_group()
 
     def destroy(self) -> None:
