@@ -72,10 +72,18 @@ from elasticjob_devcluster import (
 from elasticjob_devcluster.binder import Binder
 from elasticjob_devcluster.control import SOCKET_NAME, ControlServer, Op, Reply, Request
 from elasticjob_devcluster.events import EventRecorder
-from elasticjob_devcluster.kubeapi import MERGE_PATCH, TIMEOUT, ApiException, Obj, body, new_client
+from elasticjob_devcluster.kubeapi import (
+    MERGE_PATCH,
+    TIMEOUT,
+    ApiException,
+    Obj,
+    body,
+    new_client,
+    raw,
+)
 from elasticjob_devcluster.node_context import HOST_IP, Link, NodeContext
 from elasticjob_devcluster.pod_runtime import PodRuntime
-from elasticjob_devcluster.pod_status import ContainerRun, plan, pod_status
+from elasticjob_devcluster.pod_status import ContainerRun, plan, pod_status, status_patch
 from elasticjob_devcluster.probes import Prober, container_ready
 
 log = logging.getLogger("elasticjob_devcluster.node_agent")
@@ -327,12 +335,38 @@ class Agent:
         log.info("pod %s/%s deleted", rt.namespace, rt.name)
 
     def post_status(self, rt: PodRuntime, now: float) -> None:
+        """Patch the pod's status on the pod as last read (``status_patch``): a patch from
+        a stale read is refused (409), the pod is read again past the cache and the
+        status recomputed once; a later conflict waits for the next pass."""
         if not self.ctx.link.up:
             return
         for name, run in rt.runs.items():
             run.ready = run.running and container_ready(rt, name)
+        for attempt in range(2):
+            status = self.status_of(rt, now)
+            if status == rt.last_status:
+                return
+            try:
+                self.core.patch_namespaced_pod_status(
+                    rt.name,
+                    rt.namespace,
+                    status_patch(rt.pod, status),
+                    _content_type=MERGE_PATCH,
+                    _preload_content=False,
+                    _request_timeout=TIMEOUT,
+                )
+                rt.last_status = status
+                return
+            except ApiException as e:
+                if e.status == 409 and attempt == 0 and self.reread(rt):
+                    continue
+                if e.status not in (404, 409):
+                    log.warning("status of %s/%s: %s %s", rt.namespace, rt.name, e.reason, e.body)
+                return
+
+    def status_of(self, rt: PodRuntime, now: float) -> Obj:
         prev = (rt.pod.get("status") or {}).get("conditions") or []
-        status = pod_status(
+        return pod_status(
             rt.spec,
             rt.runs,
             phase=rt.phase,
@@ -343,21 +377,21 @@ class Agent:
             prev_conditions=prev,
             now=now,
         )
-        if status == rt.last_status:
-            return
+
+    def reread(self, rt: PodRuntime) -> bool:
+        """Read the pod from the API server, past the cache; False if it is gone."""
         try:
-            self.core.patch_namespaced_pod_status(
-                rt.name,
-                rt.namespace,
-                {"status": status},
-                _content_type=MERGE_PATCH,
-                _preload_content=False,
-                _request_timeout=TIMEOUT,
+            pod = raw(
+                self.core.read_namespaced_pod(
+                    rt.name, rt.namespace, _preload_content=False, _request_timeout=TIMEOUT
+                )
             )
-            rt.last_status = status
-        except ApiException as e:
-            if e.status != 404:
-                log.warning("status of %s/%s: %s %s", rt.namespace, rt.name, e.reason, e.body)
+        except ApiException:
+            return False
+        if pod["metadata"].get("uid") != rt.uid:
+            return False  # a replacement took the name
+        rt.pod = pod
+        return True
 
     def sync_service_proxy(self) -> None:
         if self.ctx.link.lost:

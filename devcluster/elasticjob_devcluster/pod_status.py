@@ -350,3 +350,12 @@ def pod_status(
     if inits:
         status["initContainerStatuses"] = init_status
     return status
+
+
+def status_patch(pod: Obj, status: Obj) -> Obj:
+    """The merge patch that sets ``status`` on ``pod`` as it was read. A merge patch
+    replaces the conditions list whole, so it names the resourceVersion read: the API
+    server refuses it (409) if another writer changed the pod since, rather than drop a
+    condition that writer added (an eviction's DisruptionTarget: the operator would
+    count a drained worker failed)."""
+    return {"metadata": {"resourceVersion": pod["metadata"]["resourceVersion"]}, "status": status}

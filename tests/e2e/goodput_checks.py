@@ -55,10 +55,17 @@ def typical_gap(steps: Sequence[Step]) -> float:
 
 def measured_pause(steps: Sequence[Step], mark: dict[str, Any], typical: float) -> float:
     """The gap around a timeline mark in the step lines, less a typical step: from the
-    line of the step before it to the first line of the step after it that follows."""
-    before = [s for s in steps if s.step == mark["fromStep"]]
-    assert before, f"no step line of step {mark['fromStep']} (log every step)"
-    t0 = before[-1].t
+    line of the step before it to the first line of the step after it that follows.
+
+    Only rank 0 logs its steps, and a kill may land on it between committing the step
+    before the mark and printing it: then that step's line is the one before it plus a
+    typical step."""
+    before = [s.t for s in steps if s.step == mark["fromStep"]]
+    if not before:
+        unprinted = [s.t + typical for s in steps if s.step == mark["fromStep"] - 1]
+        assert unprinted, f"no step line of step {mark['fromStep']} or the one before it"
+        before = unprinted
+    t0 = before[-1]
     after = next((s.t for s in steps if s.step == mark["step"] and s.t > t0), None)
     assert after is not None, f"no line of step {mark['step']} after step {mark['fromStep']}"
     return after - t0 - typical

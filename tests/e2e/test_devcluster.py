@@ -21,7 +21,7 @@ import kube_helpers
 import pytest
 from kubernetes import client, config
 
-from elasticjob_devcluster import cgroups, faults
+from elasticjob_devcluster import cgroups, faults, kubeapi, pod_status
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
@@ -236,6 +236,40 @@ SERVE_8080 = """
             self.wfile.write(socket.gethostname().encode())
     http.server.HTTPServer(("0.0.0.0", 8080), H).serve_forever()
 """
+
+
+def test_a_status_written_from_a_stale_read_keeps_another_writers_condition(
+    api: client.CoreV1Api, ns: str
+) -> None:
+    """The node agent writes its conditions whole (a merge patch) from its watch cache. An
+    eviction's DisruptionTarget added after that cache was read must survive the write
+    (once in a full run, the drained worker of a backoffLimit 0 job was counted failed):
+    a patch from the stale read is refused, and the agent's own next write, when the
+    container exits, keeps the condition."""
+    create(api, ns, pod_manifest("taken", "import time; time.sleep(4)"))
+    wait_phase(api, ns, "taken", "Running")
+    stale = kubeapi.raw(api.read_namespaced_pod("taken", ns, _preload_content=False))
+    disruption = {
+        "type": "DisruptionTarget",
+        "status": "True",
+        "reason": "EvictionByEvictionAPI",
+        "message": "Eviction API: evicting",
+        "lastTransitionTime": pod_status.rfc3339(time.time()),
+    }
+    api.patch_namespaced_pod_status(  # strategic merge, as the eviction does: merged by type
+        "taken", ns, {"status": {"conditions": [disruption]}}
+    )
+    with pytest.raises(client.ApiException) as refused:
+        api.patch_namespaced_pod_status(
+            "taken",
+            ns,
+            pod_status.status_patch(stale, stale["status"]),
+            _content_type=kubeapi.MERGE_PATCH,
+        )
+    assert refused.value.status == 409, refused.value
+    pod = wait_phase(api, ns, "taken", "Succeeded")
+    kept = [c for c in pod.status.conditions if c.type == "DisruptionTarget"]
+    assert [c.reason for c in kept] == ["EvictionByEvictionAPI"], pod.status.conditions
 
 
 def test_pod_reaches_another_by_service_name_on_the_same_port(
