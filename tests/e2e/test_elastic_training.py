@@ -67,6 +67,9 @@ from elasticjob_devcluster.prometheus import (
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+# seconds before a worker on a lost node is replaced (chart value; its default, 10, is for
+# real nodes): the node controller's own grace has passed by then
+NODE_LOST_GRACE = 3
 
 # -- fixtures -----------------------------------------------------------------------------
 
@@ -78,7 +81,14 @@ def cluster(kubeconfig: Path) -> Cluster:
 
 @pytest.fixture(scope="module")
 def installed(cluster: Cluster) -> Iterator[Operator]:
-    with installed_operator(cluster, "et", "--set", "metrics.service.enabled=true") as op:
+    with installed_operator(
+        cluster,
+        "et",
+        "--set",
+        "metrics.service.enabled=true",
+        "--set",
+        f"nodeLostGraceSeconds={NODE_LOST_GRACE}",
+    ) as op:
         yield op
 
 

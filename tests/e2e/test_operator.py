@@ -56,6 +56,7 @@ RELEASE = OP_NS = f"ejop-{SUFFIX}"
 JOB_NS = f"ejjobs-{SUFFIX}"
 FULLNAME = f"{RELEASE}-elasticjob-operator"  # the chart's name for its objects
 BELOW_MIN_GRACE = 15  # seconds a job may run below minReplicas (chart value)
+RESYNC = 4  # seconds between the operator's full resyncs (chart value; its default is 10)
 
 PRINT_ENV_AND_SLEEP = [
     "python",
@@ -82,6 +83,8 @@ def installed(cluster: Cluster) -> Iterator[Operator]:
         "metrics.service.enabled=true",
         "--set",
         f"belowMinGraceSeconds={BELOW_MIN_GRACE}",
+        "--set",
+        f"resyncSeconds={RESYNC}",
         suffix=SUFFIX,
     ) as op:
         assert (op.release, op.namespace, op.job_namespace) == (RELEASE, OP_NS, JOB_NS)
@@ -515,7 +518,7 @@ def test_no_certificate_or_key_in_the_operators_log_or_the_jobs_events_or_status
         "status.progress (the operator has read the job's etcd with its client certificate)",
         lambda: c.status(ns, name).get("progress", {}).get("step") == 1234,
     )
-    time.sleep(12)  # a resync later: the certificates have been read more than once
+    time.sleep(RESYNC + 1)  # a resync later: the certificates have been read more than once
     selector = f"involvedObject.name={name}"
     events = c.core.list_namespaced_event(ns, field_selector=selector).items
     assert {e.reason for e in events} >= {"ProvisionedEtcd", "CreatedWorkers"}
@@ -578,7 +581,7 @@ def test_a_checkpoint_too_big_for_dev_shm_is_one_warning_event(operator: Cluster
     except AssertionError as e:  # the worker's own words say whether it saw the fault
         raise AssertionError(f"{e}\n--- shm-worker-0 ---\n{logs()[-3000:]}") from None
     assert fallback["runId"] == c.job(ns, name)["metadata"]["uid"]
-    time.sleep(12)  # a resync later (10 s): the operator does not say it again
+    time.sleep(RESYNC + 1)  # a resync later: the operator does not say it again
 
     def events() -> list[Any]:
         selector = f"involvedObject.name={name},reason=CheckpointNotInNodeMemory"
@@ -806,7 +809,7 @@ def test_restarting_the_operator_changes_nothing_that_runs(operator: Cluster, ns
         "a new operator pod to run",
         lambda: [p for p in operator_pods(c, running=True) if p.metadata.uid not in old_ops],
     )
-    time.sleep(8)  # several resyncs of the new operator
+    time.sleep(2 * RESYNC)  # resyncs of the new operator
     after = {n: p.metadata.uid for n, p in c.workers(ns, name).items()}
     assert after == before
     assert certificates() == certificates_before  # reused, never issued again

@@ -37,7 +37,7 @@ FREEZE_AFTER = 30
 FIRST_TIMEOUT_S = 5  # node a: declares the hang and opens the next round
 # node b (the frozen worker's): far longer, so its own clock never decides the order
 STOPPED_TIMEOUT_S = 60
-DEADLOCK_TIMEOUT_S = 20
+DEADLOCK_TIMEOUT_S = 14
 
 
 def train(
@@ -130,13 +130,13 @@ def test_a_deadlocked_worker_that_never_takes_its_round_is_restarted_as_a_hang(
     timeouts = {"a": FIRST_TIMEOUT_S, "b": DEADLOCK_TIMEOUT_S}
     procs, logs = train(agents, etcd, tmp_path, script, timeouts)
     # a declares the hang at 5 s; b hands the round over in place (5 s of silence is not
-    # half its 20 s), then restarts its worker 20 s later, when it has not taken it
+    # half its 14 s), then restarts its worker 14 s later, when it has not taken it
     freeze_and_see_training_resume(procs, logs, tmp_path, signal.SIGUSR1, resume_within=120)
     b = logs[1].read_text()
     assert "regrouping the running workers in place" in b, b[-4000:]
     found = re.search(
-        r"hang 1: no training step for (\d+) s \(hang timeout 20 s\), after step \d+, "
-        r"and local rank 0 never took its new round",
+        rf"hang 1: no training step for (\d+) s \(hang timeout {DEADLOCK_TIMEOUT_S} s\), "
+        r"after step \d+, and local rank 0 never took its new round",
         b,
     )
     assert found, b[-4000:]
