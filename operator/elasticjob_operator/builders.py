@@ -57,9 +57,12 @@ HEALTH_PORT_NAME: Final = "health"
 # The launcher imports torch before it listens, which took up to a minute on a busy
 # 2-core node: a startup probe gives it three minutes, and no other probe runs before it
 # answered once. Then liveness is generous (a busy node must never trip it) and still
-# kills a frozen agent about 30 s after it froze, from its first minute on.
+# kills a frozen agent three periods after it froze (the chart's
+# agentLivenessPeriodSeconds; 30 s by default), from its first minute on.
 STARTUP: Final = {"periodSeconds": 2, "timeoutSeconds": 5, "failureThreshold": 90}
-LIVENESS: Final = {"periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 3}
+LIVENESS_PERIOD_SECONDS: Final = 10
+LIVENESS_TIMEOUT_SECONDS: Final = 5
+LIVENESS_FAILURES: Final = 3
 READINESS: Final = {"periodSeconds": 5, "timeoutSeconds": 5, "failureThreshold": 3}
 # How long a worker pod stays bound to a node the node controller has tainted unreachable
 # or not ready before the taint manager evicts it (Kubernetes' default is 300 s). Its
@@ -215,11 +218,13 @@ def worker_pod(
     shared: str | None = None,
     placement: Placement | None = None,
     workload_ref: Obj | None = None,
+    liveness_period_seconds: int = LIVENESS_PERIOD_SECONDS,
 ) -> Obj:
     """Worker pod `index`: the template plus stable identity, env and owner reference;
     ``shared``: the shared etcd's endpoint if the job rendezvouses there; ``placement``:
     the node labels and tolerations of the flavors Kueue admitted it on; ``workload_ref``:
-    the gang it is placed with (:mod:`elasticjob_operator.gang`).
+    the gang it is placed with (:mod:`elasticjob_operator.gang`); ``liveness_period_seconds``:
+    how far apart the agent's liveness probes are (:func:`liveness_timing`).
 
     The pod's hostname/subdomain make it resolvable as
     `<job>-worker-<i>.<job>-worker.<ns>.svc` through the headless Service. Its
@@ -258,7 +263,7 @@ def worker_pod(
     add_node_lost_tolerations(pod_spec)
     pod_security.restrict(pod_spec)
     if HEALTH_PROBES:
-        add_health_probes(pod_spec)
+        add_health_probes(pod_spec, liveness_period_seconds)
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
 
 
@@ -315,7 +320,19 @@ def health_port(container: Obj) -> int | None:
     return contract.DEFAULT_HEALTH_PORT
 
 
-def add_health_probes(pod_spec: Obj) -> None:
+def liveness_timing(period_seconds: int) -> Obj:
+    """The agent's liveness probe: three failures ``period_seconds`` apart kill the pod,
+    each probe given up to 5 s but never longer than its period."""
+    return {
+        "periodSeconds": period_seconds,
+        "timeoutSeconds": min(LIVENESS_TIMEOUT_SECONDS, period_seconds),
+        "failureThreshold": LIVENESS_FAILURES,
+    }
+
+
+def add_health_probes(
+    pod_spec: Obj, liveness_period_seconds: int = LIVENESS_PERIOD_SECONDS
+) -> None:
     """Probe the runtime's health server in the container that runs elasticjob-run, in
     place: ``startupProbe`` and ``livenessProbe`` on /healthz (a frozen agent does not
     answer; its pod fails and is replaced; the startup probe covers the imports before
@@ -328,7 +345,8 @@ def add_health_probes(pod_spec: Obj) -> None:
         return
     probes = [("readinessProbe", "/readyz", READINESS)]
     if "livenessProbe" not in container:
-        probes += [("livenessProbe", "/healthz", LIVENESS), ("startupProbe", "/healthz", STARTUP)]
+        liveness = liveness_timing(liveness_period_seconds)
+        probes += [("livenessProbe", "/healthz", liveness), ("startupProbe", "/healthz", STARTUP)]
     for key, path, timing in probes:
         if key not in container:
             container[key] = {"httpGet": {"path": path, "port": port}, **timing}

@@ -77,6 +77,8 @@ class Config:
 
     below_min_grace_seconds: float = 300.0
     node_lost_grace_seconds: float = 10.0
+    # seconds between the agents' liveness probes: a frozen agent is killed after three
+    agent_liveness_period_seconds: int = builders.LIVENESS_PERIOD_SECONDS
     # the operator's pods, whom the etcd's policy admits; None: no NetworkPolicies
     network_policy: OperatorPeer | None = None
     # the chart's one etcd for every job (sharedEtcd.enabled); None: an etcd per job
@@ -667,7 +669,14 @@ def _workers(d: Decision, r: Round) -> WorkerRound:
             if r.first_admitted is not None and a.index >= r.first_admitted:
                 placement = r.observed.more_placement  # a worker the second admission added
             pod = builders.worker_pod(
-                r.ref, r.spec, a.index, st.incarnation, r.shared, placement, workload_ref
+                r.ref,
+                r.spec,
+                a.index,
+                st.incarnation,
+                r.shared,
+                placement,
+                workload_ref,
+                r.config.agent_liveness_period_seconds,
             )
             d.create.append(pod)
             created.append(builders.worker_pod_name(r.ref.name, a.index))

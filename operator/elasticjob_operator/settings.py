@@ -55,10 +55,16 @@ def from_env(env: Mapping[str, str]) -> Settings:
     workers = int(_float(env, "ELASTICJOB_RECONCILE_WORKERS", 8))
     if workers < 2:
         raise SystemExit(f"ELASTICJOB_RECONCILE_WORKERS={workers}: set it to 2 or more")
+    liveness = int(_float(env, "ELASTICJOB_AGENT_LIVENESS_PERIOD_SECONDS", 10))
+    if liveness < 1:
+        raise SystemExit(
+            f"ELASTICJOB_AGENT_LIVENESS_PERIOD_SECONDS={liveness}: set it to 1 second or more"
+        )
     try:
         config = Config(
             below_min_grace_seconds=_float(env, "ELASTICJOB_BELOW_MIN_GRACE_SECONDS", 300.0),
             node_lost_grace_seconds=_float(env, "ELASTICJOB_NODE_LOST_GRACE_SECONDS", 10.0),
+            agent_liveness_period_seconds=liveness,
             network_policy=network_policy.peer_from_env(env),
             shared_etcd=shared_etcd.from_env(env),
             kueue=kueue_enabled(env),

@@ -70,6 +70,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 # seconds before a worker on a lost node is replaced (chart value; its default, 10, is for
 # real nodes): the node controller's own grace has passed by then
 NODE_LOST_GRACE = 3
+# seconds between the agents' liveness probes (chart value; its default is 10): a frozen
+# agent's pod is killed after three
+LIVENESS_PERIOD = 4
 
 # -- fixtures -----------------------------------------------------------------------------
 
@@ -88,6 +91,8 @@ def installed(cluster: Cluster) -> Iterator[Operator]:
         "metrics.service.enabled=true",
         "--set",
         f"nodeLostGraceSeconds={NODE_LOST_GRACE}",
+        "--set",
+        f"agentLivenessPeriodSeconds={LIVENESS_PERIOD}",
     ) as op:
         yield op
 
@@ -551,6 +556,7 @@ def test_a_frozen_agent_fails_its_liveness_probe_and_its_pod_is_replaced(
     old = c.core.read_namespaced_pod(pod, ns)
     trainer = old.spec.containers[0]
     assert trainer.liveness_probe.http_get.path == "/healthz"
+    assert trainer.liveness_probe.period_seconds == LIVENESS_PERIOD  # the chart's value
     assert trainer.readiness_probe.http_get.path == "/readyz"
     wait_for(  # ready once it has joined a round
         f"{pod} to be ready",
@@ -572,7 +578,7 @@ def test_a_frozen_agent_fails_its_liveness_probe_and_its_pod_is_replaced(
         p = c.running_workers(ns, name).get(pod)
         return p is not None and p.metadata.uid != old.metadata.uid and p
 
-    # liveness: three failed probes 10 s apart (the startup probe passed long before)
+    # liveness: three failed probes LIVENESS_PERIOD apart (the startup probe passed long before)
     wait_for("the frozen worker to be killed and replaced", replacement, TRAIN)
     # after the survivor trained alone: a step at world 2 logged just after the freeze
     # (the one in flight) is no join, and the status would be read before the replacement

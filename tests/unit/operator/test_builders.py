@@ -352,6 +352,17 @@ def test_the_container_running_elasticjob_run_is_probed_on_its_health_server() -
     assert c["ports"] == [{"name": "health", "containerPort": 8090, "protocol": "TCP"}]
 
 
+def test_the_agents_liveness_period_is_the_operators_and_no_probe_outlasts_it() -> None:
+    c = trainer(builders.worker_pod(REF, make_spec(), 0, 0, liveness_period_seconds=3))
+    assert c["livenessProbe"] == {
+        "httpGet": {"path": "/healthz", "port": contract.DEFAULT_HEALTH_PORT},
+        "periodSeconds": 3,
+        "timeoutSeconds": 3,
+        "failureThreshold": 3,
+    }
+    assert c["startupProbe"]["periodSeconds"] == 2  # the imports still get three minutes
+
+
 @pytest.mark.parametrize(
     "container",
     [
