@@ -134,6 +134,18 @@ def test_a_sigterm_asks_for_a_departure_only_while_a_round_trains() -> None:
     assert woken == [True]
 
 
+def test_a_departure_taken_as_the_round_changes_stops_the_node_instead_of_regrouping() -> None:
+    from elasticjob_runtime.launch.departing import DepartureRequest
+
+    request = DepartureRequest()
+    request.accepting = True
+    assert not request.close()  # no SIGTERM: the node regroups with the others
+    assert not request.take()  # and one from now on stops the agent at once
+    request.accepting = True
+    assert request.take()  # taken after the monitor pass looked, before the round changed
+    assert request.close()  # the node must stop, not join the next round
+
+
 class MarkedNode:
     """What Departing reads of a rendezvous: a node the operator marked leaving, whose
     peers sealed round 4 without it."""

@@ -65,7 +65,7 @@ from torch.distributed.elastic.utils import store as store_util
 
 from elasticjob_runtime import contract
 from elasticjob_runtime.launch.channel import AgentChannel, new_channel_dir, sweep_abandoned
-from elasticjob_runtime.launch.departing import Departing, DepartureRequest
+from elasticjob_runtime.launch.departing import Departing, DepartureRequest, stop_signal
 from elasticjob_runtime.launch.hang import group_step
 from elasticjob_runtime.launch.hang_watch import HangWatch
 from elasticjob_runtime.launch.monitor_wake import MonitorWake
@@ -270,6 +270,12 @@ class MembershipAwareAgent(TorchAgent):
             self._departing.request.accepting = accepting
 
     def restart_workers(self, worker_group: WorkerGroup) -> None:
+        if self._departing is not None and self._departing.request.close():
+            log.info(
+                "SIGTERM: the round changed before this node announced its departure; "
+                "stopping the workers (they save their last step) instead of regrouping"
+            )
+            raise stop_signal()
         self._accept_departure(False)
         # torch's loop sets the state before it calls this: HEALTHY is its membership
         # branch (a peer left or came); FAILED/UNHEALTHY means a local worker exited.

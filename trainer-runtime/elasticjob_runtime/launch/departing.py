@@ -67,6 +67,15 @@ class DepartureRequest:
         self.on_taken()
         return True
 
+    def close(self) -> bool:
+        """The round is ending for another reason (a peer left or came): no SIGTERM from
+        now on asks for a departure. True when one was taken before, in the moment between
+        the monitor pass's look at the request and now: the node joins no further round
+        and must stop (a job deleted whole: every pod's SIGTERM lands as its peers
+        announce, and a node that regrouped waited for a deleted etcd until SIGKILL)."""
+        self.accepting = False
+        return self.requested_at is not None
+
 
 class Departing:
     """The agent's hands for a departure: one :func:`decide_departure` per monitor pass."""
