@@ -270,13 +270,13 @@ class MembershipAwareAgent(TorchAgent):
             self._departing.request.accepting = accepting
 
     def restart_workers(self, worker_group: WorkerGroup) -> None:
+        # close() stops SIGTERM asking for a departure, as _accept_departure(False) would
         if self._departing is not None and self._departing.request.close():
             log.info(
                 "SIGTERM: the round changed before this node announced its departure; "
                 "stopping the workers (they save their last step) instead of regrouping"
             )
             raise stop_signal()
-        self._accept_departure(False)
         # torch's loop sets the state before it calls this: HEALTHY is its membership
         # branch (a peer left or came); FAILED/UNHEALTHY means a local worker exited.
         if worker_group.state == WorkerState.HEALTHY and self._workers_regroup_in_place():
