@@ -24,10 +24,11 @@ format: setup
 	ruff check --fix .
 	ruff format .
 
-# Every suite runs but the images' (make test-images: it builds them first); pytest's
-# "no tests collected" (exit 5) is a failure, not a pass.
+# Every suite runs but the images' (make test-images: it builds them first), in two
+# pytests at once (scripts/pytest-suites says how they split); pytest's "no tests
+# collected" (exit 5) is a failure, not a pass.
 test: lint
-	scripts/pytest-strict tests --ignore=tests/images $(PYTEST_ARGS)
+	scripts/pytest-suites $(PYTEST_ARGS)
 
 # the fence and the in-place recovery tests on the oldest torch supported (pyproject's
 # floor), in a second venv; CI runs it after make test (about 3 minutes)

@@ -24,6 +24,10 @@ from elasticjob_devcluster import faults
 from elasticjob_devcluster.controlplane import DevCluster
 
 KIND_CLUSTER_ENV = "ELASTICJOB_E2E_KIND_CLUSTER"
+# The session's worker nodes (conftest.py brings the devcluster up with them). Test
+# modules import it from here, never from conftest: the integration suites' conftest has
+# the same module name, and whichever pytest loaded last answers `from conftest import`.
+E2E_NODES = ("node-1", "node-2")
 
 
 class ClusterFaults(Protocol):

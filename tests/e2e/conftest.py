@@ -14,10 +14,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from cluster_faults import E2E_NODES
 
 from elasticjob_devcluster.controlplane import DevCluster
 
-E2E_NODES = ("node-1", "node-2")
 E2E_DIR = Path(__file__).parent
 
 # the session's devcluster while it runs (stop_devcluster takes it out)

@@ -26,8 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cluster_faults import cluster_faults
-from conftest import E2E_NODES
+from cluster_faults import E2E_NODES, cluster_faults
 from elasticjob_examples import sample_audit
 from goodput_checks import assert_goodput_agrees
 from kube_helpers import (

@@ -19,8 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cluster_faults import cluster_faults
-from conftest import E2E_NODES
+from cluster_faults import E2E_NODES, cluster_faults
 from kube_helpers import (
     RESTRICTED_CONTAINER,
     RESTRICTED_POD,

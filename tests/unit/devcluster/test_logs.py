@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from elasticjob_devcluster.logs import assemble, encode_chunk, parse, parse_time, render, timestamp
@@ -14,6 +14,7 @@ def test_timestamp_round_trips_to_the_microsecond() -> None:
     assert parse_time("2026-01-01T00:00:00.123456789Z") == parse_time("2026-01-01T00:00:00.123456Z")
 
 
+@settings(deadline=None)  # no wall-clock bound: the suites share two cores
 @given(st.lists(st.binary(max_size=40), max_size=8))
 def test_any_chunking_renders_back_to_the_bytes_written(chunks: list[bytes]) -> None:
     raw = b"".join(encode_chunk(c, "stdout", 1000.0 + i) for i, c in enumerate(chunks))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from elasticjob_runtime.rendezvous.leases import (
@@ -29,6 +29,7 @@ def test_a_lost_node_is_noticed_within_about_a_second_by_default() -> None:
     assert notice_within(DEFAULT_LEASE_TTL) == 1.5  # plus etcd's 500 ms expiry check
 
 
+@settings(deadline=None)  # no wall-clock bound: the suites share two cores
 @given(st.integers(min_value=1, max_value=3600))
 def test_after_a_stuck_refresh_the_next_one_is_done_before_the_lease_runs_out(ttl: int) -> None:
     t = keep_alive_timing(ttl)
@@ -39,6 +40,7 @@ def test_after_a_stuck_refresh_the_next_one_is_done_before_the_lease_runs_out(tt
     assert t.interval < t.late_after < ttl
 
 
+@settings(deadline=None)  # no wall-clock bound: the suites share two cores
 @given(st.integers(min_value=0, max_value=3600))
 def test_a_keeper_is_cut_off_only_once_silent_for_longer_than_a_working_one_ever_is(
     ttl: int,
@@ -49,6 +51,7 @@ def test_a_keeper_is_cut_off_only_once_silent_for_longer_than_a_working_one_ever
     assert keeper_cut_off(t.late_after + 1e-3, ttl)
 
 
+@settings(deadline=None)  # no wall-clock bound: the suites share two cores
 @given(st.integers(min_value=0, max_value=3600), st.floats(min_value=0, max_value=10))
 def test_a_keeper_stuck_since_just_before_a_renewal_is_found_out_before_the_new_lease_lapses(
     ttl: int, silent_at_renewal: float

@@ -3,7 +3,7 @@ once, and a filler where a rank has no sample left."""
 
 from __future__ import annotations
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from elasticjob_runtime.training.loader import RoundBatches, SeededItems, StepBatches, plan_steps
@@ -11,6 +11,7 @@ from elasticjob_runtime.training.sampler import rank_indices
 from elasticjob_runtime.training.step_loop import steps_left
 
 
+@settings(deadline=None)  # no wall-clock bound: the suites share two cores
 @given(
     st.integers(1, 300),
     st.integers(1, 6),

@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass, field
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from elasticjob_runtime import contract
@@ -294,6 +294,7 @@ def test_round_state_and_the_sealed_record_survive_encoding() -> None:
     assert decode_participants(encode_participants(("y", "x"))) == ("y", "x")
 
 
+@settings(deadline=None)  # no wall-clock bound: the suites share two cores
 @given(
     number=st.integers(1, 50),
     participants=st.lists(st.sampled_from("abcdef"), unique=True, max_size=4),
@@ -320,6 +321,7 @@ def test_a_forming_round_is_never_replaced_by_a_newer_one(
         assert decision.round.number == number + 1 and decision.round.leader == me
 
 
+@settings(deadline=None)  # no wall-clock bound: the suites share two cores
 @given(
     order=st.permutations(["a", "b", "c", "d", "e"]),
     live_count=st.integers(1, 5),

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from spawned_ranks import on_ranks
 from torch import nn
@@ -28,6 +28,7 @@ from elasticjob_runtime.training.state import TrainingState
 Pair = namedtuple("Pair", "left right")
 
 
+@settings(deadline=None)  # no wall-clock bound: the suites share two cores
 @given(st.lists(st.integers(0, 300), max_size=40), st.integers(64, 256))
 def test_a_plan_holds_every_tensor_once_in_order_aligned_and_within_its_bucket(
     sizes: list[int], limit: int
