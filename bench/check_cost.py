@@ -150,7 +150,7 @@ def _build(case: str, run: Any) -> tuple[Any, Any]:
 
     def gpt_step(micro_batches: Any) -> None:
         for inputs, targets, _ in run.accumulate(micro_batches):
-            with torch.autocast("cpu", dtype=torch.bfloat16):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=gpt.cpu_has_bf16()):
                 logits = ddp_gpt(inputs)
                 loss = loss_fn(logits.float().flatten(0, 1), targets.flatten())
             scaler.scale(loss / len(micro_batches)).backward()

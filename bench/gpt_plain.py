@@ -32,6 +32,7 @@ from elasticjob_examples.train_gpt import (  # type: ignore[import-not-found]  #
     GPT,
     Sequences,
     parse_args,
+    use_bf16,
     warmup_cosine,
 )
 
@@ -42,6 +43,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))  # torchrun's convention: a GPU each
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    bf16 = use_bf16(args.autocast, device)
     if cuda:
         torch.cuda.set_device(device)
     dist.init_process_group(args.backend)
@@ -83,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 sync = i == len(micro_batches) - 1
                 inputs, targets = inputs.to(device), targets.to(device)
                 with ddp.no_sync() if not sync else torch.enable_grad():
-                    with torch.autocast(device.type, dtype=torch.bfloat16):
+                    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
                         logits = ddp(inputs)
                         loss = loss_fn(logits.float().flatten(0, 1), targets.flatten())
                     scaler.scale(loss / len(micro_batches)).backward()

@@ -660,9 +660,12 @@ def source_state() -> dict[str, Any]:
 
 def machine() -> dict[str, Any]:
     import torch
+    from elasticjob_examples.train_gpt import cpu_has_bf16  # type: ignore[import-not-found]
 
     return {
         "cpus": os.cpu_count(),
+        # the realistic scripts' --autocast auto: bf16 only on a CPU that has it
+        "cpu_bf16": cpu_has_bf16(),
         "loadavg_at_start": list(os.getloadavg()),
         "python": platform.python_version(),
         "torch": torch.__version__,

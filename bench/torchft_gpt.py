@@ -45,6 +45,7 @@ from elasticjob_examples.train_gpt import (  # type: ignore[import-not-found]  #
     GPT,
     Sequences,
     parse_args,
+    use_bf16,
     warmup_cosine,
 )
 
@@ -62,6 +63,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     group = int(os.environ.get("REPLICA_GROUP_ID", 0))
     groups = int(os.environ.get("NUM_REPLICA_GROUPS", 2))
     device = torch.device("cpu")
+    bf16 = use_bf16(args.autocast, device)
     torch.manual_seed(args.seed)
     model = GPT(args.vocab, args.seq, args.dim, args.layers, args.heads)
     inner = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
@@ -124,7 +126,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             for i, (inputs, targets, _) in enumerate(micro_batches):
                 last = i == len(micro_batches) - 1
                 with ddp.no_sync() if not last else torch.enable_grad():
-                    with torch.autocast(device.type, dtype=torch.bfloat16):
+                    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
                         logits = ddp(inputs)
                         loss = loss_fn(logits.float().flatten(0, 1), targets.flatten())
                     # the last micro-batch's backward all-reduces across replica groups
