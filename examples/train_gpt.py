@@ -219,6 +219,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"t={time.time():.3f}"
     )
     loss_fn = nn.CrossEntropyLoss()
+    total = 0.0  # the last step's loss (none ran when the run resumed at its end)
     started = time.monotonic()
     for epoch in run.epochs(args.epochs, max_steps=args.steps):  # elastic
         for micro_batches in loader:  # elastic

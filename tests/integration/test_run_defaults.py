@@ -1,8 +1,10 @@
 """What a plain ``python train.py`` Run picks when the script does not say, end to end:
 its device (device_choice.py: the process's own CUDA view, ``ELASTICJOB_DEVICE``, the
 error for a GPU that is not there), its checkpoint directory (the manifest's
-``ELASTICJOB_CHECKPOINT_DIR``), and the line a misused ``run.loader`` gives. Each Run is a
-process of its own (a Run builds its process group), so the cases share processes."""
+``ELASTICJOB_CHECKPOINT_DIR``), the line a misused ``run.loader`` gives, and when its
+process group is built (at wrap, or early with a warning for a ``torch.distributed`` call
+before it). Each Run is a process of its own (a Run builds its process group), so the
+cases share processes."""
 
 from __future__ import annotations
 
@@ -33,11 +35,30 @@ run.finish()
 """
 
 
-def plain_run(env: dict[str, str], args: str = "") -> subprocess.CompletedProcess[str]:
+GROUP_SCRIPT = """
+import warnings
+import torch
+import torch.distributed as dist
+from elasticjob_runtime import ElasticSampler, Run
+warnings.simplefilter("always")
+run = Run({args})
+print("group before wrap", dist.is_initialized(), flush=True)
+if {early}:
+    print("rank asked early", dist.get_rank(), flush=True)
+model = torch.nn.Linear(2, 2)
+run.wrap(model, torch.optim.SGD(model.parameters(), lr=0.1), ElasticSampler(8, seed=0))
+print("group after wrap", dist.is_initialized(), dist.get_rank(), flush=True)
+run.finish()
+"""
+
+
+def plain_run(
+    env: dict[str, str], args: str = "", script: str = SCRIPT, **more: object
+) -> subprocess.CompletedProcess[str]:
     drop = ("ELASTICJOB_DEVICE", "ELASTICJOB_CHECKPOINT_DIR")
     env = {**{k: v for k, v in os.environ.items() if k not in drop}, **env}
     return subprocess.run(
-        [sys.executable, "-c", SCRIPT.format(args=args)],
+        [sys.executable, "-c", script.format(args=args, **more)],
         env=env,
         capture_output=True,
         text=True,
@@ -79,3 +100,23 @@ def test_asking_for_a_gpu_where_there_is_none_stops_with_what_to_do(tmp_path: Pa
     assert out.returncode != 0
     assert "ELASTICJOB_DEVICE='cuda' asks for a GPU, but this process sees none" in out.stderr
     assert not (tmp_path / "ckpt").exists() or not any((tmp_path / "ckpt").iterdir())
+
+
+def test_the_group_is_built_at_wrap_and_a_collective_before_it_still_works(
+    tmp_path: Path,
+) -> None:
+    """A joiner builds its model before its peers wait for it in the new group (run.py,
+    ``_build_group``); a script that calls torch.distributed before wrap keeps working for
+    a release, told why in a FutureWarning."""
+    args = f"checkpoint_dir={str(tmp_path / 'ckpt')!r}"
+    out = plain_run({}, args, GROUP_SCRIPT, early=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "group before wrap False" in out.stdout
+    assert "group after wrap True 0" in out.stdout
+    assert "FutureWarning" not in out.stderr
+    early = plain_run({}, args, GROUP_SCRIPT, early=True)
+    assert early.returncode == 0, early.stderr[-3000:]
+    assert "rank asked early 0" in early.stdout and "group after wrap True 0" in early.stdout
+    assert "FutureWarning: torch.distributed was called between Run() and run.wrap()" in (
+        early.stderr
+    )

@@ -16,8 +16,9 @@ runtime uses the public names this module gives them:
   warm spare);
 * :data:`TERMINAL_STATE_SYNC_ID`, :func:`abort_process_group`,
   :func:`forget_failed_group_names` (a build that failed left torch's group counter
-  advanced) and :func:`forget_unscale` (a ``GradScaler`` whose step was dropped after
-  ``unscale_``).
+  advanced), :func:`forget_unscale` (a ``GradScaler`` whose step was dropped after
+  ``unscale_``) and :func:`default_group_on_demand` (a ``torch.distributed`` call before
+  the Run built its group builds it).
 
 :data:`PRIVATE_NAMES`, :data:`AGENT_HOOKS` and :data:`AGENT_ATTRIBUTES` list them;
 ``tests/unit/runtime/test_torch_internals.py`` fails, naming the name, when an installed
@@ -49,6 +50,7 @@ PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
     ("torch.distributed.launcher.api", "LocalElasticAgent"),
     ("torch.distributed.distributed_c10d", "_abort_process_group"),
     ("torch.distributed.distributed_c10d", "_world"),
+    ("torch.distributed.distributed_c10d", "_get_default_group"),
 )
 # LocalElasticAgent's methods we override or call, with their parameters after self.
 AGENT_HOOKS: dict[str, tuple[str, ...]] = {
@@ -220,6 +222,33 @@ def forget_failed_group_names() -> None:
 
     if not dist.is_initialized():
         dist.distributed_c10d._world.group_count = 0
+
+
+def default_group_on_demand(build: Callable[[], None]) -> Callable[[], None]:
+    """Until the returned function is called, a ``torch.distributed`` call that needs the
+    default group while none stands calls ``build()`` first, then goes on as torch's.
+
+    torch has no hook for it: its functions fetch the default group through the module
+    function ``_get_default_group``, which raises when there is none; this replaces that
+    function for the while (``dist.is_initialized()`` still says False meanwhile). The
+    replacement takes itself out before it builds, so a build that asks for the group
+    sees torch's own."""
+    import torch.distributed.distributed_c10d as c10d
+
+    original = c10d._get_default_group
+
+    def restore() -> None:
+        if c10d._get_default_group is on_demand:
+            c10d._get_default_group = original
+
+    def on_demand() -> Any:
+        restore()
+        if not c10d.is_initialized():
+            build()
+        return original()
+
+    c10d._get_default_group = on_demand
+    return restore
 
 
 def forget_unscale(scaler: Any) -> None:

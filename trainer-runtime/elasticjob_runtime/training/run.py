@@ -51,6 +51,7 @@ import logging
 import os
 import tempfile
 import time
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import partial
 from pathlib import Path
@@ -69,6 +70,7 @@ from elasticjob_runtime.checkpoints.sharded import ShardedCheckpoints
 from elasticjob_runtime.etcd.progress import reporter_for_rank, reporter_from_env
 from elasticjob_runtime.goodput.keeper import fresh_keeper, read_published, regroup_cause
 from elasticjob_runtime.goodput.ledger import Ledger
+from elasticjob_runtime.launch.torch_internals import default_group_on_demand
 from elasticjob_runtime.training.agreement import Agreement
 from elasticjob_runtime.training.current import Current, Sharded
 from elasticjob_runtime.training.current_ddp import CurrentDDP
@@ -88,6 +90,13 @@ log = logging.getLogger(__name__)
 
 # run.shard's default: a copy of each rank's shards in a peer's memory every 10 steps
 DEFAULT_COPY_EVERY = 10
+EARLY_GROUP = (
+    "torch.distributed was called between Run() and run.wrap()/run.shard(): the Run builds "
+    "its process group at wrap/shard now (a joining or replacing worker then builds its "
+    "model before its peers wait for it), and built it early for this call. Read "
+    "run.rank and run.world_size before wrap, and call collectives after it; from the "
+    "next release such a call raises, as torch's does without a group."
+)
 
 Batch = TypeVar("Batch")
 
@@ -142,7 +151,13 @@ class Run:
     """One worker's part in an elastic training run: made once per worker process in
     place of ``init_process_group``, it joins the current round, restores the state,
     drives the steps (``epochs``, ``loader``, ``step``) and regroups in place when the
-    membership changes (docs/training-loop.md)."""
+    membership changes (docs/training-loop.md).
+
+    Its process group is built at ``wrap`` (or ``shard``), not here: a worker that joins
+    a running group, or replaces a dead member, builds its model first, while its peers
+    still train. Between ``Run()`` and ``wrap``, read ``run.rank`` and
+    ``run.world_size``; a ``torch.distributed`` call there builds the group early, with a
+    ``FutureWarning`` (it will raise from the next release)."""
 
     def __init__(
         self,
@@ -188,7 +203,8 @@ class Run:
         ``device``: where this rank trains, ``run.device`` (default: ``ELASTICJOB_DEVICE``,
         else ``cuda:LOCAL_RANK`` where CUDA is there, else the CPU;
         :mod:`elasticjob_runtime.training.device_choice`). A CUDA device is made current
-        before the process group is built; the script moves its model and batches there."""
+        here, before the process group is built; the script moves its model and batches
+        there."""
         if checkpoint_interval < 1:
             raise ValueError(f"checkpoint_interval must be at least 1 (got {checkpoint_interval})")
         asked = str(device) if device is not None else os.environ.get(DEVICE_ENV)
@@ -199,7 +215,7 @@ class Run:
         self._rounds = WorkerRounds(backend, timeout, in_place)
         # Seconds of the last (re)grouping: wait (for the round), process_group, restore,
         # ddp or build (the model laid out for the round), check.
-        self.timings: dict[str, float] = {"wait": 0.0, "process_group": self._rounds.built_in}
+        self.timings: dict[str, float] = {"wait": 0.0, "process_group": 0.0}
         self._state = TrainingState()
         self.checkpoint_interval = checkpoint_interval
         self.ckpt = run_checkpoints(checkpoint_dir, keep, async_checkpoint, sigterm_grace)
@@ -226,6 +242,9 @@ class Run:
         # (goodput/keeper.py); the group's copy once the first group forms (_form)
         self._goodput = fresh_keeper()
         self._goodput_held = Held.NEW  # what this rank's copy is to the next group
+        # The group is built at wrap/shard (_build_group); until then a torch.distributed
+        # call that needs it builds it, with a warning (EARLY_GROUP).
+        self._end_on_demand = default_group_on_demand(self._group_asked_early)
 
     # -- who we are this round, and what we hold
 
@@ -319,8 +338,8 @@ class Run:
         state: Mapping[str, Any] | None = None,
         **ddp_kwargs: Any,
     ) -> CurrentDDP:
-        """Restore (from a peer's memory or a checkpoint), wrap ``model`` in DDP, and
-        register the three for checkpoints and in-place recovery.
+        """Build the process group, restore (from a peer's memory or a checkpoint), wrap
+        ``model`` in DDP, and register the three for checkpoints and in-place recovery.
 
         ``state`` names every other object that changes during training and has
         ``state_dict()``/``load_state_dict()`` (torch's Stateful: LR schedulers,
@@ -423,9 +442,22 @@ class Run:
     def _use(self, replica: Replication) -> None:
         """Form the first round with the model laid out as ``replica`` says."""
         self._replica = self._loop.replica = replica
+        self._build_group()
         self.sampler.reshard(self.rank, self.world_size)
         self._form()
         self._rounds.watch()
+
+    def _build_group(self) -> None:
+        """The first round's process group, built once: at wrap/shard, so a worker that
+        joins or replaces one builds its model before its peers wait for it."""
+        self._end_on_demand()
+        took = self._rounds.build_first()
+        if took:
+            self.timings["process_group"] = took
+
+    def _group_asked_early(self) -> None:
+        warnings.warn(EARLY_GROUP, FutureWarning, stacklevel=2)
+        self._build_group()
 
     def _form(self) -> None:
         """Bring every rank to the newest step, with the model wrapped for this round."""
@@ -597,6 +629,7 @@ class Run:
 
     def finish(self) -> None:
         """Save the last step, withdraw the progress record, and leave the group."""
+        self._end_on_demand()
         if self.ckpt.stop_requested:
             self.ckpt.mark_step(self.global_step)  # SIGTERM during the last step: save, exit 143
         if self._state.live:

@@ -147,9 +147,21 @@ class WorkerRounds:
         self._watcher: threading.Thread | None = None
         self._building = False  # regroup() is building the next round's group
         self.on_leave: Callable[[], None] = lambda: None  # runs before HandedOver exits
+        self.built = False  # the first round's group stands (build_first)
+
+    def build_first(self) -> float:
+        """Build the first round's group, once; returns the seconds it took (0 after).
+
+        Not in the constructor: the Run builds it when the model is wrapped, so a worker
+        that joins a running group (or replaces a dead one) builds its model and the
+        rest of the script's set-up first, while its peers still train, instead of
+        holding them in the new group for it (docs/training-loop.md)."""
+        if self.built:
+            return 0.0
         started = time.monotonic()
         self.group.build(self.assignment, self._timeout)
-        self.built_in = time.monotonic() - started
+        self.built = True
+        return time.monotonic() - started
 
     @property
     def rank(self) -> int:
