@@ -19,9 +19,14 @@ from torch import nn
 from elasticjob_runtime.checkpoints.format import state_to_save
 from elasticjob_runtime.checkpoints.state_broadcast import (
     ALIGN,
+    SLOT,
+    TensorShape,
+    is_slot,
     map_tensors,
     plan_buckets,
+    read_skeleton,
     sent_as_bytes,
+    skeleton_of,
 )
 from elasticjob_runtime.training.state import TrainingState
 
@@ -168,6 +173,43 @@ def _leaves_equal(a: Any, b: Any) -> None:
             _leaves_equal(x, y)
     else:
         assert a == b
+
+
+def test_a_skeleton_holds_one_slot_per_tensor_and_a_table_of_their_shapes() -> None:
+    """The header the sender pickles (no tensor in it, each a shared slot) and what the
+    receiver reads back: the same containers, each slot's shape, dtype and device."""
+    weight = nn.Parameter(torch.ones(3, 2))
+    state = {
+        "model": OrderedDict(w=weight, b=torch.zeros(2, dtype=torch.bfloat16)),
+        "optim": {"state": {0: {"step": torch.tensor(4.0)}}, "param_groups": [{"lr": 0.1}]},
+        "ints": [1, (2, 3)],
+    }
+    header, tensors = skeleton_of(state)
+    assert [t.shape for t in tensors] == [(3, 2), (2,), ()]
+    skeleton, table = read_skeleton(header, "rank 0")
+    assert skeleton["optim"]["param_groups"] == [{"lr": 0.1}] and skeleton["ints"] == [1, (2, 3)]
+    slots: list[object] = []
+    map_tensors(skeleton, slots.append, is_slot)
+    assert len(slots) == 3 and all(slot is slots[0] for slot in slots)
+    assert table == [
+        TensorShape((3, 2), torch.float32, True, True),
+        TensorShape((2,), torch.bfloat16, False, True),
+        TensorShape((), torch.float32, False, True),
+    ]
+    assert [entry.nbytes for entry in table] == [24, 4, 4]
+    assert SLOT is not slots[0]  # a slot read back is the receiver's own instance
+
+
+def test_a_peer_that_names_no_dtype_is_refused() -> None:
+    """The table is data from another process: a name is taken only if it is a dtype."""
+    assert TensorShape.decoded([[2], "int64", False, True]).dtype == torch.int64
+    for name in ("load", "__import__", "no_such"):
+        try:
+            TensorShape.decoded([[2], name, False, True])
+        except ValueError as exc:
+            assert "no torch dtype" in str(exc)
+        else:
+            raise AssertionError(f"{name!r} was taken for a dtype")
 
 
 def test_every_rank_gets_the_senders_state_leaf_for_leaf_in_one_or_many_buckets() -> None:

@@ -5,11 +5,16 @@ tensor into one bytes object and copied it into a tensor, the receiver copied it
 unpickled it. For the realistic example's 53 MB (model, AdamW's moments, an EMA) that was
 150 ms of copying and pickling around a 19 ms broadcast, on the two cores the training
 needs, while the group waited. Here the sender splits the state into a *skeleton* (the
-same containers, each plain tensor replaced by a ``meta`` tensor of its shape and dtype,
-pickled by ``torch.save`` and loaded with torch's safe loader as before) and the tensors
-themselves, which travel as their raw bytes in a few buckets of at most
-:data:`BUCKET_BYTES`: one copy into a bucket on the sender, one out of it on the
+same containers, pickled by ``torch.save`` and loaded with torch's safe loader as
+before) and the tensors themselves, which travel as their raw bytes in a few buckets of
+at most :data:`BUCKET_BYTES`: one copy into a bucket on the sender, one out of it on the
 receiver (none for a tensor that fills a bucket of its own), and no pickling of data.
+
+In the skeleton each such tensor is one shared :class:`TensorSlot` (pickled once, then
+referenced), and the tensors' shapes and dtypes travel beside it as one JSON string, in
+the order both sides walk the containers. torch's safe loader is Python, and a ``meta``
+tensor in each place made the realistic example's skeleton of 448 tensors cost 76 ms to
+build, save and load; this one costs 11 ms (docs/recovery.md).
 
 Only plain strided tensors go as bytes; anything else (a tensor subclass, a sparse or
 quantized tensor, an object the safe loader knows) stays inside the skeleton, exactly as
@@ -20,6 +25,7 @@ others arrive on the group's device, where ``load_state_dict`` takes them from.
 
 from __future__ import annotations
 
+import json
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -32,8 +38,15 @@ from elasticjob_runtime.checkpoints.state_transfer import move_bytes
 
 BUCKET_BYTES = 1 << 26  # 64 MiB: the most a bucket adds to either side's memory
 ALIGN = 64  # every tensor's bytes start at a multiple of this in its bucket
-_CPU_KEY = "cpu"  # the skeleton's list: which byte-sent tensors were on the sender's CPU
 _STATE_KEY = "state"
+_TABLE_KEY = "tensors"  # JSON: [[shape, dtype name, requires_grad, on the sender's CPU], ...]
+
+
+class TensorSlot:
+    """Where a tensor sent as bytes sits in a skeleton (one shared instance, :data:`SLOT`)."""
+
+
+SLOT = TensorSlot()
 
 
 @dataclass(frozen=True)
@@ -80,26 +93,98 @@ def sent_as_bytes(value: object) -> bool:
     )
 
 
-def map_tensors(obj: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
-    """``obj`` with ``fn`` applied to every leaf :func:`sent_as_bytes`, walking dicts
-    (an ``OrderedDict``'s ``_metadata`` kept: modules' ``load_state_dict`` reads it),
-    lists and tuples in their order, which a pickled skeleton keeps."""
-    if sent_as_bytes(obj):
+def map_tensors(
+    obj: Any, fn: Callable[[Any], Any], leaf: Callable[[object], bool] = sent_as_bytes
+) -> Any:
+    """``obj`` with ``fn`` applied to every ``leaf`` (default: each :func:`sent_as_bytes`),
+    walking dicts (an ``OrderedDict``'s ``_metadata`` kept: modules' ``load_state_dict``
+    reads it), lists and tuples in their order, which a pickled skeleton keeps."""
+    if leaf(obj):
         return fn(obj)
     if isinstance(obj, dict):
         out: dict[Any, Any] = OrderedDict() if isinstance(obj, OrderedDict) else {}
         for key, value in obj.items():
-            out[key] = map_tensors(value, fn)
+            out[key] = map_tensors(value, fn, leaf)
         metadata = getattr(obj, "_metadata", None)
         if metadata is not None and isinstance(out, OrderedDict):
             out._metadata = metadata  # type: ignore[attr-defined]
         return out
     if isinstance(obj, list):
-        return [map_tensors(value, fn) for value in obj]
+        return [map_tensors(value, fn, leaf) for value in obj]
     if isinstance(obj, tuple):
-        items = [map_tensors(value, fn) for value in obj]
+        items = [map_tensors(value, fn, leaf) for value in obj]
         return type(obj)(*items) if hasattr(obj, "_fields") else tuple(items)
     return obj
+
+
+def is_slot(value: object) -> bool:
+    return isinstance(value, TensorSlot)
+
+
+@dataclass(frozen=True)
+class TensorShape:
+    """What the receiver makes of a slot's bytes."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    requires_grad: bool
+    on_cpu: bool  # it sat on the sender's CPU: it lands on the receiver's
+
+    @property
+    def nbytes(self) -> int:
+        return _numel(self.shape) * self.dtype.itemsize
+
+    def encoded(self) -> list[Any]:
+        return [
+            list(self.shape),
+            str(self.dtype).removeprefix("torch."),
+            self.requires_grad,
+            self.on_cpu,
+        ]
+
+    @staticmethod
+    def decoded(entry: Sequence[Any]) -> TensorShape:
+        shape, name, requires_grad, on_cpu = entry
+        dtype = getattr(torch, str(name), None)
+        if not isinstance(dtype, torch.dtype):
+            raise ValueError(f"a peer's state names {name!r}, which is no torch dtype")
+        return TensorShape(tuple(int(n) for n in shape), dtype, bool(requires_grad), bool(on_cpu))
+
+
+def _numel(shape: Sequence[int]) -> int:
+    count = 1
+    for n in shape:
+        count *= n
+    return count
+
+
+def skeleton_of(state: Mapping[str, Any]) -> tuple[bytes, list[torch.Tensor]]:
+    """The sender's header (skeleton and tensor table, serialized) and its tensors, in
+    the order of the table."""
+    tensors: list[torch.Tensor] = []
+
+    def to_slot(tensor: torch.Tensor) -> TensorSlot:
+        tensors.append(tensor)
+        return SLOT
+
+    skeleton = map_tensors(dict(state), to_slot)
+    table = [
+        TensorShape(tuple(t.shape), t.dtype, t.requires_grad, t.device.type == "cpu").encoded()
+        for t in tensors
+    ]
+    return serialize({_STATE_KEY: skeleton, _TABLE_KEY: json.dumps(table)}), tensors
+
+
+def read_skeleton(header: bytes, source: str) -> tuple[Any, list[TensorShape]]:
+    """The receiver's side of :func:`skeleton_of`: the skeleton, and each slot's tensor."""
+    with torch.serialization.safe_globals([TensorSlot]):
+        loaded = deserialize(header, source=source)
+    table = [TensorShape.decoded(entry) for entry in json.loads(loaded[_TABLE_KEY])]
+    slots: list[object] = []
+    map_tensors(loaded[_STATE_KEY], slots.append, is_slot)
+    if len(slots) != len(table):
+        raise ValueError(f"{source}'s state has {len(slots)} tensors but lists {len(table)}")
+    return loaded[_STATE_KEY], table
 
 
 def _nbytes(tensor: torch.Tensor) -> int:
@@ -137,41 +222,33 @@ def broadcast_state(
     header = b""
     if sending:
         assert state is not None
-
-        def to_meta(tensor: torch.Tensor) -> torch.Tensor:
-            tensors.append(tensor)
-            meta = torch.empty(tensor.shape, dtype=tensor.dtype, device="meta")
-            return meta.requires_grad_(tensor.requires_grad)
-
-        skeleton = map_tensors(dict(state), to_meta)
-        on_cpu = [t.device.type == "cpu" for t in tensors]
-        header = serialize({_STATE_KEY: skeleton, _CPU_KEY: on_cpu})
+        header, tensors = skeleton_of(state)
     received = move.bytes(header, device)
+    table: list[TensorShape] = []
     if not sending:
-        loaded = deserialize(received, source=f"rank {src}")
-        skeleton, on_cpu = loaded[_STATE_KEY], loaded[_CPU_KEY]
-        map_tensors(skeleton, tensors.append)  # the meta tensors, in the sender's order
-    arrived: list[torch.Tensor | None] = [None] * len(tensors)
-    for bucket in plan_buckets([_nbytes(t) for t in tensors], bucket_bytes):
-        buffer = _fill(bucket, tensors, device) if sending else _empty(bucket, device)
+        skeleton, table = read_skeleton(received, f"rank {src}")
+    sizes = [_nbytes(t) for t in tensors] if sending else [entry.nbytes for entry in table]
+    arrived: list[torch.Tensor | None] = [None] * len(sizes)
+    for bucket in plan_buckets(sizes, bucket_bytes):
+        buffer = _fill(bucket, tensors, sizes, device) if sending else _empty(bucket, device)
         if bucket.size:
             move.tensor(buffer)
         if sending:
             continue
-        whole = _alone(bucket, tensors)
+        whole = _alone(bucket, sizes)
         for index, offset in bucket.parts:
-            meta = tensors[index]
-            raw = buffer[offset : offset + _nbytes(meta)]
-            tensor = raw.view(meta.dtype).view(meta.shape)
-            if on_cpu[index] and tensor.device.type != "cpu":
+            entry = table[index]
+            raw = buffer[offset : offset + entry.nbytes]
+            tensor = raw.view(entry.dtype).view(entry.shape)
+            if entry.on_cpu and tensor.device.type != "cpu":
                 tensor = tensor.cpu()
             elif not whole:
                 tensor = tensor.clone()  # its own storage: the bucket is freed after this
-            arrived[index] = tensor.requires_grad_() if meta.requires_grad else tensor
+            arrived[index] = tensor.requires_grad_() if entry.requires_grad else tensor
     if sending:
         return None
     taken: Iterator[torch.Tensor | None] = iter(arrived)
-    return map_tensors(skeleton, lambda _meta: next(taken))  # type: ignore[no-any-return]
+    return map_tensors(skeleton, lambda _slot: next(taken), is_slot)  # type: ignore[no-any-return]
 
 
 @dataclass(frozen=True)
@@ -199,13 +276,15 @@ class _Move:
         return move_bytes(data, self.src, device, self.tensor)
 
 
-def _alone(bucket: Bucket, tensors: Sequence[torch.Tensor]) -> bool:
+def _alone(bucket: Bucket, sizes: Sequence[int]) -> bool:
     """Is the bucket exactly one tensor's bytes (sent as they are, kept as received)?"""
-    return len(bucket.parts) == 1 and bucket.size == _nbytes(tensors[bucket.parts[0][0]])
+    return len(bucket.parts) == 1 and bucket.size == sizes[bucket.parts[0][0]]
 
 
-def _fill(bucket: Bucket, tensors: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
-    if _alone(bucket, tensors):
+def _fill(
+    bucket: Bucket, tensors: Sequence[torch.Tensor], sizes: Sequence[int], device: torch.device
+) -> torch.Tensor:
+    if _alone(bucket, sizes):
         return _as_bytes(tensors[bucket.parts[0][0]], device)
     buffer = torch.zeros(bucket.size, dtype=torch.uint8, device=device)
     for index, offset in bucket.parts:
