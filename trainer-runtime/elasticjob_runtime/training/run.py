@@ -352,7 +352,7 @@ class Run:
         for optim in (optimizer, *st.registered.values()):
             if isinstance(optim, torch.optim.Optimizer):
                 self._hook_optimizer(optim)
-        current = CurrentDDP(model, ddp_kwargs, self._loop.vote)
+        current = CurrentDDP(model, ddp_kwargs, self._loop.vote, self._loop.forward_allowed)
         self._use(DDPReplication(st, self.ckpt, current))
         return current
 

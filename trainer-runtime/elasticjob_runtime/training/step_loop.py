@@ -218,6 +218,13 @@ class StepLoop:
                         "`with run.step():` around its training step"
                     )
 
+    def forward_allowed(self) -> None:
+        """Before a forward of the wrapped model: inside a step whose group this worker
+        has given up, raise (a ``DistError``: the step is dropped and the worker
+        regroups) instead of computing the rest of the step; outside a step, nothing."""
+        if self._phase == "running":
+            self._rounds.leave_abandoned_step()
+
     @contextlib.contextmanager
     def step(self) -> Iterator[StepOutcome]:
         """One optimizer step (``Run.step``)."""

@@ -58,6 +58,12 @@ REGROUP_TIMEOUT_S = float(os.environ.get("ELASTICJOB_REGROUP_TIMEOUT", "900"))
 GLOO_FAILURES = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "[gloo")
 
 
+class GroupAbandoned(dist.DistError):
+    """This worker gave its round's group up (the round lost a peer) while a step ran:
+    raised at the step's next forward, so the step is dropped there rather than after
+    computing the rest of it for a collective that can only fail."""
+
+
 class HandedOver(SystemExit):
     """This worker's node left the job and its peers went on without it from the last
     step they completed together: the process exits (0), saving nothing."""
@@ -234,6 +240,14 @@ class WorkerRounds:
     def abandoned(self) -> bool:
         """Did this worker give its round up (its watcher aborted the group)?"""
         return self._aborted_generation == self.generation
+
+    def leave_abandoned_step(self) -> None:
+        """Raise :class:`GroupAbandoned` once the watcher gave this round's group up."""
+        if self.abandoned:
+            raise GroupAbandoned(
+                f"round {self.generation}'s group was given up (a peer is gone): the step "
+                "in flight is dropped at its next forward"
+            )
 
     def group_broke(self, exc: BaseException) -> bool:
         """Did ``exc`` come from the group breaking (regroup), not from the script?"""
