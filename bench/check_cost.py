@@ -127,6 +127,7 @@ def _build(case: str, run: Any) -> tuple[Any, Any]:
 
     gpt = _example("train_gpt")
     args = gpt.parse_args([])
+    bf16 = gpt.use_bf16(args.autocast, torch.device("cpu"))  # once: it reads /proc/cpuinfo
     model = gpt.GPT(args.vocab, args.seq, args.dim, args.layers, args.heads)
     optim_w = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
     sched = torch.optim.lr_scheduler.LambdaLR(optim_w, gpt.warmup_cosine(args.warmup, 10**6))
@@ -150,7 +151,7 @@ def _build(case: str, run: Any) -> tuple[Any, Any]:
 
     def gpt_step(micro_batches: Any) -> None:
         for inputs, targets, _ in run.accumulate(micro_batches):
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=gpt.cpu_has_bf16()):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
                 logits = ddp_gpt(inputs)
                 loss = loss_fn(logits.float().flatten(0, 1), targets.flatten())
             scaler.scale(loss / len(micro_batches)).backward()

@@ -26,6 +26,7 @@ others arrive on the group's device, where ``load_state_dict`` takes them from.
 from __future__ import annotations
 
 import json
+import math
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -132,7 +133,7 @@ class TensorShape:
 
     @property
     def nbytes(self) -> int:
-        return _numel(self.shape) * self.dtype.itemsize
+        return math.prod(self.shape) * self.dtype.itemsize
 
     def encoded(self) -> list[Any]:
         return [
@@ -149,13 +150,6 @@ class TensorShape:
         if not isinstance(dtype, torch.dtype):
             raise ValueError(f"a peer's state names {name!r}, which is no torch dtype")
         return TensorShape(tuple(int(n) for n in shape), dtype, bool(requires_grad), bool(on_cpu))
-
-
-def _numel(shape: Sequence[int]) -> int:
-    count = 1
-    for n in shape:
-        count *= n
-    return count
 
 
 def skeleton_of(state: Mapping[str, Any]) -> tuple[bytes, list[torch.Tensor]]:
