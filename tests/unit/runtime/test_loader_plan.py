@@ -6,7 +6,13 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from elasticjob_runtime.training.loader import RoundBatches, SeededItems, StepBatches, plan_steps
+from elasticjob_runtime.training.loader import (
+    RoundBatches,
+    SeededItems,
+    StepBatches,
+    plan_steps,
+    read_here,
+)
 from elasticjob_runtime.training.sampler import rank_indices
 from elasticjob_runtime.training.step_loop import steps_left
 
@@ -54,6 +60,16 @@ def test_the_batch_sampler_hands_out_epoch_and_index_keys() -> None:
     batches.load(3, [StepBatches(((5, 6), (7,)), 3)])
     assert list(batches) == [[(3, 5), (3, 6)], [(3, 7)]]
     assert len(batches) == 2
+    batches.load(3, [StepBatches(((5, 6), (7,)), 3)], skip=1)  # the first is read here
+    assert list(batches) == [[(3, 7)]]
+
+
+def test_the_training_process_reads_a_rounds_first_micro_batch_only_beside_workers() -> None:
+    plan = [StepBatches(((5, 6), (7,)), 3)]
+    assert read_here(plan, num_workers=2, has_worker_init=False) == 1
+    assert read_here(plan, num_workers=0, has_worker_init=False) == 0  # all read here anyway
+    assert read_here(plan, num_workers=2, has_worker_init=True) == 0  # workers set it up
+    assert read_here([], num_workers=2, has_worker_init=False) == 0  # nothing to read
 
 
 def test_an_item_reads_the_same_random_numbers_whoever_reads_it() -> None:

@@ -50,3 +50,22 @@ def test_a_fetch_has_a_stream_of_its_own() -> None:
 
     assert fetch_seed(0, 5, 1) not in {step_seed(0, 5, 1), sample_seed(0, 5, 1)}
     assert fetch_seed(0, 5, 1) != fetch_seed(0, 6, 1)
+
+
+def test_a_read_that_seeds_the_generators_gives_them_their_states_back() -> None:
+    import numpy
+
+    from elasticjob_runtime.training.seeds import generators_kept
+
+    torch.manual_seed(11)
+    random.seed(11)
+    numpy.random.seed(11)
+    expected = (torch.rand(3), random.random(), numpy.random.random())
+    torch.manual_seed(11)
+    random.seed(11)
+    numpy.random.seed(11)
+    with generators_kept():
+        seed_all(sample_seed(0, 1, 2))  # what reading a sample does
+        torch.rand(50)
+    assert torch.equal(torch.rand(3), expected[0])
+    assert random.random() == expected[1] and numpy.random.random() == expected[2]

@@ -16,8 +16,10 @@ The generators: torch's CPU generator, every initialized CUDA device's, Python's
 
 from __future__ import annotations
 
+import contextlib
 import random
 import sys
+from collections.abc import Iterator
 from typing import Final
 
 import torch
@@ -72,3 +74,22 @@ def seed_all(value: int) -> None:
     numpy = sys.modules.get("numpy")
     if numpy is not None:
         numpy.random.seed(value & 0xFFFF_FFFF)  # numpy's legacy seed is 32 bits
+
+
+@contextlib.contextmanager
+def generators_kept() -> Iterator[None]:
+    """Run a block that seeds the generators (a sample read in the training process)
+    and give them back their states after it: the training's own draws, which a Run
+    with ``seed=None`` does not re-seed, go on where they were."""
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()  # type: ignore[no-untyped-call]
+    python = random.getstate()
+    numpy = sys.modules.get("numpy")
+    numpy_state = numpy.random.get_state() if numpy is not None else None
+    devices = list(range(torch.cuda.device_count())) if cuda else []
+    try:
+        with torch.random.fork_rng(devices=devices):
+            yield
+    finally:
+        random.setstate(python)
+        if numpy is not None and numpy_state is not None:
+            numpy.random.set_state(numpy_state)
