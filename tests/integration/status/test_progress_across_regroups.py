@@ -63,8 +63,12 @@ def test_a_node_joining_never_sends_the_published_step_back_or_the_rate_to_zero(
         watcher.join()
         client.close()
 
-    # the newcomer opened the next round, so it is global rank 0 and publishes from then on
-    assert "world=2 rank=0" in second_log.read_text(), second_log.read_text()[-3000:]
+    # Ranks follow the order the nodes entered the round. The newcomer opens it and
+    # usually enters first, becoming rank 0 and the publisher; on a loaded machine the
+    # first node's agent can enter before it (two requests race). Either way exactly one
+    # of them published at world 2, and the records below must hold across the join.
+    publishers = [log for log in (first_log, second_log) if "world=2 rank=0" in log.read_text()]
+    assert len(publishers) == 1, [log.read_text()[-2000:] for log in (first_log, second_log)]
     worlds = [r.world_size for r in found]
     assert worlds[0] == 1 and worlds[-1] == 2, worlds
     steps = [r.step for r in found]
