@@ -15,9 +15,10 @@ trained on once per epoch whatever the prefetch had read.
 **The first micro-batch of each round is read in the training process**, while the
 workers start on the rest: a worker builds a whole micro-batch alone, so reading one here
 takes no longer than a worker's first, and it spares the round's first step the workers'
-start (a fork and their set-up: 0.12 s for two workers of the realistic example on an
-idle core, 0.3 s beside training on two cores), which a worker that replaces a killed one
-or joins a running group paid while its peers waited in the step's all-reduce. Each item
+start (a fork and their set-up: 0.12-0.18 s for two workers of the realistic example
+with nothing else running, 0.35 s beside training on two cores), which a worker that
+replaces a killed one or joins a running group paid while its peers waited in the
+step's all-reduce. Each item
 is read under its own seed wherever it is read, and the process's generators get their
 states back after it, so the batch and the training are the same. Not with a
 ``worker_init_fn``: a dataset may need what it sets up in each worker.
