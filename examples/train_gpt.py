@@ -197,6 +197,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             f"world={run.world_size} rank={run.rank} {timings(run)} t={time.time():.3f}"
         ),
     )
+    dataset = Sequences(args.samples, args.seq, args.vocab)
+    loader = run.loader(  # elastic: before the model, so its workers fork from a small process
+        dataset, args.batch_size, accumulate=args.accumulate, num_workers=args.workers
+    )
     torch.manual_seed(args.seed)
     device = run.device  # elastic: cuda:LOCAL_RANK on a GPU node, else the CPU
     bf16 = use_bf16(args.autocast, device)
@@ -205,13 +209,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     sched = torch.optim.lr_scheduler.LambdaLR(optim, warmup_cosine(args.warmup, args.steps))
     scaler = torch.amp.GradScaler(device.type)
     ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(0.99))  # type: ignore[no-untyped-call]
-    dataset = Sequences(args.samples, args.seq, args.vocab)
     sampler = ElasticSampler(len(dataset), seed=args.seed)  # elastic
     ddp = run.wrap(  # elastic
         model, optim, sampler, state={"scheduler": sched, "scaler": scaler, "ema": ema}
-    )
-    loader = run.loader(  # elastic
-        dataset, args.batch_size, accumulate=args.accumulate, num_workers=args.workers
     )
     say(
         f"started ({run.resumed_from}) at step {run.global_step} world={run.world_size} "

@@ -116,6 +116,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         ),
     )
     dataset = Sequences(args.samples, args.seq, args.vocab)
+    loader = run.loader(  # elastic: before the model, so its workers fork from a small process
+        dataset, args.batch_size, accumulate=args.accumulate, num_workers=args.workers
+    )
     sampler = ElasticSampler(len(dataset), seed=args.seed)  # elastic
     model, optim, state = run.shard(  # elastic
         sharded_builder(args),
@@ -124,9 +127,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         shard_group_size=args.shard_group_size or None,
     )
     sched = state["scheduler"]  # elastic
-    loader = run.loader(  # elastic
-        dataset, args.batch_size, accumulate=args.accumulate, num_workers=args.workers
-    )
     say(
         f"started ({run.resumed_from}) at step {run.global_step} world={run.world_size} "
         f"rank={run.rank} pid={os.getpid()} device={run.device} t={time.time():.3f}"

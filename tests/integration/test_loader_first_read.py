@@ -1,7 +1,9 @@
 """``run.loader`` reads each round's first micro-batch in the training process while its
 workers start (training/loader.py): the batches, each sample's random augmentation and the
 training's own random draws are the same as with the reads all in workers or all in the
-process, and only that one micro-batch is read here. Each Run is a process of its own."""
+process, and only that one micro-batch is read here. A loader made before the model and
+``wrap`` starts its workers at once and hands out the same batches. Each Run is a process
+of its own."""
 
 from __future__ import annotations
 
@@ -26,10 +28,18 @@ class Noisy(torch.utils.data.Dataset):
     def __getitem__(self, index):
         return index, float(torch.rand(1)), os.getpid()  # augmentation, and who read it
 
+def children():
+    with open(f"/proc/{{os.getpid()}}/task/{{os.getpid()}}/children") as f:
+        return len(f.read().split())
+
 run = Run(seed={seed}, checkpoint_dir={directory!r})
+if {early}:  # before the model: the workers start now, forked from a small process
+    loader = run.loader(Noisy(), 2, accumulate=2, num_workers={workers})
+    print("WORKERS " + str(children()), flush=True)
 model = torch.nn.Linear(1, 1)
 run.wrap(model, torch.optim.SGD(model.parameters(), lr=0.1), ElasticSampler(12, seed=3))
-loader = run.loader(Noisy(), 2, accumulate=2, num_workers={workers})
+if not {early}:
+    loader = run.loader(Noisy(), 2, accumulate=2, num_workers={workers})
 torch.manual_seed(5)
 steps = []
 for epoch in run.epochs(2):
@@ -46,16 +56,21 @@ print("STEPS " + json.dumps(steps), flush=True)
 """
 
 
-def steps_of(directory: Path, workers: int, seed: str) -> list[Any]:
-    """Each step of a fresh run (nothing to resume in ``directory``)."""
+def steps_of(directory: Path, workers: int, seed: str, early: bool = False) -> list[Any]:
+    """Each step of a fresh run (nothing to resume in ``directory``); ``early``: the
+    loader is made before the model and ``wrap``."""
+    script = SCRIPT.format(workers=workers, seed=seed, directory=str(directory), early=early)
     out = subprocess.run(
-        [sys.executable, "-c", SCRIPT.format(workers=workers, seed=seed, directory=str(directory))],
+        [sys.executable, "-c", script],
         env={**os.environ, "ELASTICJOB_DEVICE": "cpu"},
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert out.returncode == 0, out.stderr[-3000:]
+    if early:
+        started = next(x for x in out.stdout.splitlines() if x.startswith("WORKERS "))
+        assert started == f"WORKERS {workers}", out.stdout  # each a child of the trainer
     line = next(x for x in out.stdout.splitlines() if x.startswith("STEPS "))
     steps: list[Any] = json.loads(line.removeprefix("STEPS "))
     return steps
@@ -89,3 +104,15 @@ def test_a_run_without_a_seed_keeps_its_draws_where_they_were(tmp_path: Path) ->
     steps = steps_of(tmp_path, workers=2, seed="None")
     expected = torch.rand(len(steps), generator=torch.Generator().manual_seed(5))
     assert [step[-1] for step in steps] == pytest.approx(expected.tolist())
+
+
+@pytest.mark.parametrize("seed", ["0", "None"])
+def test_a_loader_made_before_the_model_starts_its_workers_and_reads_the_same_batches(
+    tmp_path: Path, seed: str
+) -> None:
+    """``seed=None``: the items are read under the sampler's seed, which the loader learns
+    only at ``wrap``, after its workers were forked."""
+    early = steps_of(tmp_path / "early", workers=2, seed=seed, early=True)
+    late = steps_of(tmp_path / "late", workers=2, seed=seed)
+    assert len(early) == 6
+    assert early == late

@@ -27,8 +27,9 @@ try:
     run.loader(list(range(8)), 2, seed=1)
 except TypeError as exc:
     print("said:", exc, flush=True)
+loader = run.loader(list(range(8)), 2)  # before wrap: made, but not iterable yet
 try:
-    run.loader(list(range(8)), 2)
+    iter(loader)
 except RuntimeError as exc:
     print("said:", exc, flush=True)
 run.finish()
@@ -90,7 +91,8 @@ def test_a_loader_misused_says_in_one_line_what_to_do(tmp_path: Path) -> None:
     assert said == [
         "said: run.loader() takes no seed=: each sample is read under a seed from "
         "Run(seed=...), the epoch and its index",
-        "said: call run.wrap(...) or run.shard(...) before run.loader()",
+        "said: the loader's batches come from the sampler given to run.wrap(...) or "
+        "run.shard(...): call one of them before iterating the loader",
     ], out.stdout
 
 

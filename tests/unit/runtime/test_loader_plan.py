@@ -57,11 +57,11 @@ def test_a_step_is_split_into_micro_batches_and_an_empty_one_is_a_filler() -> No
 
 def test_the_batch_sampler_hands_out_epoch_and_index_keys() -> None:
     batches = RoundBatches()
-    batches.load(3, [StepBatches(((5, 6), (7,)), 3)])
-    assert list(batches) == [[(3, 5), (3, 6)], [(3, 7)]]
+    batches.load(9, 3, [StepBatches(((5, 6), (7,)), 3)])
+    assert list(batches) == [[(9, 3, 5), (9, 3, 6)], [(9, 3, 7)]]
     assert len(batches) == 2
-    batches.load(3, [StepBatches(((5, 6), (7,)), 3)], skip=1)  # the first is read here
-    assert list(batches) == [[(3, 7)]]
+    batches.load(9, 3, [StepBatches(((5, 6), (7,)), 3)], skip=1)  # the first is read here
+    assert list(batches) == [[(9, 3, 7)]]
 
 
 def test_the_training_process_reads_a_rounds_first_micro_batch_only_beside_workers() -> None:
@@ -82,8 +82,9 @@ def test_an_item_reads_the_same_random_numbers_whoever_reads_it() -> None:
         def __len__(self) -> int:
             return 10
 
-    items = SeededItems(Noisy(), seed=4)  # type: ignore[arg-type]
-    first = items[(1, 7)]
-    items[(1, 3)]
-    assert items[(1, 7)] == first
-    assert items[(2, 7)] != first
+    items = SeededItems(Noisy())  # type: ignore[arg-type]
+    first = items[(4, 1, 7)]
+    items[(4, 1, 3)]
+    assert items[(4, 1, 7)] == first
+    assert items[(4, 2, 7)] != first
+    assert items[(5, 1, 7)] != first  # another run's seed

@@ -12,6 +12,14 @@ stay alive, so a regroup costs the time to refill the prefetch queue, not to sta
 workers. The sampler's position moves only when a step commits, so every sample is
 trained on once per epoch whatever the prefetch had read.
 
+**Worker processes start when the loader is made**, and a loader may be made before the
+model and ``run.wrap``: a fork shares every page of the trainer with the workers
+copy-on-write, so each page the trainer writes afterwards is faulted in and copied once.
+Forked after the model, the optimizer, an EMA and a joiner's state from its peer, that
+is all of the first step's memory, on the step where the group waits for the new worker
+(docs/training-loop.md, "Make the loader before the model"). The batches need the
+sampler given to ``wrap``, so the loader is iterated after it.
+
 **The first micro-batch of each round is read in the training process**, while the
 workers start on the rest: a worker builds a whole micro-batch alone, so reading one here
 takes no longer than a worker's first, and it spares the round's first step the workers'
@@ -80,15 +88,16 @@ def plan_steps(
 
 class SeededItems(Dataset[Any]):
     """``dataset[index]`` read under the seed of ``(seed, epoch, index)``; its keys are
-    ``(epoch, index)`` pairs, which the round's batch sampler hands out."""
+    ``(seed, epoch, index)``, which the round's batch sampler hands out: the seed travels
+    with each key because the workers may be forked before the Run knows it (a loader
+    made before ``wrap`` in a ``Run(seed=None)`` takes the sampler's)."""
 
-    def __init__(self, dataset: Dataset[Any], seed: int) -> None:
+    def __init__(self, dataset: Dataset[Any]) -> None:
         self.dataset = dataset
-        self.seed = seed
 
-    def __getitem__(self, key: tuple[int, int]) -> Any:
-        epoch, index = key
-        seed_all(sample_seed(self.seed, epoch, index))
+    def __getitem__(self, key: tuple[int, int, int]) -> Any:
+        seed, epoch, index = key
+        seed_all(sample_seed(seed, epoch, index))
         return self.dataset[index]
 
     def __len__(self) -> int:
@@ -116,19 +125,19 @@ def pinned(batch: Any) -> Any:
     return batch
 
 
-class RoundBatches(Sampler[list[tuple[int, int]]]):
+class RoundBatches(Sampler[list[tuple[int, int, int]]]):
     """The batch sampler the DataLoader reads: the current round's micro-batches, as
-    ``(epoch, index)`` keys. Replaced (``load``) before each reset of the iterator."""
+    ``(seed, epoch, index)`` keys. Replaced (``load``) before each reset of the iterator."""
 
     def __init__(self) -> None:
-        self._batches: list[list[tuple[int, int]]] = []
+        self._batches: list[list[tuple[int, int, int]]] = []
 
-    def load(self, epoch: int, plan: Sequence[StepBatches], skip: int = 0) -> None:
+    def load(self, seed: int, epoch: int, plan: Sequence[StepBatches], skip: int = 0) -> None:
         """The micro-batches of ``plan`` as keys, less the first ``skip`` of them."""
-        keys = [[(epoch, i) for i in micro] for step in plan for micro in step.micro]
+        keys = [[(seed, epoch, i) for i in micro] for step in plan for micro in step.micro]
         self._batches = keys[skip:]
 
-    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
+    def __iter__(self) -> Iterator[list[tuple[int, int, int]]]:
         return iter(self._batches)
 
     def __len__(self) -> int:
@@ -147,7 +156,7 @@ class ElasticLoader:
         batch_size: int,
         *,
         accumulate: int = 1,
-        seed: int = 0,
+        seed: Callable[[], int] = lambda: 0,
         num_workers: int = 0,
         collate_fn: Callable[[list[Any]], Any] | None = None,
         pin_memory: bool = False,
@@ -160,15 +169,12 @@ class ElasticLoader:
             raise ValueError(f"batch_size must be at least 1 (got {batch_size})")
         if accumulate < 1:
             raise ValueError(f"accumulate must be at least 1 (got {accumulate})")
-        size = len(dataset)  # type: ignore[arg-type]
-        if size != loop.sampler.num_samples:
-            raise ValueError(
-                f"the dataset has {size} samples but the sampler given to run.wrap() has "
-                f"{loop.sampler.num_samples}; make it ElasticSampler(len(dataset), ...)"
-            )
         self._loop = loop
         self.batch_size = batch_size
-        self._items = SeededItems(dataset, seed)
+        self._seed = seed  # read at each round: the sampler may come after the loader
+        self._items = SeededItems(dataset)
+        if loop.has_sampler:
+            self.check_size()
         self._num_workers = num_workers
         self._has_worker_init = worker_init_fn is not None
         self._pin_memory = pin_memory
@@ -190,8 +196,22 @@ class ElasticLoader:
             multiprocessing_context=multiprocessing_context,
             # its own generator: an iterator's reset must not draw from the training
             # process's RNG (the step seeds would hide it, but a user's own draws not)
-            generator=torch.Generator().manual_seed(seed),
+            generator=torch.Generator().manual_seed(0),
         )
+        if persistent_workers and num_workers > 0:
+            # Start the workers now: made before the model, they are forked from a small
+            # process, and the trainer's later memory is never copy-on-write (module
+            # docstring). An empty plan: they wait for the first round's.
+            iter(self.dataloader)
+
+    def check_size(self) -> None:
+        """The dataset must be the one the sampler was made for."""
+        size = len(self._items)
+        if size != self._loop.sampler.num_samples:
+            raise ValueError(
+                f"the dataset has {size} samples but the sampler given to run.wrap() has "
+                f"{self._loop.sampler.num_samples}; make it ElasticSampler(len(dataset), ...)"
+            )
 
     @property
     def step_size(self) -> int:
@@ -199,23 +219,29 @@ class ElasticLoader:
         return self.batch_size * self.accumulate
 
     def __iter__(self) -> Iterator[Any]:
+        if not self._loop.has_sampler:
+            raise RuntimeError(
+                "the loader's batches come from the sampler given to run.wrap(...) or "
+                "run.shard(...): call one of them before iterating the loader"
+            )
+        self.check_size()
         return self._loop.rounds_of_steps(self.step_size, self._start_round)
 
     def _start_round(self, shard: list[int], steps: int) -> Iterator[Any]:
         """The batches of this round's ``steps`` from this rank's ``shard``, in order."""
         plan = plan_steps(shard, steps, self.step_size, self.batch_size, filler=0)
-        epoch = self._loop.sampler.epoch
+        seed, epoch = self._seed(), self._loop.sampler.epoch
         here = read_here(plan, self._num_workers, self._has_worker_init)
-        self._batches.load(epoch, plan, skip=here)
+        self._batches.load(seed, epoch, plan, skip=here)
         produced = iter(self.dataloader)  # persistent workers: a reset, not a new set
-        first = [self._read(epoch, plan[0].micro[i]) for i in range(here)]
+        first = [self._read(seed, epoch, plan[0].micro[i]) for i in range(here)]
         for step in plan:
             micro = [first.pop(0) if first else next(produced) for _ in step.micro]
             self._loop.rank_samples = step.samples
             yield micro if self.accumulate > 1 else micro[0]
 
-    def _read(self, epoch: int, indices: Sequence[int]) -> Any:
+    def _read(self, seed: int, epoch: int, indices: Sequence[int]) -> Any:
         """One micro-batch read in this process, as a worker would have read it."""
         with generators_kept():  # each item seeds them; the training's draws go on
-            batch = self.dataloader.collate_fn([self._items[(epoch, i)] for i in indices])
+            batch = self.dataloader.collate_fn([self._items[(seed, epoch, i)] for i in indices])
         return pinned(batch) if self._pin_memory else batch

@@ -108,6 +108,11 @@ class StepLoop:
         return self.max_steps is not None and self._state.step >= self.max_steps
 
     @property
+    def has_sampler(self) -> bool:
+        """Was the sampler given (``wrap`` or ``shard``)?"""
+        return self._state.sampler is not None
+
+    @property
     def sampler(self) -> ElasticSampler:
         if self._state.sampler is None:
             raise RuntimeError("call run.wrap(model, optimizer, sampler) first")
