@@ -9,8 +9,8 @@ the optimizer's moments, the activations' heap) costs it a page fault and a 4 Ki
 once. In the bench's join that first step took the new worker 65,000 page faults and
 1.6 s of CPU against its peers' 0.7 s (bench/README.md, "a new worker's first step").
 
-This measures the effect alone: one process trains the example's model (one thread,
-two micro-batches of 8x64 a step, AdamW, an EMA), forks ``--children`` idle children
+This measures the effect alone: one process trains the example's model at its default
+sizes (one thread, its micro-batches a step, AdamW, an EMA), forks ``--children`` idle children
 after ``--warm`` steps (what DataLoader's ``fork`` does; the children only sleep), and
 reports each step's wall time, CPU time and minor page faults, beside the same process
 that forks nothing. ``--busy`` processes train the same model alongside, for the two
@@ -20,6 +20,7 @@ cores the bench's other ranks fill.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import resource
@@ -29,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+from bench.launchers.scripts import REPO
 
 
 def train(steps: int, fork_at: int | None, children: int) -> list[dict[str, float]]:
@@ -38,18 +39,19 @@ def train(steps: int, fork_at: int | None, children: int) -> list[dict[str, floa
     from torch import nn
     from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
-    sys.path.insert(0, str(EXAMPLES))
-    from train_gpt import GPT, Sequences  # type: ignore[import-not-found]
+    gpt = importlib.import_module("elasticjob_examples.train_gpt")  # as check_cost.py does
+    a = gpt.parse_args([])  # the example's own sizes
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    model = GPT(512, 64, 192, 7, 6)
+    model = gpt.GPT(a.vocab, a.seq, a.dim, a.layers, a.heads)
     optim = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
     ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(0.99))  # type: ignore[no-untyped-call]
     loss_fn = nn.CrossEntropyLoss()
-    data = Sequences(4096, 64, 512)
+    data = gpt.Sequences(a.samples, a.seq, a.vocab)
+    size = a.batch_size
     batches = [
-        [torch.stack([data[i][j] for i in range(m * 8, m * 8 + 8)]) for j in (0, 1)]
+        [torch.stack([data[i][j] for i in range(m * size, (m + 1) * size)]) for j in (0, 1)]
         for m in range(16)
     ]
     kids: list[int] = []
@@ -65,10 +67,10 @@ def train(steps: int, fork_at: int | None, children: int) -> list[dict[str, floa
                     kids.append(pid)
             faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             wall, cpu = time.perf_counter(), time.process_time()
-            for k in range(2):
-                inputs, targets = batches[(2 * step + k) % len(batches)]
+            for k in range(a.accumulate):
+                inputs, targets = batches[(a.accumulate * step + k) % len(batches)]
                 loss = loss_fn(model(inputs).flatten(0, 1), targets.flatten())
-                (loss / 2).backward()
+                (loss / a.accumulate).backward()
             optim.step()
             optim.zero_grad(set_to_none=True)
             ema.update_parameters(model)
@@ -98,7 +100,7 @@ def run_case(steps: int, fork_at: int | None, children: int) -> list[dict[str, f
         capture_output=True,
         text=True,
         timeout=600,
-        cwd=EXAMPLES.parent,
+        cwd=REPO,
     ).stdout
     rows: list[dict[str, float]] = json.loads(out.splitlines()[-1])
     return rows
@@ -117,10 +119,7 @@ def main(argv: list[str] | None = None) -> None:
     alongside = (
         f"from bench.loader_fork_cost import train; train({10 * steps * args.reps}, None, 0)"
     )
-    busy = [
-        subprocess.Popen([sys.executable, "-c", alongside], cwd=EXAMPLES.parent)
-        for _ in range(args.busy)
-    ]
+    busy = [subprocess.Popen([sys.executable, "-c", alongside], cwd=REPO) for _ in range(args.busy)]
     cases: dict[str, list[list[dict[str, float]]]] = {"fork": [], "no fork": []}
     try:
         time.sleep(8)  # the busy processes past their imports

@@ -26,10 +26,10 @@ takes no longer than a worker's first, and it spares the round's first step the 
 start (a fork and their set-up: 0.12-0.18 s for two workers of the realistic example
 with nothing else running, 0.35 s beside training on two cores), which a worker that
 replaces a killed one or joins a running group paid while its peers waited in the
-step's all-reduce. Each item
-is read under its own seed wherever it is read, and the process's generators get their
-states back after it, so the batch and the training are the same. Not with a
-``worker_init_fn``: a dataset may need what it sets up in each worker.
+step's all-reduce. Each item is read under its own seed wherever it is read, and the
+process's generators get their states back after it, so the batch and the training are
+the same. Not with a ``worker_init_fn``: a dataset may need what it sets up in each
+worker.
 
 Each step's batch on every rank is real data: where a rank has no sample left in the
 epoch's last step (fewer samples than ranks), it gets one *filler* sample whose gradient
@@ -155,8 +155,8 @@ class ElasticLoader:
         dataset: Dataset[Any],
         batch_size: int,
         *,
+        seed: Callable[[], int],
         accumulate: int = 1,
-        seed: Callable[[], int] = lambda: 0,
         num_workers: int = 0,
         collate_fn: Callable[[list[Any]], Any] | None = None,
         pin_memory: bool = False,
