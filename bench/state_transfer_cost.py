@@ -1,0 +1,185 @@
+"""`python -m bench.state_transfer_cost`: what moving the realistic example's state to a
+new process costs, with the state's buckets at two sizes.
+
+A survivor hands a joiner (or a worker that replaces a killed one) the whole training
+state: the model, AdamW's moments, the EMA, 53 MB at the example's sizes
+(``checkpoints/state_broadcast.py``). The group waits for it. This runs that hand-over
+alone: two fresh processes over gloo on loopback, the sender after one training step
+(so AdamW holds its moments), the receiver as a joiner builds it (AdamW empty), and
+``broadcast_state`` from one to the other, ``--reps`` times in the same two processes
+(the first is what a new process pays; the later ones what a survivor pays again).
+``--busy`` processes compute beside them, for the two cores the other ranks fill. Each
+case is a bucket size: 64 MiB (one bucket for this state: the plan before 2026-11-29,
+filled whole, then sent) and the default, small buckets pipelined.
+
+Reported per side and repetition: wall time of the move, CPU time, minor page faults;
+the receiver's state is checked equal to the sender's after each move.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.launchers.scripts import REPO
+from bench.ports import free_port
+
+ONE_BUCKET = 1 << 26  # the bucket size before the pipelined plan
+
+
+def _faults() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def _leaves(obj: Any) -> Any:
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, dict):
+        for value in obj.values():
+            yield from _leaves(value)
+    elif isinstance(obj, list | tuple):
+        for value in obj:
+            yield from _leaves(value)
+
+
+def side(rank: int, port: int, reps: int, bucket_bytes: int) -> list[dict[str, Any]]:
+    """One rank's part: rank 0 sends, rank 1 (a new process, AdamW empty) receives."""
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+    from elasticjob_runtime.checkpoints.state_broadcast import broadcast_state
+
+    torch.set_num_threads(1)
+    gpt = importlib.import_module("elasticjob_examples.train_gpt")
+    a = gpt.parse_args([])  # the example's own sizes
+    torch.manual_seed(0)
+    model = gpt.GPT(a.vocab, a.seq, a.dim, a.layers, a.heads)
+    optim = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
+    ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(0.99))  # type: ignore[no-untyped-call]
+    if rank == 0:  # a survivor: AdamW holds its moments
+        data = gpt.Sequences(a.batch_size, a.seq, a.vocab)
+        inputs, targets = (torch.stack([data[i][j] for i in range(a.batch_size)]) for j in (0, 1))
+        nn.CrossEntropyLoss()(model(inputs).flatten(0, 1), targets.flatten()).backward()
+        optim.step()
+        ema.update_parameters(model)
+    objects = {"model": model, "optim": optim, "ema": ema}
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    cpu = torch.device("cpu")
+    rows: list[dict[str, Any]] = []
+    for _ in range(reps):
+        dist.barrier()
+        faults, wall, used = _faults(), time.perf_counter(), time.process_time()
+        sent = {k: v.state_dict() for k, v in objects.items()} if rank == 0 else None
+        got = broadcast_state(sent, 0, cpu, receivers=[1], bucket_bytes=bucket_bytes)
+        if got is not None:
+            for key, target in objects.items():
+                target.load_state_dict(got[key])
+        row: dict[str, Any] = {
+            "wall_s": time.perf_counter() - wall,
+            "cpu_s": time.process_time() - used,
+            "faults": _faults() - faults,
+        }
+        total = sum(
+            float(t.double().sum()) for o in objects.values() for t in _leaves(o.state_dict())
+        )
+        sums = [torch.zeros(1, dtype=torch.float64) for _ in range(2)]
+        dist.all_gather(sums, torch.tensor([total], dtype=torch.float64))
+        row["equal"] = sums[0].item() == sums[1].item()
+        rows.append(row)
+        del got, sent
+    dist.destroy_process_group()
+    return rows
+
+
+def run_case(reps: int, bucket_bytes: int) -> list[list[dict[str, Any]]]:
+    """Both sides in processes of their own; their rows, sender first."""
+    port = free_port()
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "import json; from bench.state_transfer_cost import side; "
+                f"print(json.dumps(side({rank}, {port}, {reps}, {bucket_bytes})))",
+            ],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    outs = [proc.communicate(timeout=300)[0] for proc in procs]
+    for proc in procs:
+        if proc.returncode:
+            raise SystemExit(f"a side exited {proc.returncode}")
+    return [json.loads(out.splitlines()[-1]) for out in outs]
+
+
+BUSY = """import torch, time
+torch.set_num_threads(1)
+a = torch.randn(512, 512)
+end = time.time() + {s}
+while time.time() < end:
+    a = (a @ a).tanh()
+"""
+
+
+def main(argv: list[str] | None = None) -> None:
+    from elasticjob_runtime.checkpoints.state_broadcast import BUCKET_BYTES
+
+    p = argparse.ArgumentParser(prog="python -m bench.state_transfer_cost")
+    p.add_argument("--reps", type=int, default=3, help="moves in the same two processes")
+    p.add_argument("--cases", type=int, default=3, help="fresh pairs of processes per size")
+    p.add_argument("--busy", type=int, default=2, help="processes computing beside them")
+    p.add_argument("--out", type=Path, help="write the figures here as JSON")
+    args = p.parse_args(argv)
+    sizes = {"one 64 MiB bucket": ONE_BUCKET, f"{BUCKET_BYTES >> 20} MiB, pipelined": BUCKET_BYTES}
+    seconds = 60 + 40 * args.cases * len(sizes)  # bounded: each stops by itself
+    busy = [
+        subprocess.Popen([sys.executable, "-c", BUSY.format(s=seconds)], cwd=REPO)
+        for _ in range(args.busy)
+    ]
+    results: dict[str, list[list[list[dict[str, Any]]]]] = {name: [] for name in sizes}
+    try:
+        for _ in range(args.cases):  # the sizes alternate, so drift hits both
+            for name, size in sizes.items():
+                results[name].append(run_case(args.reps, size))
+    finally:
+        for proc in busy:
+            proc.kill()
+            proc.wait()
+    print(f"the state moved to a new process, {args.cases} pairs each, beside {args.busy} busy")
+    for name, cases in results.items():
+        for label, index in (("sender", 0), ("receiver", 1)):
+            for when, reps in (("first move", slice(0, 1)), ("later moves", slice(1, None))):
+                rows = [row for case in cases for row in case[index][reps]]
+                if not rows:
+                    continue
+                parts = []
+                for key in ("wall_s", "cpu_s", "faults"):
+                    values = sorted(float(row[key]) for row in rows)
+                    middle, low, high = values[len(values) // 2], values[0], values[-1]
+                    parts.append(f"{key} {middle:.3g} ({low:.3g}-{high:.3g})")
+                print(f"  {name:18s} {label:8s} {when:11s} " + ", ".join(parts))
+        if not all(row["equal"] for case in cases for row in case[1]):
+            raise SystemExit(f"{name}: a receiver's state differs from the sender's")
+    if args.out is not None:
+        doc = {"date": time.strftime("%Y-%m-%dT%H:%M"), "args": vars(args) | {"out": None}}
+        args.out.write_text(json.dumps(doc | {"cases": results}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    main()
