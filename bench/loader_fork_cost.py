@@ -30,7 +30,11 @@ import sys
 import time
 from pathlib import Path
 
+from bench import side_load
 from bench.launchers.scripts import REPO
+from bench.report import middle_and_range
+
+FIGURES = ("wall_s", "cpu_s", "faults")  # each step's, as train() measures them
 
 
 def train(steps: int, fork_at: int | None, children: int) -> list[dict[str, float]]:
@@ -116,31 +120,19 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path, help="write the figures here as JSON")
     args = p.parse_args(argv)
     steps = args.warm + args.after
-    alongside = (
-        f"from bench.loader_fork_cost import train; train({10 * steps * args.reps}, None, 0)"
-    )
-    busy = [subprocess.Popen([sys.executable, "-c", alongside], cwd=REPO) for _ in range(args.busy)]
+    busy = f"from bench.loader_fork_cost import train; train({10 * steps * args.reps}, None, 0)"
     cases: dict[str, list[list[dict[str, float]]]] = {"fork": [], "no fork": []}
-    try:
+    with side_load.alongside([busy] * args.busy):
         time.sleep(8)  # the busy processes past their imports
         for _ in range(args.reps):
             cases["fork"].append(run_case(steps, args.warm, args.children))
             cases["no fork"].append(run_case(steps, None, 0))
-    finally:
-        for proc in busy:
-            proc.kill()
-            proc.wait()
     print(f"the step after step {args.warm}, median of {args.reps} (min-max):")
     for name, reps in cases.items():
         after = [rep[args.warm] for rep in reps]
         before = [rep[args.warm - 1] for rep in reps]
         for label, rows in (("the step before", before), ("the step after", after)):
-            parts = []
-            for key in ("wall_s", "cpu_s", "faults"):
-                values = sorted(row[key] for row in rows)
-                middle, low, high = values[len(values) // 2], values[0], values[-1]
-                parts.append(f"{key} {middle:.3g} ({low:.3g}-{high:.3g})")
-            print(f"  {name:8s} {label:16s} " + ", ".join(parts))
+            print(f"  {name:8s} {label:16s} " + middle_and_range(rows, FIGURES))
     if args.out is not None:
         doc = {"date": time.strftime("%Y-%m-%dT%H:%M"), "args": vars(args) | {"out": None}}
         args.out.write_text(json.dumps(doc | {"cases": cases}, indent=2) + "\n")

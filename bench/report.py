@@ -58,6 +58,17 @@ def median(samples: Sequence[float]) -> float | None:
     return statistics.median(samples) if samples else None
 
 
+def middle_and_range(rows: Sequence[dict[str, Any]], keys: Sequence[str]) -> str:
+    """``key middle (min-max), ...`` over ``rows`` (the middle one when sorted: the upper
+    of the two middles for an even count), for a measurement's printed summary."""
+    parts = []
+    for key in keys:
+        values = sorted(float(row[key]) for row in rows)
+        middle, low, high = values[len(values) // 2], values[0], values[-1]
+        parts.append(f"{key} {middle:.3g} ({low:.3g}-{high:.3g})")
+    return ", ".join(parts)
+
+
 def _value(x: float | None, unit: str) -> str:
     if x is None:
         return "-"

@@ -29,27 +29,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import side_load
 from bench.launchers.scripts import REPO
 from bench.ports import free_port
+from bench.report import middle_and_range
 
 ONE_BUCKET = 1 << 26  # the bucket size before the pipelined plan
 
 
 def _faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-
-
-def _leaves(obj: Any) -> Any:
-    import torch
-
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, dict):
-        for value in obj.values():
-            yield from _leaves(value)
-    elif isinstance(obj, list | tuple):
-        for value in obj:
-            yield from _leaves(value)
 
 
 def side(rank: int, port: int, reps: int, bucket_bytes: int) -> list[dict[str, Any]]:
@@ -59,7 +48,7 @@ def side(rank: int, port: int, reps: int, bucket_bytes: int) -> list[dict[str, A
     from torch import nn
     from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
-    from elasticjob_runtime.checkpoints.state_broadcast import broadcast_state
+    from elasticjob_runtime.checkpoints.state_broadcast import broadcast_state, map_tensors
 
     torch.set_num_threads(1)
     gpt = importlib.import_module("elasticjob_examples.train_gpt")
@@ -91,9 +80,9 @@ def side(rank: int, port: int, reps: int, bucket_bytes: int) -> list[dict[str, A
             "cpu_s": time.process_time() - used,
             "faults": _faults() - faults,
         }
-        total = sum(
-            float(t.double().sum()) for o in objects.values() for t in _leaves(o.state_dict())
-        )
+        leaves: list[torch.Tensor] = []
+        map_tensors({k: v.state_dict() for k, v in objects.items()}, leaves.append)
+        total = sum(float(t.double().sum()) for t in leaves)
         sums = [torch.zeros(1, dtype=torch.float64) for _ in range(2)]
         dist.all_gather(sums, torch.tensor([total], dtype=torch.float64))
         row["equal"] = sums[0].item() == sums[1].item()
@@ -147,19 +136,11 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     sizes = {"one 64 MiB bucket": ONE_BUCKET, f"{BUCKET_BYTES >> 20} MiB, pipelined": BUCKET_BYTES}
     seconds = 60 + 40 * args.cases * len(sizes)  # bounded: each stops by itself
-    busy = [
-        subprocess.Popen([sys.executable, "-c", BUSY.format(s=seconds)], cwd=REPO)
-        for _ in range(args.busy)
-    ]
     results: dict[str, list[list[list[dict[str, Any]]]]] = {name: [] for name in sizes}
-    try:
+    with side_load.alongside([BUSY.format(s=seconds)] * args.busy):
         for _ in range(args.cases):  # the sizes alternate, so drift hits both
             for name, size in sizes.items():
                 results[name].append(run_case(args.reps, size))
-    finally:
-        for proc in busy:
-            proc.kill()
-            proc.wait()
     print(f"the state moved to a new process, {args.cases} pairs each, beside {args.busy} busy")
     for name, cases in results.items():
         for label, index in (("sender", 0), ("receiver", 1)):
@@ -167,12 +148,8 @@ def main(argv: list[str] | None = None) -> None:
                 rows = [row for case in cases for row in case[index][reps]]
                 if not rows:
                     continue
-                parts = []
-                for key in ("wall_s", "cpu_s", "faults"):
-                    values = sorted(float(row[key]) for row in rows)
-                    middle, low, high = values[len(values) // 2], values[0], values[-1]
-                    parts.append(f"{key} {middle:.3g} ({low:.3g}-{high:.3g})")
-                print(f"  {name:18s} {label:8s} {when:11s} " + ", ".join(parts))
+                summary = middle_and_range(rows, ("wall_s", "cpu_s", "faults"))
+                print(f"  {name:18s} {label:8s} {when:11s} {summary}")
         if not all(row["equal"] for case in cases for row in case[1]):
             raise SystemExit(f"{name}: a receiver's state differs from the sender's")
     if args.out is not None:
