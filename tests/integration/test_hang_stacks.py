@@ -12,7 +12,15 @@ from conftest import EtcdServer, start, wait_for
 
 pytestmark = pytest.mark.integration
 
-SLEEPER = "import time\ndef nap_forever():\n    time.sleep(3600)\nnap_forever()\n"
+# It says when it is inside nap_forever, so the stack the test reads is the hang's, not
+# the interpreter still starting (on a loaded machine its agent's warm spares alone can
+# take longer than the short wait below).
+SLEEPER = """import pathlib, sys, time
+def nap_forever():
+    pathlib.Path(sys.argv[1]).touch()
+    time.sleep(3600)
+nap_forever()
+"""
 
 
 def test_a_timed_out_wait_fails_with_the_stacks_of_the_agent_and_its_worker(
@@ -20,8 +28,10 @@ def test_a_timed_out_wait_fails_with_the_stacks_of_the_agent_and_its_worker(
 ) -> None:
     script = tmp_path / "sleeper.py"
     script.write_text(SLEEPER)
+    napping = tmp_path / "napping"
     log = tmp_path / "agent.log"
-    agent = start(agents, etcd, log, [str(script)], nproc=1)
+    agent = start(agents, etcd, log, [str(script), str(napping)], nproc=1)
+    wait_for("the sleeper to start napping", lambda: napping.exists() or None, 180, log)
     with pytest.raises(pytest.fail.Exception) as failed:
         wait_for("the sleeper to finish", agent.poll, 8, log)
     message = str(failed.value)
