@@ -12,7 +12,15 @@ from spawned_ranks import on_ranks
 
 from elasticjob_runtime.goodput import ledger as gl
 from elasticjob_runtime.goodput.keeper import LedgerKeeper
-from elasticjob_runtime.training.ledger_sync import Held, claim, earliest, source, sync_ledger
+from elasticjob_runtime.training.formation import gather_formation
+from elasticjob_runtime.training.ledger_sync import (
+    Held,
+    claim,
+    earliest,
+    offer,
+    source,
+    sync_ledger,
+)
 
 
 def book(through: float) -> gl.Ledger:
@@ -51,7 +59,9 @@ def _sync(rank: int, port: int, out: Any, held: list[Held], published: dict[str,
         reads.append(rank)
         return gl.decode(published) if published else None
 
-    sync_ledger(mine, held[rank], rank, torch.device("cpu"), read)
+    own = offer(mine, held[rank])
+    formed = gather_formation(own, [], torch.device("cpu"))  # the Run's one gather
+    sync_ledger(mine, own, formed.ledgers, rank, torch.device("cpu"), read)
     out.put((rank, gl.encode(mine.ledger), reads))
     dist.destroy_process_group()
 

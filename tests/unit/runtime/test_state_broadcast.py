@@ -28,6 +28,7 @@ from elasticjob_runtime.checkpoints.state_broadcast import (
     sent_as_bytes,
     skeleton_of,
 )
+from elasticjob_runtime.training.agreement import gather_rows
 from elasticjob_runtime.training.state import TrainingState
 
 Pair = namedtuple("Pair", "left right")
@@ -240,7 +241,8 @@ def _newcomer(rank: int) -> tuple[str, bytes]:
         optimizer.step()
         state.step, state.live = 1, True
     ckpt: Any = None  # read only when no rank holds a step in memory
-    resumed = state.share_newest(rank, 3, torch.device("cpu"), ckpt)
+    steps = [row[0] for row in gather_rows([state.held_step], torch.device("cpu"))]
+    resumed = state.share_newest(rank, steps, torch.device("cpu"), ckpt)
     objects = state_to_save(state.objects())
     return resumed, _saved({k: objects[k] for k in ("model", "optim", "run")})
 

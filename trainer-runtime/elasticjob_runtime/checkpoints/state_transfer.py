@@ -42,22 +42,42 @@ def broadcast_bytes(data: bytes, src: int, device: torch.device) -> bytes:
     return move_bytes(data, src, device, lambda tensor: dist.broadcast(tensor, src))
 
 
+def broadcast_sized(data: bytes, size: int, src: int, device: torch.device) -> bytes:
+    """``data`` of rank ``src`` on every rank, when every rank knows its ``size`` already
+    (gathered beforehand): one collective instead of :func:`broadcast_bytes`'s two."""
+    import torch.distributed as dist
+
+    return _move_payload(data, size, src, device, lambda tensor: dist.broadcast(tensor, src))
+
+
 def move_bytes(
     data: bytes, src: int, device: torch.device, move: Callable[[torch.Tensor], object]
 ) -> bytes:
     """``data`` of rank ``src`` on each rank that ``move`` (a broadcast, or a send to some
     ranks) carries a tensor to: its size first, then its bytes."""
+    size = torch.tensor([len(data)], dtype=torch.int64, device=device)
+    move(size)
+    return _move_payload(data, int(size.item()), src, device, move)
+
+
+def _move_payload(
+    data: bytes,
+    size: int,
+    src: int,
+    device: torch.device,
+    move: Callable[[torch.Tensor], object],
+) -> bytes:
+    """The ``size`` bytes of ``data`` (rank ``src``'s) on each rank ``move`` reaches."""
     import torch.distributed as dist
 
     sending = dist.get_rank() == src
-    size = torch.tensor([len(data)], dtype=torch.int64, device=device)
-    move(size)
-    if sending:
-        buf = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
-    else:
-        buf = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
+    if sending and len(data) != size:
+        raise ValueError(f"rank {src} has {len(data)} bytes to send, its peers expect {size}")
+    if sending or not size:  # nothing to send is no message
+        if size:
+            move(torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device))
+        return data if sending else b""
+    buf = torch.empty(size, dtype=torch.uint8, device=device)
     move(buf)
-    if sending:
-        return data
     host = buf.cpu().contiguous()
     return ctypes.string_at(host.data_ptr(), host.numel())

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from elasticjob_runtime.checkpoints.manager import CheckpointManager
@@ -27,11 +28,16 @@ class DDPReplication:
     def __init__(self, state: TrainingState, ckpt: CheckpointManager, model: CurrentDDP) -> None:
         self._state, self._ckpt, self.model = state, ckpt, model
 
-    def form(self, rounds: WorkerRounds, timings: dict[str, float]) -> str:
+    def holding(self) -> list[int]:
+        """The step this rank holds in memory, -1 for none."""
+        return [self._state.held_step]
+
+    def form(
+        self, rounds: WorkerRounds, timings: dict[str, float], holdings: Sequence[Sequence[int]]
+    ) -> str:
         started = time.monotonic()
-        resumed = self._state.share_newest(
-            rounds.rank, rounds.world_size, rounds.device, self._ckpt
-        )
+        steps = [held[0] for held in holdings]
+        resumed = self._state.share_newest(rounds.rank, steps, rounds.device, self._ckpt)
         wrapped = time.monotonic()
         self.model.rewrap()
         timings["restore"] = wrapped - started

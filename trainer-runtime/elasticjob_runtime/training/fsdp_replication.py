@@ -34,7 +34,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -290,11 +290,18 @@ class FSDPReplication:
 
     # -- Replication
 
-    def form(self, rounds: WorkerRounds, timings: dict[str, float]) -> str:
-        started = time.monotonic()
+    def holding(self) -> list[int]:
+        """The step, shard and shard count this rank holds in memory (-1, -1, 0: none),
+        then what it holds of its peers' shard copies."""
         held = self._held
         mine = [held.step, held.shard, held.shards] if held else [-1, -1, 0]
-        rows = gather_rows([*mine, *self._copies().row()], rounds.device)
+        return [*mine, *self._copies().row()]
+
+    def form(
+        self, rounds: WorkerRounds, timings: dict[str, float], rows: Sequence[Sequence[int]]
+    ) -> str:
+        started = time.monotonic()
+        held = self._held
         holdings = [(r[0], r[1], r[2]) for r in rows]
         newest = max(step for step, _, _ in holdings)
         holders = complete_holders(holdings, newest) if newest >= 0 else None

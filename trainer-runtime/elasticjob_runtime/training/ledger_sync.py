@@ -5,9 +5,10 @@ the previous rank 0's (goodput/keeper.py).
 Which copy (:func:`source`, pure): the old rank 0's if it lived through the regroup;
 else the survivor's with the newest entry; else, every rank being new (the run starts or
 its group restarted), rank 0's, which it makes from the ledger the run published or,
-for a new run, from the earliest start among the ranks. One all-gather of an integer per
-rank and a broadcast of a few hundred bytes per formation; etcd is read only by rank 0
-of a group of new processes.
+for a new run, from the earliest start among the ranks. Each rank's claim and the size
+of its copy travel in the formation's one all-gather (formation.py), so the copy itself
+is one broadcast of a few hundred bytes; etcd is read only by rank 0 of a group of new
+processes.
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ import enum
 import json
 import os
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 
 from elasticjob_runtime import contract
-from elasticjob_runtime.checkpoints.state_transfer import broadcast_bytes, gather_steps
+from elasticjob_runtime.checkpoints.state_transfer import broadcast_bytes, broadcast_sized
 from elasticjob_runtime.goodput import ledger as gl
 from elasticjob_runtime.goodput.keeper import LedgerKeeper, group_start
 from elasticjob_runtime.goodput.ledger import Ledger
@@ -53,23 +55,41 @@ def earliest(claims: Sequence[int]) -> float:
     return min(c // 4 for c in claims if c % 4 == Held.NEW) / 1000
 
 
+@dataclass(frozen=True)
+class LedgerOffer:
+    """A rank's copy as the group forms: its claim, and its bytes, sent if the group
+    takes this copy."""
+
+    claim: int
+    data: bytes
+
+
+def offer(keeper: LedgerKeeper, held: Held) -> LedgerOffer:
+    return LedgerOffer(claim(keeper.ledger, held), json.dumps(keeper.encoded()).encode())
+
+
 def sync_ledger(
     keeper: LedgerKeeper,
-    held: Held,
+    mine: LedgerOffer,
+    offers: Sequence[tuple[int, int]],
     rank: int,
     device: torch.device,
     read: Callable[[], Ledger | None],
 ) -> None:
     """Collective over the group just formed: every rank ends with the chosen copy.
-    ``read``: the run's published ledger (called on rank 0 of a group of new processes)."""
-    claims = gather_steps(claim(keeper.ledger, held), device)
+    ``offers``: every rank's claim and the size of its copy, in rank order (gathered with
+    the formation's row). ``read``: the run's published ledger (called on rank 0 of a
+    group of new processes)."""
+    claims = [c for c, _ in offers]
     src = source(claims)
-    if src is None:
+    if src is None:  # rank 0 makes the group's copy now: its size is not known yet
         src = 0
         if rank == 0:
             told = os.environ.get(contract.ROUND_CAUSE)  # a hang's restart says so
             keeper.adopt(group_start(read(), earliest(claims), told))
-    data = json.dumps(keeper.encoded()).encode() if rank == src else b""
-    received = broadcast_bytes(data, src, device)
+        data = json.dumps(keeper.encoded()).encode() if rank == 0 else b""
+        received = broadcast_bytes(data, 0, device)
+    else:
+        received = broadcast_sized(mine.data if rank == src else b"", offers[src][1], src, device)
     if rank != src:
         keeper.adopt(gl.decode(json.loads(received)))

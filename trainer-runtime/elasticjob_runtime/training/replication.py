@@ -17,6 +17,7 @@ rendezvous backend behind ``rendezvous/api.py``:
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from elasticjob_runtime.training.grad_allreduce import Shares
@@ -31,11 +32,19 @@ class Replication(Protocol):
     # False when each rank's own save after a SIGTERM holds the whole state (DDP).
     saves_together: bool
 
-    def form(self, rounds: WorkerRounds, timings: dict[str, float]) -> str:
+    def holding(self) -> list[int]:
+        """What this rank holds of the model, as integers, as many on every rank: the
+        Run gathers it with the rest of the formation's row (formation.py) and hands
+        every rank's to :meth:`form`."""
+        ...
+
+    def form(
+        self, rounds: WorkerRounds, timings: dict[str, float], holdings: Sequence[Sequence[int]]
+    ) -> str:
         """Wrap the model for the round just formed and leave every rank at the newest
-        step any rank holds (or the newest checkpoint); every member calls it. Returns
-        where this rank's state came from (``Run.resumed_from``); writes the seconds of
-        its phases into ``timings``."""
+        step any rank holds (or the newest checkpoint); every member calls it, with every
+        rank's :meth:`holding` in rank order. Returns where this rank's state came from
+        (``Run.resumed_from``); writes the seconds of its phases into ``timings``."""
         ...
 
     def retire(self) -> object | None:

@@ -19,7 +19,6 @@ from elasticjob_runtime.checkpoints.format import CheckpointError, state_to_save
 from elasticjob_runtime.checkpoints.manager import CheckpointManager
 from elasticjob_runtime.checkpoints.restore import source_rank
 from elasticjob_runtime.checkpoints.state_broadcast import broadcast_state
-from elasticjob_runtime.checkpoints.state_transfer import gather_steps
 from elasticjob_runtime.training.sampler import ElasticSampler
 
 # The Run's own entries in the state; what users register goes beside them.
@@ -109,20 +108,26 @@ class TrainingState:
             **self.registered,
         }
 
+    @property
+    def held_step(self) -> int:
+        """The step this rank holds in memory, -1 before it first held the group's."""
+        return self.step if self.live else -1
+
     def share_newest(
-        self, rank: int, world_size: int, device: torch.device, ckpt: CheckpointManager
+        self, rank: int, steps: Sequence[int], device: torch.device, ckpt: CheckpointManager
     ) -> str:
         """Every rank ends at the newest step any rank holds in memory; when none holds
         one (a first start, or every process restarted), at the newest checkpoint.
-        Returns where this rank's state came from, for ``Run.resumed_from``."""
-        resumed_from = self._take_newest(rank, world_size, device, ckpt)
+        ``steps``: every rank's :attr:`held_step`, gathered. Returns where this rank's
+        state came from, for ``Run.resumed_from``."""
+        resumed_from = self._take_newest(rank, steps, device, ckpt)
         self.live = True  # only once it holds the group's state: a failed share retries
         return resumed_from
 
     def _take_newest(
-        self, rank: int, world_size: int, device: torch.device, ckpt: CheckpointManager
+        self, rank: int, steps: Sequence[int], device: torch.device, ckpt: CheckpointManager
     ) -> str:
-        steps = gather_steps(self.step if self.live else -1, device)
+        world_size = len(steps)
         newest = max(steps)
         if newest < 0:
             resumed = ckpt.restore(self.objects())  # agrees over the group itself

@@ -16,7 +16,6 @@ import os
 import socket
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from datetime import timedelta
 
@@ -146,7 +145,7 @@ class WorkerRounds:
         self._timeout = timedelta(seconds=timeout_s) if timeout_s else timedelta(minutes=30)
         self.group: RoundGroup = round_group(backend)
         self._aborted_generation = -1
-        self._round_token = ""  # agree_round_id
+        self._round_token = ""  # take_token
         self._closed = threading.Event()
         self._wakeup = Wakeup()  # the watcher's wait; close() ends it
         self._parent = os.getppid()  # the agent; a worker whose agent died stops waiting
@@ -185,19 +184,16 @@ class WorkerRounds:
     def round_id(self) -> str:
         """The group this rank is in: the rendezvous round (``contract.ROUND_ID``, from
         elasticjob-run's etcd rendezvous; the run id alone with torch's own) and the token
-        its rank 0 drew when it formed (:meth:`agree_round_id`), so it is the same on every
+        its rank 0 drew when it formed (:meth:`take_token`), so it is the same on every
         rank of the group and new at every formation, wherever round numbers restart."""
         base = self.assignment.env.get(contract.ROUND_ID) or os.environ.get(
             "TORCHELASTIC_RUN_ID", "local"
         )
         return f"{base}.{self._round_token}" if self._round_token else base
 
-    def agree_round_id(self) -> None:
-        """Every rank of the group just formed takes rank 0's new token (a collective)."""
-        from elasticjob_runtime.checkpoints.state_transfer import broadcast_bytes
-
-        token = uuid.uuid4().hex[:8].encode() if self.rank == 0 else b""
-        self._round_token = broadcast_bytes(token, 0, self.device).decode()
+    def take_token(self, token: int) -> None:
+        """Name the group just formed by rank 0's draw (formation.py gathers it)."""
+        self._round_token = f"{token:08x}"
 
     @property
     def device(self) -> torch.device:
