@@ -164,14 +164,20 @@ def target_source(target: Target) -> str | None:
 
 
 def warm_up(target: Target, extra: Sequence[str]) -> list[str]:
-    """Import what the worker will import; returns the modules that failed to import.
+    """Import what the worker will import, and run torch's first-use paths once
+    (first_use.py); returns the modules that failed to import.
 
     A failure is not an error here: the script's own import raises it where it belongs,
     with the user's traceback.
     """
     source = target_source(target)
     names = [*ALWAYS_WARM, *(top_level_imports(source) if source else []), *extra]
-    return [name for name in dict.fromkeys(names) if not warm(name)]
+    failed = [name for name in dict.fromkeys(names) if not warm(name)]
+    with contextlib.suppress(Exception):  # a speed-up only: the worker pays it if it fails
+        from elasticjob_runtime.launch import first_use
+
+        first_use.exercise()
+    return failed
 
 
 def warm(name: str) -> bool:
