@@ -14,7 +14,8 @@ are the change::
 
 Every piece of state goes through the Run (``state=`` in ``run.wrap``), so a worker
 that is restarted or joins gets the scheduler, the scaler and the EMA with the model,
-and the ranks' fingerprints are compared after every regroup and every 100 steps.
+and the ranks' fingerprints are compared at the first step after every regroup and every
+100 steps.
 
 Logs ``step= epoch= loss= lr= world= rank= samples= pid= t=`` every ``--log-every``
 steps; ``--log-state 1`` logs every rank's fingerprints of model, optimizer, scheduler,

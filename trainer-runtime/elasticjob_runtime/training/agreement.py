@@ -1,8 +1,8 @@
 """When the ranks compare their training state, and what a mismatch does.
 
 The comparison itself (fingerprints, which ranks differ, the message) is
-:mod:`elasticjob_runtime.training.fingerprint`; this module is the schedule (after every regroup
-and restore, at the first step after one, every ``check_every`` steps) and the action:
+:mod:`elasticjob_runtime.training.fingerprint`; this module is the schedule (at the first step
+after every regroup and restore, and every ``check_every`` steps) and the action:
 stop with :class:`~elasticjob_runtime.training.fingerprint.DivergenceError`, or copy rank 0's
 state to every rank (``on_divergence="resync"``). Either way the operator hears of it
 through the run's etcd.

@@ -4,8 +4,8 @@ Data-parallel ranks hold bitwise-identical weights, optimizer state and schedule
 start equal and apply the same all-reduced gradients with the same arithmetic. A rank
 that differs is training a different model, and nothing else would ever say so (the
 job still finishes, with exit 0). So the Run compares, over the group, one 64-bit
-fingerprint per piece of state: after every regroup and restore, at the first step after
-one (where state that never went through the Run shows up), and every ``check_every``
+fingerprint per piece of state: at the first step after every regroup and restore
+(which also shows state that never went through the Run), and every ``check_every``
 steps.
 
 A tensor's fingerprint is the sum of its elements read as integers of the same width,
