@@ -70,13 +70,14 @@ def _move_payload(
     """The ``size`` bytes of ``data`` (rank ``src``'s) on each rank ``move`` reaches."""
     import torch.distributed as dist
 
-    sending = dist.get_rank() == src
-    if sending and len(data) != size:
-        raise ValueError(f"rank {src} has {len(data)} bytes to send, its peers expect {size}")
-    if sending or not size:  # nothing to send is no message
-        if size:
+    if dist.get_rank() == src:
+        if len(data) != size:
+            raise ValueError(f"rank {src} has {len(data)} bytes to send, its peers expect {size}")
+        if size:  # nothing to send is no message
             move(torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device))
-        return data if sending else b""
+        return data
+    if not size:
+        return b""
     buf = torch.empty(size, dtype=torch.uint8, device=device)
     move(buf)
     host = buf.cpu().contiguous()

@@ -65,7 +65,12 @@ class LedgerOffer:
 
 
 def offer(keeper: LedgerKeeper, held: Held) -> LedgerOffer:
-    return LedgerOffer(claim(keeper.ledger, held), json.dumps(keeper.encoded()).encode())
+    return LedgerOffer(claim(keeper.ledger, held), _wire(keeper))
+
+
+def _wire(keeper: LedgerKeeper) -> bytes:
+    """The keeper's copy as it travels to the other ranks."""
+    return json.dumps(keeper.encoded()).encode()
 
 
 def sync_ledger(
@@ -87,7 +92,7 @@ def sync_ledger(
         if rank == 0:
             told = os.environ.get(contract.ROUND_CAUSE)  # a hang's restart says so
             keeper.adopt(group_start(read(), earliest(claims), told))
-        data = json.dumps(keeper.encoded()).encode() if rank == 0 else b""
+        data = _wire(keeper) if rank == 0 else b""
         received = broadcast_bytes(data, 0, device)
     else:
         received = broadcast_sized(mine.data if rank == src else b"", offers[src][1], src, device)
