@@ -194,6 +194,30 @@ def role(cmdline: str, script: str) -> str:
     return "worker" if script in cmdline else "other"
 
 
+def machine_cpu_times(stat: str | None = None) -> list[int] | None:
+    """The machine's CPU time counters in ticks (``/proc/stat``'s ``cpu`` line: user, nice,
+    system, idle, iowait, irq, softirq, steal, ...), None where there is none to read."""
+    try:
+        text = Path("/proc/stat").read_text() if stat is None else stat
+    except OSError:
+        return None
+    first = text.splitlines()[0].split() if text else []
+    if len(first) < 9 or first[0] != "cpu":
+        return None
+    return [int(v) for v in first[1:]]
+
+
+def steal_percent(before: list[int] | None, after: list[int] | None) -> float | None:
+    """The share of the machine's CPU time between two readings that the hypervisor gave
+    to others (``steal``): a shared host's load, which moves a run's step time without
+    anything in the run changing. None without both readings or any time between."""
+    if before is None or after is None:
+        return None
+    spent = [b - a for a, b in zip(before, after, strict=False)]
+    total = sum(spent[:8])  # guest time is counted in user already
+    return round(100 * spent[7] / total, 1) if total > 0 else None
+
+
 def _cpu_seconds(pid: int) -> tuple[float, int] | None:
     """(user + system CPU seconds, parent pid) of a live process."""
     try:
@@ -245,6 +269,7 @@ class Throughput:
     world: int | None = None
     load: float | None = None  # 1-minute load average at the window's end
     cpu: dict[str, float] | None = None  # CPU seconds in the window by role (cpu_by_role)
+    steal: float | None = None  # % of the machine's CPU time the host took in the window
     error: str | None = None
     scenario: str = ""  # which steady-state run (Steady.scenario)
 
@@ -278,9 +303,10 @@ def throughput_once(
     try:
         start_agents(job, 2)
         wait_for(f"step {first}", lambda: reached(first), limits.start)
-        cpu_before = cpu_snapshot(job, etcd)
+        cpu_before, machine_before = cpu_snapshot(job, etcd), machine_cpu_times()
         wait_for(f"step {last}", lambda: reached(last), limits.start)
         result.cpu = cpu_by_role(cpu_before, cpu_snapshot(job, etcd))
+        result.steal = steal_percent(machine_before, machine_cpu_times())
         result.load = round(os.getloadavg()[0], 2)
         progress = [p for lines in job.logs() for p in parse_progress(lines)]
         result.median_step_seconds = median_gap(progress, first, last)
@@ -325,7 +351,8 @@ def throughput(
             r = throughput_once(steady, launcher, rep, etcd, where, limits)
             shown = (
                 f"{r.samples_per_s:.1f} samples/s ({r.step_seconds:.3f} s/step mean, "
-                f"{r.median_step_seconds or 0:.3f} median, load {r.load}; CPU s {r.cpu})"
+                f"{r.median_step_seconds or 0:.3f} median, load {r.load}, host steal "
+                f"{r.steal}%; CPU s {r.cpu})"
                 if r.samples_per_s is not None
                 else f"FAILED: {r.error}"
             )
@@ -363,6 +390,13 @@ def throughput_figure(steady: Steady, runs: Sequence[Throughput], baseline: str)
         )
     ]
     fig.note = "ratio per repetition: " + (", ".join(per_rep) or "-")
+    steals = [
+        f"{a.steal} vs {b.steal}"
+        for a, b in zip(ours, base, strict=False)
+        if a.steal is not None and b.steal is not None
+    ]
+    if steals:
+        fig.note += "; host steal % per repetition, ours vs baseline: " + ", ".join(steals)
     if typical[0] is not None and typical[1] is not None:
         fig.note += (
             f"; median step {typical[0]:.3f} s vs {typical[1]:.3f} s "

@@ -81,6 +81,30 @@ def test_a_throughput_figure_is_ours_over_the_baseline_against_its_target() -> N
     assert "agent 10 vs 2, worker 500 vs 490" in fig.note
 
 
+def test_host_steal_is_the_share_of_the_machines_cpu_time_the_host_took() -> None:
+    before = real_scripts.machine_cpu_times("cpu  100 0 20 70 0 0 0 10 5 0\ncpu0 1 2 3\n")
+    after = real_scripts.machine_cpu_times("cpu  160 0 30 90 0 0 0 40 25 0\n")
+    assert before == [100, 0, 20, 70, 0, 0, 0, 10, 5, 0]
+    # 120 ticks passed, 30 of them stolen; guest time is inside user already
+    assert real_scripts.steal_percent(before, after) == 25.0
+    assert real_scripts.steal_percent(before, before) is None  # no time between
+    assert real_scripts.steal_percent(None, after) is None
+    assert real_scripts.machine_cpu_times("intr 1 2 3\n") is None
+    assert real_scripts.machine_cpu_times() is not None  # this machine's own /proc/stat
+
+
+def test_a_throughput_figure_shows_each_repetitions_host_steal() -> None:
+    runs = [
+        Throughput("elasticjob-run", 0, 99.0, steal=4.2),
+        Throughput("torchrun-c10d", 0, 100.0, steal=0.3),
+        Throughput("elasticjob-run", 1, 98.0),
+        Throughput("torchrun-c10d", 1, 100.0, steal=0.0),
+    ]
+    fig = real_scripts.throughput_figure(real_scripts.GPT_STEADY, runs, "torchrun-c10d")
+    # the second repetition has no reading for ours: left out, not guessed
+    assert fig.note.endswith("host steal % per repetition, ours vs baseline: 4.2 vs 0.3")
+
+
 def test_the_group_name_expands_to_its_scenarios_once() -> None:
     assert real_scripts.expand(["worker-kill", "real-scripts", "check-cost"]) == [
         "worker-kill",
