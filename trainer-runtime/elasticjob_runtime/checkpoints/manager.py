@@ -77,7 +77,6 @@ from elasticjob_runtime.checkpoints.save_faults import WRITE_FAULTS, SaveFaults
 from elasticjob_runtime.checkpoints.sigterm_save import SigtermSave
 from elasticjob_runtime.checkpoints.snapshot import Snapshots
 from elasticjob_runtime.checkpoints.state_broadcast import map_tensors
-from elasticjob_runtime.checkpoints.writer_priority import yield_cpu_to_training
 from elasticjob_runtime.etcd.records import MemoryFallback
 from elasticjob_runtime.launch.channel import StepReporter
 
@@ -213,7 +212,6 @@ class CheckpointManager:
         self._pending.start()
 
     def _write_catching(self, state: dict[str, Any], step: int) -> None:
-        yield_cpu_to_training()  # this thread only (writer_priority.py)
         try:
             self._write(state, step, self.writer)
         except BaseException as exc:

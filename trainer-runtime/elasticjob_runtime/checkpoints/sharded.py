@@ -46,7 +46,6 @@ import torch.distributed as dist
 
 from elasticjob_runtime.checkpoints.files import write_atomic
 from elasticjob_runtime.checkpoints.format import deserialize
-from elasticjob_runtime.checkpoints.writer_priority import yield_cpu_to_training
 
 if TYPE_CHECKING:
     from torch.distributed.checkpoint.metadata import Metadata
@@ -151,7 +150,6 @@ class ShardedCheckpoints:
         save = _Save(step, partial)
 
         def work() -> None:
-            yield_cpu_to_training()  # this thread only (writer_priority.py)
             self._write_part(save, parts, mine[0], rank)
             if metadata is not None and save.error is None:  # rank 0 has the metadata
                 self._commit_when_written(save, parts, metadata, world, replicated)
