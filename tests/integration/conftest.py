@@ -405,7 +405,7 @@ def _process_line(pid: int, command: str) -> str:
     return f"ppid={ppid} state={state} {command.strip()[:160]}"
 
 
-def abort_with_stacks(pause_s: float = 0.3) -> list[int]:
+def abort_with_stacks(pause_s: float = 0.3, settle_s: float = 15.0) -> list[int]:
     """SIGABRT every Python process under this one (agents, spares, workers): with
     ``PYTHONFAULTHANDLER`` set, as :func:`start` sets it, each writes every thread's
     stack to its stderr as it dies. What a hang left behind is otherwise lost.
@@ -414,7 +414,10 @@ def abort_with_stacks(pause_s: float = 0.3) -> list[int]:
     of the hang: an agent that saw its worker die would otherwise SIGTERM the others,
     and those die without a stack. They go on (SIGCONT) deepest first, one at a time:
     a worker without redirects writes into its agent's log, and writers sharing a file
-    would interleave."""
+    would interleave. Then it waits (up to ``settle_s``) until every one has died, so that
+    each stack is in its file before the caller reads them: under the suite's load a
+    process continued 0.3 s before could still be waiting for a core, and the agent's log
+    was read without its stacks (a CI failure of test_hang_stacks.py)."""
     from elasticjob_devcluster.procs import descendants
 
     found = []
@@ -434,6 +437,9 @@ def abort_with_stacks(pause_s: float = 0.3) -> list[int]:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGCONT)
             time.sleep(pause_s)
+    settled = time.monotonic() + settle_s
+    while still_running(found) and time.monotonic() < settled:
+        time.sleep(0.05)
     return found
 
 
