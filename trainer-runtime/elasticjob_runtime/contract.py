@@ -50,6 +50,9 @@ WARM_IMPORT: Final = "ELASTICJOB_WARM_IMPORT"
 AGENT_CHANNEL: Final = "ELASTICJOB_AGENT_CHANNEL"
 # "0": the training-loop API (elasticjob_runtime.Run) restarts instead of regrouping in place
 IN_PLACE: Final = "ELASTICJOB_IN_PLACE"
+# the most MiB a new worker grows its heap by while it waits for its first group's other
+# members (training/waiting_heap.py); "0" turns that off
+WAIT_HEAP_MB: Final = "ELASTICJOB_WAIT_HEAP_MB"
 # elasticjob-run: seconds without a training step before the agent restarts its workers
 # (unset or 0: off); the operator sets it from spec.hangTimeoutSeconds
 HANG_TIMEOUT: Final = "ELASTICJOB_HANG_TIMEOUT"

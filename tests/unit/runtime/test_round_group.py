@@ -3,6 +3,7 @@ no abort)."""
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
@@ -207,3 +208,47 @@ def test_a_member_whose_last_build_failed_joins_its_peers_next_round() -> None:
         if peer.poll() is None:
             peer.kill()
             peer.wait()
+
+
+# A member of a first round that waits `delay` seconds before it builds, in a process of
+# its own (glibc's settings are process-wide).
+_FIRST_MEMBER = """
+import json, sys, time
+from datetime import timedelta
+import torch, torch.distributed as dist
+from elasticjob_runtime.launch.channel import Assignment
+from elasticjob_runtime.training.round_group import round_group
+rank, port, delay = int(sys.argv[1]), sys.argv[2], float(sys.argv[3])
+env = {"RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+       "MASTER_PORT": port, "ELASTICJOB_ROUND_ID": "job/7"}
+time.sleep(delay)
+group = round_group("gloo")
+group.build(Assignment(1, env), timedelta(seconds=60), grow_heap_by=1 << 30)
+total = torch.ones(1)
+dist.all_reduce(total)
+group.destroy()
+print(json.dumps({"grown": group.growth.grown, "total": total.item()}))
+"""
+
+
+def test_a_first_member_grows_its_heap_while_it_waits_and_the_last_one_grows_none() -> None:
+    port = str(free_port())
+    members = [
+        subprocess.Popen(
+            [sys.executable, "-c", _FIRST_MEMBER, str(rank), port, str(delay)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for rank, delay in ((0, 0.0), (1, 2.0))
+    ]
+    try:
+        early, late = (json.loads(m.communicate(timeout=120)[0]) for m in members)
+    finally:
+        for member in members:
+            if member.poll() is None:
+                member.kill()
+                member.wait()
+    assert [m.returncode for m in members] == [0, 0]
+    assert early["total"] == late["total"] == 2  # the group works
+    assert early["grown"] >= 16 << 20, early  # it waited about 2 s
+    assert late["grown"] == 0, late  # nobody waits for it: it takes nothing from them

@@ -45,10 +45,17 @@ import torch
 import torch.distributed as dist
 from torch.distributed import PrefixStore, Store, TCPStore  # type: ignore[attr-defined]
 
+from elasticjob_runtime import contract
 from elasticjob_runtime.launch.channel import Assignment
 from elasticjob_runtime.launch.torch_internals import (
     abort_process_group,
     forget_failed_group_names,
+)
+from elasticjob_runtime.training.waiting_heap import (
+    GlibcHeap,
+    Growth,
+    grow_while,
+    growth_limit,
 )
 
 log = logging.getLogger(__name__)
@@ -121,11 +128,17 @@ class RoundGroup(Protocol):
     device: torch.device
 
     def build(
-        self, assignment: Assignment, timeout: timedelta, superseded: Callable[[], bool] = never
+        self,
+        assignment: Assignment,
+        timeout: timedelta,
+        superseded: Callable[[], bool] = never,
+        grow_heap_by: int = 0,
     ) -> None:
         """Create the round's store and default process group (every member calls it);
         :class:`RoundSuperseded` when ``superseded()`` turns true while the store is
-        out of reach (``abort`` covers the waits after it connected)."""
+        out of reach (``abort`` covers the waits after it connected). ``grow_heap_by``:
+        in a process's first group, the most bytes its heap may grow by while it waits
+        for the other members (waiting_heap.py; gloo only; 0: none)."""
 
     def abort(self) -> None:
         """Make collectives blocked in this group fail now; safe from any thread."""
@@ -189,6 +202,49 @@ def round_store(
     return PrefixStore(assignment.store_prefix(), store)
 
 
+class Arrivals:
+    """The round's members that have reached its store, counted there: each member adds
+    itself once it connected, so one that waits can tell when the last has come."""
+
+    def __init__(self, store: Store, assignment: Assignment) -> None:
+        # the round's prefix names rank 0's endpoint, which a later round may reuse on a
+        # store that lives on (multi-tenant): the round's id keeps the count its own
+        self._key = f"arrived/{assignment.env.get(contract.ROUND_ID, '')}"
+        self._store = store
+        self._world = assignment.world_size
+        self.count = self._add(1)
+
+    def _add(self, amount: int) -> int:
+        """The count after adding ``amount``; the world's size when the store fails (no
+        one waits on a broken store: the process group's build that follows reports it)."""
+        try:
+            return int(self._store.add(self._key, amount))
+        except Exception as exc:
+            log.debug("the round's arrivals cannot be counted: %s", exc)
+            return self._world
+
+    def waiting(self) -> bool:
+        """Is a member still missing?"""
+        self.count = self._add(0)
+        return self.count < self._world
+
+
+def grow_heap_while_waiting(arrivals: Arrivals, ceiling: int) -> Growth:
+    """A first group's wait for its other members, used to grow the heap by up to
+    ``ceiling`` bytes (waiting_heap.py); nothing when this member is the last to come."""
+    heap = GlibcHeap.load() if ceiling and arrivals.waiting() else None
+    if heap is None:
+        return Growth(0, 0.0)
+    grown = grow_while(arrivals.waiting, growth_limit(heap.size(), ceiling), heap)
+    if grown.grown:
+        log.info(
+            "grew the heap by %d MiB in %.2f s while the group's other members came",
+            grown.grown >> 20,
+            grown.seconds,
+        )
+    return grown
+
+
 class GlooRoundGroup:
     """gloo, aborted by shutting down the sockets it opened."""
 
@@ -197,14 +253,22 @@ class GlooRoundGroup:
     def __init__(self) -> None:
         self._sockets: dict[int, int] = {}
         self._lock = threading.Lock()
+        self.growth = Growth(0, 0.0)  # what the first group's wait grew (waiting_heap.py)
 
     def build(
-        self, assignment: Assignment, timeout: timedelta, superseded: Callable[[], bool] = never
+        self,
+        assignment: Assignment,
+        timeout: timedelta,
+        superseded: Callable[[], bool] = never,
+        grow_heap_by: int = 0,
     ) -> None:
         before = open_sockets()
         store = round_store(assignment, timeout, superseded)
         with self._lock:  # an abort while gloo connects fails the store's waits
             self._sockets = opened_between(before, open_sockets())
+        arrivals = Arrivals(store, assignment)
+        if grow_heap_by:
+            self.growth = grow_heap_while_waiting(arrivals, grow_heap_by)
         forget_failed_group_names()  # a failed build must not rename this one
         dist.init_process_group(
             "gloo",
@@ -247,8 +311,13 @@ class NcclRoundGroup:
         self._live = False
 
     def build(
-        self, assignment: Assignment, timeout: timedelta, superseded: Callable[[], bool] = never
+        self,
+        assignment: Assignment,
+        timeout: timedelta,
+        superseded: Callable[[], bool] = never,
+        grow_heap_by: int = 0,
     ) -> None:
+        """``grow_heap_by`` is not used: a GPU worker's step lives in device memory."""
         forget_failed_group_names()  # as in GlooRoundGroup.build
         dist.init_process_group(
             "nccl",

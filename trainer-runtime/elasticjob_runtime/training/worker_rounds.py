@@ -26,6 +26,7 @@ from elasticjob_runtime import contract
 from elasticjob_runtime.launch.channel import POLL_S, Assignment, WorkerChannel
 from elasticjob_runtime.launch.wakeup import Wakeup, drain, pidfd_of
 from elasticjob_runtime.training.round_group import RoundGroup, round_group
+from elasticjob_runtime.training.waiting_heap import ceiling_from_env
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +145,9 @@ class WorkerRounds:
         self.assignment = assignment_from_env()
         self._timeout = timedelta(seconds=timeout_s) if timeout_s else timedelta(minutes=30)
         self.group: RoundGroup = round_group(backend)
+        # how far the first group's wait may grow the heap (waiting_heap.py): read here,
+        # so a bad value stops the script at Run(), before anything else
+        self._heap_ceiling = ceiling_from_env()
         self._aborted_generation = -1
         self._round_token = ""  # take_token
         self._closed = threading.Event()
@@ -164,7 +168,7 @@ class WorkerRounds:
         if self.built:
             return 0.0
         started = time.monotonic()
-        self.group.build(self.assignment, self._timeout)
+        self.group.build(self.assignment, self._timeout, grow_heap_by=self._heap_ceiling)
         self.built = True
         return time.monotonic() - started
 
