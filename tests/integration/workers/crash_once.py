@@ -1,9 +1,13 @@
 """The regression example, with one real fault at a fixed step so runs can be compared.
 
-On its first attempt (``TORCHELASTIC_RESTART_COUNT=0``) the worker of global rank
-``CRASH_RANK`` (default 1) SIGKILLs itself right after completing step ``CRASH_AT_STEP``;
-the restarted group resumes from the last checkpoint. Same seed and same fault, so a
-cold and a warm restart must train exactly the same model.
+On its first attempt (``TORCHELASTIC_RESTART_COUNT=0``) the worker started as global
+rank ``CRASH_RANK`` (default 1) SIGKILLs itself right after completing step
+``CRASH_AT_STEP``; the restarted group resumes from the last checkpoint. Same seed and
+same fault, so a cold and a warm restart must train exactly the same model.
+
+The rank it was started with, not the one it holds at the step: a survivor regrouped in
+place may be renumbered to that rank (the node whose collective failed first opens the
+next round and comes first in it), and it would crash at the same step a second time.
 """
 
 from __future__ import annotations
@@ -20,13 +24,14 @@ from elasticjob_runtime.checkpoints.manager import CheckpointManager
 
 def main() -> None:
     at = int(os.environ["CRASH_AT_STEP"])
-    rank = os.environ.get("CRASH_RANK", "1")
-    first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT") == "0"
+    crashes = os.environ.get("TORCHELASTIC_RESTART_COUNT") == "0" and os.environ.get(
+        "RANK"
+    ) == os.environ.get("CRASH_RANK", "1")
     mark_step = CheckpointManager.mark_step
 
     def crash_after(self: CheckpointManager, step: int, **kw: Any) -> None:
         mark_step(self, step, **kw)
-        if step == at and first_attempt and os.environ.get("RANK") == rank:
+        if step == at and crashes:
             os.kill(os.getpid(), signal.SIGKILL)
 
     CheckpointManager.mark_step = crash_after  # type: ignore[method-assign]

@@ -66,7 +66,7 @@ from torch.distributed.elastic.utils import store as store_util
 from elasticjob_runtime import contract
 from elasticjob_runtime.launch.channel import AgentChannel, new_channel_dir, sweep_abandoned
 from elasticjob_runtime.launch.departing import Departing, DepartureRequest, stop_signal
-from elasticjob_runtime.launch.hang import group_step
+from elasticjob_runtime.launch.hang import exiting_ranks, group_step
 from elasticjob_runtime.launch.hang_watch import HangWatch
 from elasticjob_runtime.launch.monitor_wake import MonitorWake
 from elasticjob_runtime.launch.spare import parse_worker_command
@@ -175,6 +175,9 @@ class MembershipAwareAgent(TorchAgent):
         self._refill: tuple[float, int | None] | None = None
         self._steps_read_at = -1.0  # when a monitor pass last read the steps (steps_due)
         self._hung = False  # the group being stopped hung: wake and stop it at once
+        # The workers exited and the membership branch restarts them (monitor_workers):
+        # restart_workers must not wait for their exit to be seen, it was.
+        self._exited_for_group_change = False
         # Set once this node's workers first ran in a round (the readiness probe reads it).
         self.joined = joined if joined is not None else threading.Event()
         # Every file between this agent and its workers (channel.py), named to them (and
@@ -279,6 +282,17 @@ class MembershipAwareAgent(TorchAgent):
             raise stop_signal()
         # torch's loop sets the state before it calls this: HEALTHY is its membership
         # branch (a peer left or came); FAILED/UNHEALTHY means a local worker exited.
+        exited, self._exited_for_group_change = self._exited_for_group_change, False
+        if worker_group.state == WorkerState.HEALTHY and not exited:
+            dying = exiting_ranks(self.worker_pids())
+            if dying:
+                # The round came from its death (its peers' collectives failed first):
+                # the next monitor pass sees it exit, a local failure, charged as one.
+                log.info(
+                    "a round opened while local rank %s exits; its failure is handled first",
+                    ",".join(map(str, dying)),
+                )
+                return
         if worker_group.state == WorkerState.HEALTHY and self._workers_regroup_in_place():
             # Read now, not at the last monitor pass: the round opens at this moment.
             refused = self.hang_watch.in_place_refusal(
@@ -433,6 +447,7 @@ class MembershipAwareAgent(TorchAgent):
         if reason is None:
             return result
         log.info("workers failed because the group changed (%s); not counted as a restart", reason)
+        self._exited_for_group_change = True  # restart_workers: they exited, restart them
         # HEALTHY sends torch's loop to its membership branch: num_nodes_waiting() > 0,
         # so it restarts the workers into the next round without spending a restart.
         return RunResult(state=WorkerState.HEALTHY)

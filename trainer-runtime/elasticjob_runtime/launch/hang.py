@@ -213,6 +213,42 @@ def stopped_ranks(pids: Mapping[int, int]) -> list[int]:
     return sorted(out)
 
 
+# task->flags bit the kernel sets as a thread begins to exit (include/linux/sched.h)
+_PF_EXITING = 0x4
+
+
+def is_exiting(stat: str) -> bool:
+    """Has the process whose ``/proc/<pid>/stat`` reads ``stat`` begun to die, unseen by
+    its parent yet? A zombie, or its main thread past the start of its exit
+    (``PF_EXITING``). One already reaped is gone from ``/proc``: its exit is known."""
+    try:
+        fields = stat.rsplit(")", 1)[1].split()
+        state, flags = fields[0], int(fields[6])
+    except (IndexError, ValueError):
+        return False
+    return state in ("Z", "X", "x") or bool(flags & _PF_EXITING)
+
+
+def exiting_ranks(pids: Mapping[int, int]) -> list[int]:
+    """The local ranks whose process has begun to die (``pids``: local rank -> pid).
+
+    A SIGKILLed worker closes its sockets before its agent can reap it: while its other
+    threads still free its memory, its peers' collectives fail, a peer's agent opens a
+    round, and this agent sees that round before the exit. Handed the round in place,
+    the dead worker never takes it (on a 2-core CI run that cost a 5 s stop and a
+    second restart)."""
+    out = []
+    for rank, pid in pids.items():
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue  # reaped: the monitor has seen how it ended
+        if is_exiting(stat):
+            out.append(rank)
+    return sorted(out)
+
+
 def hang_message(
     step: int | None, stalled: float, timeout: float, untaken: Sequence[int] = ()
 ) -> str:
