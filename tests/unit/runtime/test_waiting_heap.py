@@ -21,6 +21,7 @@ from elasticjob_runtime.training.waiting_heap import (
     grow_while,
     growth_limit,
 )
+from elasticjob_runtime.training.worker_rounds import joins_running_group
 
 MIB = 1 << 20
 
@@ -128,3 +129,10 @@ def test_a_bad_ceiling_stops_the_script_at_run_and_names_the_fix(tmp_path: Path)
     )
     assert out.returncode == 1 and "constructed" not in out.stdout
     assert "ELASTICJOB_WAIT_HEAP_MB='lots': give the most MiB" in out.stderr, out.stderr
+
+
+def test_only_a_process_started_into_a_group_that_trained_before_grows() -> None:
+    assert joins_running_group({contract.ROUND_CAUSE: "join"})
+    assert joins_running_group({contract.ROUND_CAUSE: "crash"})
+    assert not joins_running_group({contract.ROUND_CAUSE: "start"})
+    assert not joins_running_group({})  # torch's own rendezvous says no cause

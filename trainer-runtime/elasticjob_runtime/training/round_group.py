@@ -210,7 +210,7 @@ class Arrivals:
         # the round's prefix names rank 0's endpoint, which a later round may reuse on a
         # store that lives on (multi-tenant): the round's id keeps the count its own
         self._key = f"arrived/{assignment.env.get(contract.ROUND_ID, '')}"
-        self._store = store
+        self._counter = store
         self._world = assignment.world_size
         self.count = self._add(1)
 
@@ -218,7 +218,7 @@ class Arrivals:
         """The count after adding ``amount``; the world's size when the store fails (no
         one waits on a broken store: the process group's build that follows reports it)."""
         try:
-            return int(self._store.add(self._key, amount))
+            return int(self._counter.add(self._key, amount))
         except Exception as exc:
             log.debug("the round's arrivals cannot be counted: %s", exc)
             return self._world

@@ -13,8 +13,11 @@ ones: that time is idle for the process, so it touches heap memory in 1 MiB chun
 asks, between chunks, whether the others have arrived (:class:`Arrivals`, a counter in
 the round's store). The growth ends as the last member arrives, within one chunk. A
 replacement for a killed worker arrives last and grows nothing, so no recovery waits
-for it. Only a process's first group grows (a survivor's heap already has its size),
-and only on gloo: a GPU worker's step lives in device memory.
+for it. Only a process started into a group that trained before grows (a joiner, a
+replacement: the round's cause is not the job's start, where every member starts
+together and none waits for another's first step), only in its first group (a
+survivor's heap already has its size), and only on gloo: a GPU worker's step lives in
+device memory.
 
 **How much.** At most as much again as the heap already holds, and at most 1 GiB: the
 heap of a process that built its model, optimizer and loader scales with them, and the

@@ -16,7 +16,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 
 import torch
@@ -97,6 +97,14 @@ def solo_env() -> None:
         )
 
 
+def joins_running_group(env: Mapping[str, str]) -> bool:
+    """Is this process started into a group that trained before (a joiner, a replacement
+    for a dead worker), whose peers will wait for its first step? Not in the job's first
+    round, where every member starts together, nor where the rendezvous says no cause
+    (torch's own backends)."""
+    return env.get(contract.ROUND_CAUSE, "start") not in ("", "start")
+
+
 def assignment_from_env() -> Assignment:
     env = {name: os.environ[name] for name in ASSIGNED if name in os.environ}
     return Assignment(0, env)
@@ -147,7 +155,8 @@ class WorkerRounds:
         self.group: RoundGroup = round_group(backend)
         # how far the first group's wait may grow the heap (waiting_heap.py): read here,
         # so a bad value stops the script at Run(), before anything else
-        self._heap_ceiling = ceiling_from_env()
+        ceiling = ceiling_from_env()
+        self._heap_ceiling = ceiling if joins_running_group(os.environ) else 0
         self._aborted_generation = -1
         self._round_token = ""  # take_token
         self._closed = threading.Event()
