@@ -175,9 +175,6 @@ class MembershipAwareAgent(TorchAgent):
         self._refill: tuple[float, int | None] | None = None
         self._steps_read_at = -1.0  # when a monitor pass last read the steps (steps_due)
         self._hung = False  # the group being stopped hung: wake and stop it at once
-        # The workers exited and the membership branch restarts them (monitor_workers):
-        # restart_workers must not wait for their exit to be seen, it was.
-        self._exited_for_group_change = False
         # Set once this node's workers first ran in a round (the readiness probe reads it).
         self.joined = joined if joined is not None else threading.Event()
         # Every file between this agent and its workers (channel.py), named to them (and
@@ -282,8 +279,8 @@ class MembershipAwareAgent(TorchAgent):
             raise stop_signal()
         # torch's loop sets the state before it calls this: HEALTHY is its membership
         # branch (a peer left or came); FAILED/UNHEALTHY means a local worker exited.
-        exited, self._exited_for_group_change = self._exited_for_group_change, False
-        if worker_group.state == WorkerState.HEALTHY and not exited:
+        if worker_group.state == WorkerState.HEALTHY:
+            # (workers whose exit the monitor has seen are reaped, gone: not waited for)
             dying = exiting_ranks(self.worker_pids())
             if dying:
                 # The round came from its death (its peers' collectives failed first):
@@ -447,7 +444,6 @@ class MembershipAwareAgent(TorchAgent):
         if reason is None:
             return result
         log.info("workers failed because the group changed (%s); not counted as a restart", reason)
-        self._exited_for_group_change = True  # restart_workers: they exited, restart them
         # HEALTHY sends torch's loop to its membership branch: num_nodes_waiting() > 0,
         # so it restarts the workers into the next round without spending a restart.
         return RunResult(state=WorkerState.HEALTHY)

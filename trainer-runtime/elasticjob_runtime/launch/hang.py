@@ -34,7 +34,7 @@ Pure, apart from :func:`stopped_ranks` (``/proc``) and reading the environment.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from elasticjob_runtime import contract
@@ -198,19 +198,32 @@ def timeout_from_env(env: Mapping[str, str]) -> float | None:
     return parse_timeout(env.get(contract.HANG_TIMEOUT, ""), contract.HANG_TIMEOUT)
 
 
-def stopped_ranks(pids: Mapping[int, int]) -> list[int]:
-    """The local ranks whose process is stopped (``pids``: local rank -> pid): state T or
-    t in ``/proc/<pid>/stat``. None where there is no ``/proc``."""
+def _ranks_whose_stat(pids: Mapping[int, int], test: Callable[[str], bool]) -> list[int]:
+    """The local ranks (``pids``: local rank -> pid) whose ``/proc/<pid>/stat`` passes
+    ``test``; a process gone from ``/proc`` (reaped, or no ``/proc``) passes none."""
     out = []
     for rank, pid in pids.items():
         try:
             with open(f"/proc/{pid}/stat") as f:
-                state = f.read().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
+                stat = f.read()
+        except OSError:
             continue
-        if state in ("T", "t"):
+        if test(stat):
             out.append(rank)
     return sorted(out)
+
+
+def is_stopped(stat: str) -> bool:
+    """State T or t: stopped (SIGSTOP) or traced."""
+    try:
+        return stat.rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except IndexError:
+        return False
+
+
+def stopped_ranks(pids: Mapping[int, int]) -> list[int]:
+    """The local ranks whose process is stopped (``pids``: local rank -> pid)."""
+    return _ranks_whose_stat(pids, is_stopped)
 
 
 # task->flags bit the kernel sets as a thread begins to exit (include/linux/sched.h)
@@ -236,17 +249,8 @@ def exiting_ranks(pids: Mapping[int, int]) -> list[int]:
     threads still free its memory, its peers' collectives fail, a peer's agent opens a
     round, and this agent sees that round before the exit. Handed the round in place,
     the dead worker never takes it (on a 2-core CI run that cost a 5 s stop and a
-    second restart)."""
-    out = []
-    for rank, pid in pids.items():
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue  # reaped: the monitor has seen how it ended
-        if is_exiting(stat):
-            out.append(rank)
-    return sorted(out)
+    second restart). A reaped worker is not listed: the monitor has seen how it ended."""
+    return _ranks_whose_stat(pids, is_exiting)
 
 
 def hang_message(

@@ -212,7 +212,7 @@ class Arrivals:
         self._key = f"arrived/{assignment.env.get(contract.ROUND_ID, '')}"
         self._counter = store
         self._world = assignment.world_size
-        self.count = self._add(1)
+        self._add(1)
 
     def _add(self, amount: int) -> int:
         """The count after adding ``amount``; the world's size when the store fails (no
@@ -225,8 +225,7 @@ class Arrivals:
 
     def waiting(self) -> bool:
         """Is a member still missing?"""
-        self.count = self._add(0)
-        return self.count < self._world
+        return self._add(0) < self._world
 
 
 def grow_heap_while_waiting(arrivals: Arrivals, ceiling: int) -> Growth:

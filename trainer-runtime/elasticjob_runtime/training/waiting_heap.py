@@ -41,7 +41,6 @@ anew). With another allocator (musl, a preloaded jemalloc or tcmalloc) nothing i
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 import os
 import time
@@ -128,10 +127,10 @@ class GlibcHeap:
         process = ctypes.CDLL(None)
         if not hasattr(process, "gnu_get_libc_version") or not hasattr(process, "mallinfo2"):
             return None
-        name = ctypes.util.find_library("c")
-        if name is None:
+        try:  # glibc's soname (ctypes.util.find_library would run ldconfig to find it)
+            libc = ctypes.CDLL("libc.so.6")
+        except OSError:
             return None
-        libc = ctypes.CDLL(name)
         address = ctypes.cast(process.malloc, ctypes.c_void_p).value
         if address != ctypes.cast(libc.malloc, ctypes.c_void_p).value:
             return None  # something before libc answers malloc: not glibc's heap
