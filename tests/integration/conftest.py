@@ -405,6 +405,18 @@ def _process_line(pid: int, command: str) -> str:
     return f"ppid={ppid} state={state} {command.strip()[:160]}"
 
 
+def _abort_main_thread(pid: int) -> None:
+    """SIGABRT to ``pid``'s main thread (tgkill), not to the process: sent to a stopped
+    process, a process-wide signal is taken by whichever thread wakes first, and
+    faulthandler then walks the main thread's frames while the main thread runs, which
+    crashed the dump (a segfault that cut off the agent's main stack under load)."""
+    import ctypes
+
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    if libc.tgkill(pid, pid, signal.SIGABRT) != 0:
+        raise OSError(ctypes.get_errno(), f"tgkill({pid}, SIGABRT)")
+
+
 def abort_with_stacks(pause_s: float = 0.3, settle_s: float = 15.0) -> list[int]:
     """SIGABRT every Python process under this one (agents, spares, workers): with
     ``PYTHONFAULTHANDLER`` set, as :func:`start` sets it, each writes every thread's
@@ -432,7 +444,7 @@ def abort_with_stacks(pause_s: float = 0.3, settle_s: float = 15.0) -> list[int]
                 found.append(pid)
     for pid in found:
         with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGABRT)
+            _abort_main_thread(pid)
     for pid in reversed(found):
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGCONT)
