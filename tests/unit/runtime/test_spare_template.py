@@ -121,11 +121,15 @@ def test_only_orphans_we_inherited_are_reaped_never_a_child_whose_popen_waits(
     assert become_subreaper()
     # A worker-like child in its own session that leaves a process of its session behind
     # (a DataLoader worker) and exits 3: the orphan comes to us, the worker's status
-    # stays its Popen's.
-    worker = subprocess.Popen(
-        [sys.executable, "-c", "import subprocess, sys; subprocess.Popen(['true']); sys.exit(3)"],
-        start_new_session=True,
+    # stays its Popen's. The orphan (cat) runs until the worker's end of its stdin is
+    # closed, after its Popen's __del__ has polled it: a child that exits first (`true`
+    # did, on a loaded CI machine) is reaped by that poll and never orphaned.
+    leaves_an_orphan = (
+        "import subprocess, sys; "
+        "subprocess.Popen(['cat'], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL); "
+        "sys.exit(3)"
     )
+    worker = subprocess.Popen([sys.executable, "-c", leaves_an_orphan], start_new_session=True)
     deadline = time.monotonic() + 30
     reaped: list[int] = []
     while time.monotonic() < deadline:
