@@ -7,24 +7,15 @@ place at all (hang.py); the worker tells its agent which round it took (channel.
 
 from __future__ import annotations
 
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
-
-import pytest
 
 from elasticjob_runtime.launch.channel import AgentChannel, WorkerChannel
 from elasticjob_runtime.launch.hang import (
     InPlaceRound,
     StepClock,
-    exiting_ranks,
     hang_message,
     in_place_refusal,
-    is_exiting,
     round_in_place,
-    stopped_ranks,
     unresponsive,
 )
 
@@ -114,51 +105,3 @@ def test_a_worker_says_which_round_it_took_and_a_replaced_one_says_nothing(
     assert agent.regroup_requests() == {0: 3}
     agent.forget_workers()
     assert agent.taken() == {}
-
-
-def test_a_stopped_process_is_seen_as_stopped() -> None:
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    try:
-        assert stopped_ranks({0: proc.pid}) == []
-        proc.send_signal(signal.SIGSTOP)
-        deadline = time.monotonic() + 10
-        while not stopped_ranks({0: proc.pid}) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert stopped_ranks({0: proc.pid, 1: 2**22 + 1}) == [0]  # a gone pid is not stopped
-        proc.send_signal(signal.SIGCONT)
-    finally:
-        proc.kill()
-        proc.wait()
-
-
-@pytest.mark.parametrize("pids", [{}, {0: 2**22 + 1}])
-def test_no_process_no_stopped_rank(pids: dict[int, int]) -> None:
-    assert stopped_ranks(pids) == []
-
-
-def _stat(state: str, flags: int) -> str:
-    return f"4242 (python3 -u (x)) {state} 1 4242 4242 0 -1 {flags} 0 0 0 0 5 3 0 0 20 0 9"
-
-
-def test_a_worker_that_began_to_die_is_told_from_one_that_runs() -> None:
-    assert not is_exiting(_stat("S", 0x400100))  # sleeping: running as far as rounds go
-    assert not is_exiting(_stat("R", 0x400140))
-    assert is_exiting(_stat("R", 0x400144))  # PF_EXITING: past the start of its exit
-    assert is_exiting(_stat("D", 0x404))
-    assert is_exiting(_stat("Z", 0x400104))
-    assert not is_exiting("garbage")  # unreadable: judged by its exit, as before
-
-
-def test_a_killed_process_counts_as_exiting_until_it_is_reaped() -> None:
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    try:
-        assert exiting_ranks({0: proc.pid}) == []
-        proc.kill()
-        deadline = time.monotonic() + 10
-        while not exiting_ranks({0: proc.pid}) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert exiting_ranks({0: proc.pid}) == [0]  # a zombie: not reaped yet
-    finally:
-        proc.kill()
-        proc.wait()
-    assert exiting_ranks({1: proc.pid}) == []  # reaped: its parent has seen the exit

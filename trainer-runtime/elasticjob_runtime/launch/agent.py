@@ -66,9 +66,10 @@ from torch.distributed.elastic.utils import store as store_util
 from elasticjob_runtime import contract
 from elasticjob_runtime.launch.channel import AgentChannel, new_channel_dir, sweep_abandoned
 from elasticjob_runtime.launch.departing import Departing, DepartureRequest, stop_signal
-from elasticjob_runtime.launch.hang import exiting_ranks, group_step
+from elasticjob_runtime.launch.hang import group_step
 from elasticjob_runtime.launch.hang_watch import HangWatch
 from elasticjob_runtime.launch.monitor_wake import MonitorWake
+from elasticjob_runtime.launch.process_state import dying_ranks
 from elasticjob_runtime.launch.spare import parse_worker_command
 from elasticjob_runtime.launch.spare_pool import (
     REFILL_DELAY_S,
@@ -281,7 +282,7 @@ class MembershipAwareAgent(TorchAgent):
         # branch (a peer left or came); FAILED/UNHEALTHY means a local worker exited.
         if worker_group.state == WorkerState.HEALTHY:
             # (workers whose exit the monitor has seen are reaped, gone: not waited for)
-            dying = exiting_ranks(self.worker_pids())
+            dying = dying_ranks(self.worker_pids())
             if dying:
                 # The round came from its death (its peers' collectives failed first):
                 # the next monitor pass sees it exit, a local failure, charged as one.

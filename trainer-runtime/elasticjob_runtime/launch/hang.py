@@ -28,13 +28,14 @@ neither steps nor takes it for the hang timeout is a hang. And a round is not ha
 place to workers that cannot be told from hung ones (:func:`in_place_refusal`): they
 are restarted into it instead, as the agent that declared the hang restarts its own.
 
-Pure, apart from :func:`stopped_ranks` (``/proc``) and reading the environment.
+Pure, apart from reading the environment; what ``/proc`` says of a worker is
+:mod:`elasticjob_runtime.launch.process_state`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from elasticjob_runtime import contract
@@ -196,61 +197,6 @@ def timeout_from_env(env: Mapping[str, str]) -> float | None:
     """``ELASTICJOB_HANG_TIMEOUT`` (seconds; the operator sets it from
     ``spec.hangTimeoutSeconds``), or None when hang detection is off."""
     return parse_timeout(env.get(contract.HANG_TIMEOUT, ""), contract.HANG_TIMEOUT)
-
-
-def _ranks_whose_stat(pids: Mapping[int, int], test: Callable[[str], bool]) -> list[int]:
-    """The local ranks (``pids``: local rank -> pid) whose ``/proc/<pid>/stat`` passes
-    ``test``; a process gone from ``/proc`` (reaped, or no ``/proc``) passes none."""
-    out = []
-    for rank, pid in pids.items():
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        if test(stat):
-            out.append(rank)
-    return sorted(out)
-
-
-def is_stopped(stat: str) -> bool:
-    """State T or t: stopped (SIGSTOP) or traced."""
-    try:
-        return stat.rsplit(")", 1)[1].split()[0] in ("T", "t")
-    except IndexError:
-        return False
-
-
-def stopped_ranks(pids: Mapping[int, int]) -> list[int]:
-    """The local ranks whose process is stopped (``pids``: local rank -> pid)."""
-    return _ranks_whose_stat(pids, is_stopped)
-
-
-# task->flags bit the kernel sets as a thread begins to exit (include/linux/sched.h)
-_PF_EXITING = 0x4
-
-
-def is_exiting(stat: str) -> bool:
-    """Has the process whose ``/proc/<pid>/stat`` reads ``stat`` begun to die, unseen by
-    its parent yet? A zombie, or its main thread past the start of its exit
-    (``PF_EXITING``). One already reaped is gone from ``/proc``: its exit is known."""
-    try:
-        fields = stat.rsplit(")", 1)[1].split()
-        state, flags = fields[0], int(fields[6])
-    except (IndexError, ValueError):
-        return False
-    return state in ("Z", "X", "x") or bool(flags & _PF_EXITING)
-
-
-def exiting_ranks(pids: Mapping[int, int]) -> list[int]:
-    """The local ranks whose process has begun to die (``pids``: local rank -> pid).
-
-    A SIGKILLed worker closes its sockets before its agent can reap it: while its other
-    threads still free its memory, its peers' collectives fail, a peer's agent opens a
-    round, and this agent sees that round before the exit. Handed the round in place,
-    the dead worker never takes it (on a 2-core CI run that cost a 5 s stop and a
-    second restart). A reaped worker is not listed: the monitor has seen how it ended."""
-    return _ranks_whose_stat(pids, is_exiting)
 
 
 def hang_message(

@@ -31,9 +31,9 @@ from elasticjob_runtime.launch.hang import (
     hang_message,
     in_place_refusal,
     round_in_place,
-    stopped_ranks,
     unresponsive,
 )
+from elasticjob_runtime.launch.process_state import stopped_ranks
 from elasticjob_runtime.rendezvous.api import MembershipRendezvous
 
 log = logging.getLogger(__name__)

@@ -49,6 +49,7 @@ from torch.distributed.elastic.multiprocessing.subprocess_handler import (
 )
 
 from elasticjob_runtime import contract
+from elasticjob_runtime.launch.process_state import is_dying
 from elasticjob_runtime.launch.spare import WARM, Target, WorkerLaunch, send_launch, spare_env
 from elasticjob_runtime.launch.spare_template import ForkedProcess, become_subreaper, fork_spare
 from elasticjob_runtime.launch.torch_internals import AdoptedProcess, HandlerChoosingContext
@@ -132,12 +133,15 @@ class Spare:
     warm: bool = False  # it said its imports are done
 
     def alive(self) -> bool:
-        return self.proc.poll() is None
+        """Not exited, and not dying either: a spare SIGKILLed with its worker (a node's
+        processes killed together) is not yet reaped when the agent takes it for the
+        restart, and a worker launched into it would die at once, a second restart."""
+        return self.proc.poll() is None and not is_dying(self.proc.pid)
 
     def stop(self) -> None:
         """Stop an idle spare: EOF on its socket, then SIGKILL its session."""
         self.sock.close()
-        if self.alive():
+        if self.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -274,9 +278,11 @@ class SparePool:
         spare = self.spares.pop(min(self.spares))
         if not spare.alive():
             log.warning(
-                "warm spare for local rank %d exited (code %s); starting the worker cold",
+                "warm spare for local rank %d %s; starting the worker cold",
                 local_rank,
-                spare.proc.returncode,
+                "is dying"
+                if spare.proc.returncode is None
+                else f"exited (code {spare.proc.returncode})",
             )
             spare.stop()
             return None
