@@ -104,7 +104,7 @@ def test_a_new_reporter_publishes_nothing_before_its_first_step_and_then_a_rate(
     rid = run_id()
     reporter = ProgressReporter(parse_endpoints(etcd.endpoint), rid, world_size=2, min_interval=0)
     try:
-        time.sleep(1.5)  # its publisher has long since connected and taken its lease
+        time.sleep(1.5)  # long enough for a publisher to have put a placeholder
         assert read_progress(client, rid) is None
         reporter.update(41, samples=64)
         seen = published(client, rid, 41)
@@ -258,6 +258,29 @@ def test_unreachable_etcd_is_one_line_from_the_background_and_costs_the_loop_not
     assert record.getMessage().startswith(
         "progress not published (retrying in the background): etcd at 127.0.0.1:"
     )
+
+
+def test_a_reporter_sends_nothing_before_the_first_step(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A script forks its loader's workers right after Run(): a gRPC call in flight
+    then can abort the forked child, so the publisher makes none before the first step.
+    Seen from an etcd that is not there: its first request logs the one warning."""
+    monkeypatch.setenv(contract.PROGRESS_ENDPOINT, f"127.0.0.1:{free_port()}")
+    monkeypatch.setenv(contract.RDZV_ID, run_id())
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.delenv(contract.PROGRESS, raising=False)
+    with caplog.at_level(logging.WARNING, logger="elasticjob_runtime.etcd.progress"):
+        reporter = reporter_from_env(min_interval=0)
+        assert reporter is not None
+        try:
+            time.sleep(2.0)  # a request would have failed at once (connection refused)
+            assert caplog.records == []
+            reporter.update(1, samples=8)
+            eventually(lambda: bool(caplog.records), bound=20)
+        finally:
+            reporter.close(wait=10)
+    assert caplog.records[0].getMessage().startswith("progress not published")
 
 
 def test_progress_returns_after_an_etcd_restart(

@@ -8,7 +8,9 @@ publishing process dies, and at once on ``close()``.
 Progress is for display and must never delay training: ``update()`` only records the
 newest value; a background thread connects, grants and keeps the lease and publishes
 (at most every ``min_interval``), so an etcd that is slow or away costs the training
-loop nothing. :func:`progress_target` decides once where progress goes, for the
+loop nothing. That thread sends nothing before the first ``update()``: a script forks its
+DataLoader's workers right after ``Run()``, and a fork during a gRPC call can abort the
+child. :func:`progress_target` decides once where progress goes, for the
 reporter and for the node-memory reports below alike: an etcd, never a c10d store.
 
 A reporter publishes nothing before its first ``update()``, and counts samples per second
@@ -133,8 +135,8 @@ class ProgressReporter:
         self._changed = threading.Event()
         self._stop = threading.Event()
         # Creating the client connects nothing (gRPC connects on the first request, in
-        # the publisher). No request outlasts a lease refresh interval, and after an
-        # etcd restart the connection is tried again that often.
+        # the publisher, after the first step). No request outlasts a lease refresh
+        # interval, and after an etcd restart the connection is tried again that often.
         # A TLS file that cannot be read raises here, at once (EtcdError, one line).
         self._client = open_client(etcd, tls, timeout=min(5.0, ttl / 3), reconnect_within=ttl / 3)
         self._publisher = threading.Thread(
@@ -201,6 +203,16 @@ class ProgressReporter:
         self._changed.set()
         self._publisher.join(timeout=wait)
 
+    def _await_first_step(self) -> None:
+        """No request before the first step (none is published before it anyway). A
+        script forks its DataLoader's workers right after ``Run()``; a fork while this
+        thread is inside a gRPC call makes gRPC skip its fork handlers, and the child can
+        abort (a loader worker died of ``Check failed: next_worker->state == KICKED``
+        when this thread's lease grant was in flight, on a loaded CI machine)."""
+        while self._current is self._placeholder and not self._stop.is_set():
+            self._changed.wait()
+            self._changed.clear()
+
     def _publish_loop(self) -> None:
         """Grant the lease, put each new record (throttled), refresh the lease; until
         ``close``, then revoke. etcd errors are logged once until it works again."""
@@ -209,6 +221,7 @@ class ProgressReporter:
         put_at = refresh_at = -math.inf
         failing = False
         ledger = LedgerKey(self._client, self._ledger_key)
+        self._await_first_step()
         try:
             while not self._stop.is_set():
                 self._changed.clear()
