@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -105,7 +106,30 @@ def launcher_argv(
     ]
 
 
+def _ephemeral_low() -> int:
+    """The lowest port the kernel gives an outgoing connection (32768 by default)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
+    """A loopback port nothing uses, below the kernel's ephemeral range when there is
+    room: a test binds it later, and an etcd restarted on its old ports binds them again,
+    while the suite's other stream opens connections whose local ports come from that
+    range (under load a restarted etcd found its peer port taken: "bind: address already
+    in use")."""
+    low = _ephemeral_low()
+    if low > 11024:
+        for _ in range(100):
+            port = random.randrange(low - 10000, low)
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
