@@ -106,6 +106,11 @@ def launcher_argv(
     ]
 
 
+# Its own generator: tests seed the global one (seeds.seed_all), and a seeded sequence
+# would hand the suite's two streams the same ports to race for.
+_PORTS = random.SystemRandom()
+
+
 def _ephemeral_low() -> int:
     """The lowest port the kernel gives an outgoing connection (32768 by default)."""
     try:
@@ -123,7 +128,7 @@ def free_port() -> int:
     low = _ephemeral_low()
     if low > 11024:
         for _ in range(100):
-            port = random.randrange(low - 10000, low)
+            port = _PORTS.randrange(low - 10000, low)
             with socket.socket() as s:
                 try:
                     s.bind(("127.0.0.1", port))

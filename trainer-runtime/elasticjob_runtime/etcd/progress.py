@@ -8,15 +8,15 @@ publishing process dies, and at once on ``close()``.
 Progress is for display and must never delay training: ``update()`` only records the
 newest value; a background thread connects, grants and keeps the lease and publishes
 (at most every ``min_interval``), so an etcd that is slow or away costs the training
-loop nothing. That thread sends nothing before the first ``update()``: a script forks its
-DataLoader's workers right after ``Run()``, and a fork during a gRPC call can abort the
-child. :func:`progress_target` decides once where progress goes, for the
+loop nothing. :func:`progress_target` decides once where progress goes, for the
 reporter and for the node-memory reports below alike: an etcd, never a c10d store.
 
-A reporter publishes nothing before its first ``update()``, and counts samples per second
-from when it was made. After a regroup or a restart a new reporter takes over the record
-of a running job; a placeholder (step 0) or a rate without a base (0 samples/s) would
-show in the job's status as progress lost, and it was not.
+A reporter sends etcd nothing before its first ``update()``, and counts samples per
+second from when it was made. After a regroup or a restart a new reporter takes over the
+record of a running job; a placeholder (step 0) or a rate without a base (0 samples/s)
+would show in the job's status as progress lost, and it was not. And a script forks its
+DataLoader's workers right after ``Run()``: a fork during a gRPC call can abort the
+child (:meth:`ProgressReporter._await_first_step`).
 
 Besides, every node's memory writer (local rank 0, not only global rank 0) reports a
 node-memory checkpoint copy that failed under ``contract.memory_fallback_key(run_id,
