@@ -16,7 +16,8 @@ second from when it was made. After a regroup or a restart a new reporter takes 
 record of a running job; a placeholder (step 0) or a rate without a base (0 samples/s)
 would show in the job's status as progress lost, and it was not. And a script forks its
 DataLoader's workers right after ``Run()``: a fork during a gRPC call can abort the
-child (:meth:`ProgressReporter._await_first_step`).
+child (:meth:`ProgressReporter._await_first_step`). Later forks (a plain DataLoader forks
+every epoch) wait for the publisher's call in flight (:mod:`.fork_gate`).
 
 Besides, every node's memory writer (local rank 0, not only global rank 0) reports a
 node-memory checkpoint copy that failed under ``contract.memory_fallback_key(run_id,
@@ -53,6 +54,7 @@ from typing import Any, TypeVar
 from elasticjob_runtime import contract
 from elasticjob_runtime.etcd.client import EtcdClient, EtcdError
 from elasticjob_runtime.etcd.endpoints import Endpoint, parse_endpoints
+from elasticjob_runtime.etcd.fork_gate import CALLS
 from elasticjob_runtime.etcd.records import (
     Divergence,
     MemoryFallback,
@@ -227,21 +229,22 @@ class ProgressReporter:
                 self._changed.clear()
                 current = self._current
                 try:
-                    now = self._clock()
-                    if lease is None:
-                        lease, published, refresh_at = self._client.grant(self.ttl), None, now
-                    elif now - refresh_at >= self.ttl / 3:
-                        if not self._client.refresh(lease):
-                            lease = None  # expired while etcd was away: a new one, put again
-                            continue
-                        refresh_at = now
-                    pending = current is not published and current is not self._placeholder
-                    if pending and now - put_at >= self.min_interval:
-                        book = _encoded(self._ledger)
-                        record = replace(current, updated=time.time(), ledger=book)
-                        self._client.put(self.key, encode_progress(record), lease=lease)
-                        published, put_at, pending = current, now, False
-                        ledger.keep(book, now)
+                    with CALLS:  # a fork meanwhile waits for them (fork_gate.py)
+                        now = self._clock()
+                        if lease is None:
+                            lease, published, refresh_at = self._client.grant(self.ttl), None, now
+                        elif now - refresh_at >= self.ttl / 3:
+                            if not self._client.refresh(lease):
+                                lease = None  # expired while etcd was away: a new one, put again
+                                continue
+                            refresh_at = now
+                        pending = current is not published and current is not self._placeholder
+                        if pending and now - put_at >= self.min_interval:
+                            book = _encoded(self._ledger)
+                            record = replace(current, updated=time.time(), ledger=book)
+                            self._client.put(self.key, encode_progress(record), lease=lease)
+                            published, put_at, pending = current, now, False
+                            ledger.keep(book, now)
                 except EtcdError as exc:
                     if not failing:
                         log.warning("progress not published (retrying in the background): %s", exc)
@@ -256,14 +259,16 @@ class ProgressReporter:
                     self._stop.wait(min(until_refresh, put_at + self.min_interval - self._clock()))
                 else:
                     self._changed.wait(until_refresh)
-            if self._current is not self._placeholder and self._ledger is not None:
-                ledger.keep(_encoded(self._ledger), self._clock(), force=True)  # the newest
-            if lease is not None:
-                self._client.revoke(lease)
+            with CALLS:
+                if self._current is not self._placeholder and self._ledger is not None:
+                    ledger.keep(_encoded(self._ledger), self._clock(), force=True)  # the newest
+                if lease is not None:
+                    self._client.revoke(lease)
         except EtcdError as exc:
             log.warning("progress lease not revoked (the key expires by itself): %s", exc)
         finally:
-            self._client.close()
+            with CALLS:
+                self._client.close()
 
 
 def _close_at_exit(ref: weakref.ref[ProgressReporter]) -> None:
