@@ -289,7 +289,8 @@ def test_a_fork_waits_for_the_publishers_call_in_flight() -> None:
     """A fork while the publisher opens its connection and grants its lease lost a
     DataLoader worker (etcd/fork_gate.py): the fork now waits for that call. The call is
     held open by a listener that accepts and never answers, so it lasts its timeout
-    (1 s at ttl 3); a fork made inside it returns only after it."""
+    (3 s at ttl 9: room for a slow wake-up after the accept on a loaded machine); a fork
+    made inside it returns only after it."""
     silent = socket.socket()
     silent.bind(("127.0.0.1", 0))
     silent.listen(1)
@@ -297,7 +298,7 @@ def test_a_fork_waits_for_the_publishers_call_in_flight() -> None:
         parse_endpoints(f"127.0.0.1:{silent.getsockname()[1]}"),
         run_id(),
         world_size=1,
-        ttl=3,
+        ttl=9,
         min_interval=0,
     )
     try:
@@ -305,14 +306,14 @@ def test_a_fork_waits_for_the_publishers_call_in_flight() -> None:
         readable, _, _ = select.select([silent], [], [], 20)
         assert readable, "the publisher never connected"
         conn, _ = silent.accept()  # the grant is in flight, and will get no answer
-        started = time.monotonic()
-        pid = os.fork()
-        if pid == 0:
-            os._exit(0)
-        waited = time.monotonic() - started
-        assert os.waitpid(pid, 0)[1] == 0
+        with conn:
+            started = time.monotonic()
+            pid = os.fork()
+            if pid == 0:
+                os._exit(0)
+            waited = time.monotonic() - started
+            assert os.waitpid(pid, 0)[1] == 0
         assert 0.3 < waited < 10, f"the fork waited {waited:.2f} s"
-        conn.close()
     finally:
         reporter.close(wait=10)
         silent.close()

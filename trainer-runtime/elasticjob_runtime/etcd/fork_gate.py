@@ -10,9 +10,11 @@ run): with a new reporter opening its connection and granting its lease at each 
 2 of 66 and 5 of 125 loaders failed; with this gate, none of 461 and 609. Beside a
 reporter whose connection was open and publishing, none of 985 failed even without it.
 
-So the publisher calls etcd only while it holds :data:`CALLS`, and a fork first takes it
-too: the fork waits for the call in flight, at most :data:`FORK_WAIT_S` (a call's own
-timeout is shorter), then goes ahead, as it would have.
+So the publisher makes each pass's calls (a lease grant or refresh, a put, the ledger's)
+only while it holds :data:`CALLS`, and a fork first takes it too: the fork waits for the
+calls in flight, at most :data:`FORK_WAIT_S`, then goes ahead, as it would have. Each call
+times out within :data:`CALL_TIMEOUT_S`, and a failed call ends the pass, so only a pass
+of several slow calls that all answer outlasts the wait.
 """
 
 from __future__ import annotations
@@ -20,9 +22,11 @@ from __future__ import annotations
 import os
 import threading
 
-# The longest a fork waits for a publisher's call: the publisher's requests time out
-# within 5 s (progress.py), so only a call stuck past its own deadline is not waited for.
-FORK_WAIT_S = 6.0
+# The longest one publisher request may take (progress.py gives its client this timeout,
+# or a third of its lease's TTL if that is shorter).
+CALL_TIMEOUT_S = 5.0
+# The longest a fork waits for the publisher: past a request that timed out.
+FORK_WAIT_S = CALL_TIMEOUT_S + 1.0
 
 
 class ForkGate:

@@ -54,7 +54,7 @@ from typing import Any, TypeVar
 from elasticjob_runtime import contract
 from elasticjob_runtime.etcd.client import EtcdClient, EtcdError
 from elasticjob_runtime.etcd.endpoints import Endpoint, parse_endpoints
-from elasticjob_runtime.etcd.fork_gate import CALLS
+from elasticjob_runtime.etcd.fork_gate import CALL_TIMEOUT_S, CALLS
 from elasticjob_runtime.etcd.records import (
     Divergence,
     MemoryFallback,
@@ -140,7 +140,9 @@ class ProgressReporter:
         # the publisher, after the first step). No request outlasts a lease refresh
         # interval, and after an etcd restart the connection is tried again that often.
         # A TLS file that cannot be read raises here, at once (EtcdError, one line).
-        self._client = open_client(etcd, tls, timeout=min(5.0, ttl / 3), reconnect_within=ttl / 3)
+        self._client = open_client(
+            etcd, tls, timeout=min(CALL_TIMEOUT_S, ttl / 3), reconnect_within=ttl / 3
+        )
         self._publisher = threading.Thread(
             target=self._publish_loop, name="progress-publisher", daemon=True
         )
