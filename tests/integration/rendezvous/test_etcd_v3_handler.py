@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import random
 import shutil
+import signal
 import threading
 import time
 import uuid
@@ -430,6 +432,43 @@ def test_a_join_rides_out_an_etcd_restart(tmp_path: Path) -> None:
             assert {joined[0].rank, info_b.rank} == {0, 1}
             assert joined[0].world_size == info_b.world_size == 2
     finally:
+        server.stop()
+
+
+def test_registering_rides_out_an_etcd_that_does_not_answer_for_a_moment(
+    tmp_path: Path,
+) -> None:
+    """An etcd starved of CPU fails a grant or a put ("request timed out") that it applies
+    a moment later: the 1,024-agent bench round lost an agent, and so the round, to one
+    such answer while the agent registered. It is tried again within the join timeout."""
+    server = start_etcd("3.5", tmp_path / "etcd")
+    run_id = f"frozen-{uuid.uuid4().hex[:6]}"
+    client = EtcdClient(parse_endpoints(server.endpoint), timeout=1)
+    handler = EtcdV3RendezvousHandler(
+        client, run_id, Limits(1, 1, 15), "127.0.0.1", join_timeout=30
+    )
+    failed: list[BaseException] = []
+
+    def register() -> None:
+        try:
+            handler.register()
+        except BaseException as exc:  # the test looks at it
+            failed.append(exc)
+
+    try:
+        os.kill(server.proc.pid, signal.SIGSTOP)
+        registering = threading.Thread(target=register)
+        registering.start()
+        time.sleep(2.5)  # two of its requests have timed out by now
+        os.kill(server.proc.pid, signal.SIGCONT)
+        registering.join(timeout=30)
+        assert not registering.is_alive(), "registering went on past its join timeout"
+        assert failed == []
+        assert live_nodes(server, run_id) == [handler.node]
+    finally:
+        os.kill(server.proc.pid, signal.SIGCONT)
+        handler._leave()
+        client.close()
         server.stop()
 
 

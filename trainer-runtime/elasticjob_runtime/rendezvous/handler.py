@@ -130,7 +130,8 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
 
     def register(self) -> None:
         """Take part in the run: the run's lease, this node's member lease and key, and a
-        thread keeping both alive. Once; later calls do nothing.
+        thread keeping both alive. Once; later calls do nothing. A busy etcd's failed
+        requests are tried again for up to the join timeout, as a join's are.
 
         :func:`handler_from_params` calls it at once, so a node counts as live (a first
         round waits for it) while its agent still warms up; the first
@@ -142,7 +143,7 @@ class EtcdV3RendezvousHandler(RendezvousHandler):
             # Known before the member key exists: a stop (SIGTERM) that lands while
             # start() still runs must find this node and drop the key it just put.
             _REGISTERED.add(self)
-            self._leases.start()
+            self._leases.start(time.monotonic() + self._join_timeout)
             self._registered = True
 
     def _enter(self, number: int) -> None:

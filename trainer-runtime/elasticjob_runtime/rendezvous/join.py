@@ -20,6 +20,7 @@ from torch.distributed.elastic.rendezvous.api import (
 from elasticjob_runtime import contract
 from elasticjob_runtime.etcd.client import EtcdError, EtcdLeaseNotFound
 from elasticjob_runtime.rendezvous.join_executor import JoinExecutor
+from elasticjob_runtime.rendezvous.leases import RETRY_AFTER_S
 from elasticjob_runtime.rendezvous.membership import (
     CheckSealed,
     Closed,
@@ -112,4 +113,4 @@ def ride_out(ex: JoinExecutor, exc: EtcdError | RendezvousConnectionError, deadl
         ex.leases.renew(str(exc))
         return
     log.warning("etcd-v3: %s: %s; retrying", ex.node, exc)
-    time.sleep(0.5)
+    time.sleep(RETRY_AFTER_S)

@@ -21,9 +21,11 @@ from collections.abc import Callable
 
 from elasticjob_runtime.etcd.client import EtcdClient, EtcdError
 from elasticjob_runtime.etcd.records import Member, encode_member
+from elasticjob_runtime.rendezvous.etcd_store import AfterFailedWrite, after_failed_write
 from elasticjob_runtime.rendezvous.keys import RendezvousKeys
 from elasticjob_runtime.rendezvous.leases import (
     LAPSE_WINDOW_S,
+    RETRY_AFTER_S,
     granted_ttl_message,
     job_lease_due,
     keep_alive_timing,
@@ -95,8 +97,11 @@ class LeaseHolder:
         # to it is refused knows this agent died before its lease says so (liveness.py).
         self._liveness: LivenessPort | None = None
 
-    def start(self) -> None:
-        """Take both leases, announce the node and start the keeper thread.
+    def start(self, deadline: float) -> None:
+        """Take both leases, announce the node and start the keeper thread. A failed
+        grant or put is tried again until ``deadline`` (the join's): an etcd starved of
+        CPU answers "request timed out" to a write it applies a moment later, and one
+        such answer used to end the agent (the 1,024-agent bench round).
 
         The keeper has its own connection, with a short per-request timeout and quick
         reconnects: a refresh stuck on a slow etcd or a dead connection must not eat the
@@ -112,14 +117,30 @@ class LeaseHolder:
         except EtcdError as exc:
             log.warning("etcd-v3: lease keeper: %s (it keeps trying)", exc)
         self._liveness = open_liveness_port(self._addr)
-        self.take_job_lease()
-        self.announce()
+        self._until(deadline, self.take_job_lease, "taking the run's lease")
+        self._until(deadline, self.announce, "announcing this node")
         now = time.monotonic()
         self._refreshed_at = now
         self._job_refreshed_at = now
         self._answered_at = now
         keeper_client.timeout = keep_alive_timing(self.granted_ttl).timeout
         self._start_keeper(keeper_client)
+
+    def _until(self, deadline: float, call: Callable[[], None], what: str) -> None:
+        """``call`` until it works; raise its error where waiting will not help (TLS), the
+        node left, or the next try would come after ``deadline``. Each try takes a new
+        lease, so one etcd lost meanwhile is no obstacle."""
+        while True:
+            try:
+                call()
+                return
+            except EtcdError as exc:
+                hopeless = after_failed_write(exc, renewable=True) is AfterFailedWrite.RAISE
+                late = time.monotonic() + RETRY_AFTER_S > deadline
+                if hopeless or late or self.stop.is_set():
+                    raise
+                log.warning("etcd-v3: %s: %s failed (%s); trying again", self._node, what, exc)
+                self.stop.wait(RETRY_AFTER_S)
 
     def _start_keeper(self, client: EtcdClient) -> None:
         """Run a keeper on ``client``; a keeper already running is told to stop, and its

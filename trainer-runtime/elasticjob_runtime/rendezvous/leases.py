@@ -31,6 +31,8 @@ ETCD_EXPIRY_CHECK_S: Final = 0.5
 # The run's lease (job_ttl, an hour) needs no more than an occasional refresh; it is
 # checked at once whenever the member lease turns out to be gone (etcd lost its data?).
 JOB_LEASE_REFRESH_S: Final = 2.0
+# A join or a registration whose etcd request failed tries again after this long.
+RETRY_AFTER_S: Final = 0.5
 # A starved keeper is reported at most this often.
 LATE_WARNING_EVERY_S: Final = 60.0
 
