@@ -289,6 +289,7 @@ class Attempt:
     agent_cpu_s: float | None = None  # every agent process's CPU during the round
     load: EtcdLoad | None = None
     failure: str | None = None
+    timed_out: bool = False  # the failure was a phase running out of --timeout
     load1: float | None = None  # the machine's 1-minute load average at the attempt's end
     last_call: float = LAST_CALL_S  # both handlers' last call, s
 
@@ -513,7 +514,12 @@ def etcd36_binary() -> Path | None:
 
 
 class Phase(Exception):
-    """An attempt's phase did not finish: the reason is the failure recorded."""
+    """An attempt's phase did not finish: the reason is the failure recorded.
+    ``timed_out``: it ran out of time (not an agent that failed at once)."""
+
+    def __init__(self, why: str, timed_out: bool = False) -> None:
+        super().__init__(why)
+        self.timed_out = timed_out
 
 
 @dataclass
@@ -591,7 +597,7 @@ def _wait(
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
-            raise Phase(f"timeout: {what} not within {seconds:.0f} s")
+            raise Phase(f"timeout: {what} not within {seconds:.0f} s", timed_out=True)
         try:
             index, event = procs.events.get(timeout=min(left, 1.0))
         except queue.Empty:
@@ -677,6 +683,7 @@ def attempt(
     except Phase as exc:
         said = run.tail(1 if impl == TORCH else 0)  # the first agent process's last words
         result.failure = str(exc) + (f"; its log: {said}" if said else "")
+        result.timed_out = exc.timed_out
     except Exception as exc:  # etcd not starting, /metrics not answering: this attempt only
         result.failure = f"{type(exc).__name__}: {exc}"
     finally:
@@ -751,7 +758,7 @@ def _measure(
     try:
         _wait(run, f"the round of {n}", timeout, on_round)
     except Phase as exc:
-        raise Phase(f"{exc} ({len(joins)} of {n} joined)") from None
+        raise Phase(f"{exc} ({len(joins)} of {n} joined)", exc.timed_out) from None
     result.round_s = round_seconds(joins, n)
     result.agent_cpu_s = sum(cpu.values()) - sum(ready.values())
     if etcd is not None:
@@ -793,7 +800,7 @@ def _measure(
             expect_exit={victim},
         )
     except Phase as exc:
-        raise Phase(f"{exc} ({len(rejoins)} of {n - 1} re-joined)") from None
+        raise Phase(f"{exc} ({len(rejoins)} of {n - 1} re-joined)", exc.timed_out) from None
     result.lost_s = lost_seconds(killed_at, rejoins, n - 1)
     if impl == OURS and noticed:
         result.detect_s = max(noticed) - killed_at
@@ -848,7 +855,7 @@ def run_attempts(
                     what = f"{'rdzv-lost' if lost else 'rdzv-round'} {impl} N={n} rep {rep + 1}"
                     smaller = failed_below(attempts, impl, lost, n)
                     if smaller is not None:
-                        # a round's cost only grows with N: it would fail again, after
+                        # a round's cost only grows with N: it would time out again, after
                         # the whole timeout (the full run's longest waits)
                         a = Attempt(
                             impl,
@@ -856,7 +863,7 @@ def run_attempts(
                             lost,
                             0,
                             lease_ttl_for(n),
-                            failure=f"not tried: failed at N={smaller} earlier in the run",
+                            failure=f"not tried: timed out at N={smaller} earlier in the run",
                         )
                         attempts.append(a)
                         say(f"{what}: {_describe(a)}")
@@ -878,9 +885,14 @@ def run_attempts(
 
 
 def failed_below(attempts: Iterable[Attempt], impl: str, lost: bool, n: int) -> int | None:
-    """The smallest N up to ``n`` at which this handler failed this scenario earlier in
-    the run (a smaller N, or ``n`` in an earlier repetition), if any."""
-    failed = [a.n for a in attempts if (a.impl, a.lost) == (impl, lost) and a.failure and a.n <= n]
+    """The smallest N up to ``n`` at which this handler timed out in this scenario earlier
+    in the run (a smaller N, or ``n`` in an earlier repetition), if any. A failure that
+    came at once (an agent's error) is tried again: the next repetition costs little and
+    may form (the 1,024-agent round of 2026-11-30 lost its repetitions 2 and 3 to one
+    agent's error in the first)."""
+    failed = [
+        a.n for a in attempts if (a.impl, a.lost) == (impl, lost) and a.timed_out and a.n <= n
+    ]
     return min(failed) if failed else None
 
 

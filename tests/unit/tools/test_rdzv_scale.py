@@ -251,14 +251,14 @@ def test_only_the_asked_scenarios_make_figures() -> None:
     assert {f.scenario for f in figures(attempts(), ["rdzv-lost"])} == {"rdzv-lost"}
 
 
-def test_a_handler_that_failed_at_an_n_is_not_tried_there_again_or_larger() -> None:
+def test_a_handler_that_timed_out_at_an_n_is_not_tried_there_again_or_larger() -> None:
     attempts = [
         rdzv_scale.Attempt(rdzv_scale.TORCH, 64, False, 2, 2, round_s=4.0),
-        rdzv_scale.Attempt(rdzv_scale.TORCH, 256, False, 4, 2, failure="timeout"),
-        rdzv_scale.Attempt(rdzv_scale.OURS, 256, False, 4, 2, round_s=3.0),
+        rdzv_scale.Attempt(rdzv_scale.TORCH, 256, False, 4, 2, failure="timeout", timed_out=True),
+        rdzv_scale.Attempt(rdzv_scale.OURS, 256, False, 4, 2, failure="an agent failed"),
     ]
     assert rdzv_scale.failed_below(attempts, rdzv_scale.TORCH, False, 1024) == 256
     assert rdzv_scale.failed_below(attempts, rdzv_scale.TORCH, False, 256) == 256  # next rep
     assert rdzv_scale.failed_below(attempts, rdzv_scale.TORCH, False, 64) is None
     assert rdzv_scale.failed_below(attempts, rdzv_scale.TORCH, True, 1024) is None  # rdzv-lost
-    assert rdzv_scale.failed_below(attempts, rdzv_scale.OURS, False, 1024) is None
+    assert rdzv_scale.failed_below(attempts, rdzv_scale.OURS, False, 1024) is None  # at once
