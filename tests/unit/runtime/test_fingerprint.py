@@ -8,6 +8,7 @@ from torch import nn
 
 from elasticjob_runtime.training.fingerprint import (
     as_signed,
+    bit_sum,
     disagreements,
     disagreements_within,
     divergence_message,
@@ -33,6 +34,30 @@ def test_dtype_and_shape_are_part_of_a_tensor_fingerprint() -> None:
     for dtype in (torch.bool, torch.uint8, torch.int16, torch.int64, torch.complex64):
         tensor_fingerprint(torch.ones(3, dtype=dtype))  # every width has a reading
     assert tensor_fingerprint(torch.zeros(0)) == tensor_fingerprint(torch.zeros(0))
+
+
+def test_the_bit_sum_is_torchs_widening_sum_exactly_and_adds_up_across_shards() -> None:
+    """The CPU path sums through numpy (torch's widening sum is slow); the value must be
+    the one torch's gives, for every width, for strided views, and split anywhere."""
+    torch.manual_seed(0)
+    cases = [
+        torch.randn(1001) * 1e30,  # large bit patterns, both signs
+        torch.randn(33, 17).t(),  # strided
+        torch.randn(257).to(torch.bfloat16),
+        torch.randn(257).to(torch.float16),
+        torch.randint(0, 256, (300,), dtype=torch.uint8),
+        torch.rand(300) > 0.5,
+        torch.randn(64, dtype=torch.complex64),
+        torch.randn(129, dtype=torch.float64),
+    ]
+    for t in cases:
+        ints = (torch.view_as_real(t) if t.is_complex() else t).contiguous()
+        ints = ints.view(
+            {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[ints.element_size()]
+        )
+        assert bit_sum(t).item() == ints.sum(dtype=torch.int64).item(), t.dtype
+        flat = t.reshape(-1)
+        assert (bit_sum(flat[:37]) + bit_sum(flat[37:])).item() == bit_sum(t).item()
 
 
 def test_a_module_is_its_parameters_and_not_its_buffers() -> None:

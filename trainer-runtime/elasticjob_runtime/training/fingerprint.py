@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -36,11 +37,22 @@ _NONE = 0x4E4F_4E45  # "NONE"
 
 def bit_sum(tensor: torch.Tensor) -> torch.Tensor:
     """The exact sum of the tensor's elements read as integers of their width (int64, one
-    element): the part of a fingerprint that adds up across shards."""
+    element): the part of a fingerprint that adds up across shards.
+
+    Narrower than 8 bytes on the CPU, numpy sums: torch's widening sum (an int32 read
+    summed into int64) took 90 ms for the realistic example's 13M float32 here, numpy's
+    8-14 ms, and the check after every regroup fingerprints all the state on the
+    group's time. The value is the same."""
     t = tensor.detach()
     if t.is_complex():
         t = torch.view_as_real(t)
-    return t.view(_SIGNED_BY_SIZE[t.element_size()]).sum(dtype=torch.int64).reshape(1)
+    as_ints = t.view(_SIGNED_BY_SIZE[t.element_size()])
+    if t.device.type == "cpu" and t.element_size() < 8:
+        if as_ints.is_conj() or as_ints.is_neg():
+            as_ints = as_ints.resolve_conj().resolve_neg()
+        total = int(as_ints.numpy().sum(dtype=np.int64))
+        return torch.tensor([total], dtype=torch.int64)
+    return as_ints.sum(dtype=torch.int64).reshape(1)
 
 
 def tensor_fingerprint(tensor: torch.Tensor) -> int:
