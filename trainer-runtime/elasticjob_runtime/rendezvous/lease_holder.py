@@ -19,9 +19,8 @@ import traceback
 import weakref
 from collections.abc import Callable
 
-from elasticjob_runtime.etcd.client import EtcdClient, EtcdError
+from elasticjob_runtime.etcd.client import EtcdClient, EtcdError, EtcdTLSError
 from elasticjob_runtime.etcd.records import Member, encode_member
-from elasticjob_runtime.rendezvous.etcd_store import AfterFailedWrite, after_failed_write
 from elasticjob_runtime.rendezvous.keys import RendezvousKeys
 from elasticjob_runtime.rendezvous.leases import (
     LAPSE_WINDOW_S,
@@ -135,9 +134,8 @@ class LeaseHolder:
                 call()
                 return
             except EtcdError as exc:
-                hopeless = after_failed_write(exc, renewable=True) is AfterFailedWrite.RAISE
                 late = time.monotonic() + RETRY_AFTER_S > deadline
-                if hopeless or late or self.stop.is_set():
+                if isinstance(exc, EtcdTLSError) or late or self.stop.is_set():
                     raise
                 log.warning("etcd-v3: %s: %s failed (%s); trying again", self._node, what, exc)
                 self.stop.wait(RETRY_AFTER_S)
