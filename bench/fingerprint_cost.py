@@ -16,8 +16,6 @@ two sums cost the same) and one embedding of a larger model (32,000 x 512).
 from __future__ import annotations
 
 import argparse
-import importlib
-import json
 import os
 import statistics
 import time
@@ -25,14 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from bench import side_load
-
-BUSY = """import torch, time
-torch.set_num_threads(1)
-a = torch.randn(512, 512)
-end = time.time() + {s}
-while time.time() < end:
-    a = (a @ a).tanh()
-"""
+from bench.gpt_state import realistic_state
+from bench.report import write_probe
 
 
 def torch_bit_sum(tensor: Any) -> Any:
@@ -44,26 +36,6 @@ def torch_bit_sum(tensor: Any) -> Any:
         t = torch.view_as_real(t)
     width = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
     return t.view(width).sum(dtype=torch.int64).reshape(1)
-
-
-def realistic_state() -> dict[str, Any]:
-    """The example's model, AdamW after one step (its moments exist) and the EMA."""
-    import torch
-    from torch import nn
-    from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
-
-    gpt = importlib.import_module("elasticjob_examples.train_gpt")
-    a = gpt.parse_args([])
-    torch.manual_seed(0)
-    model = gpt.GPT(a.vocab, a.seq, a.dim, a.layers, a.heads)
-    optim = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
-    ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(0.99))  # type: ignore[no-untyped-call]
-    data = gpt.Sequences(a.batch_size, a.seq, a.vocab)
-    inputs, targets = (torch.stack([data[i][j] for i in range(a.batch_size)]) for j in (0, 1))
-    nn.CrossEntropyLoss()(model(inputs).flatten(0, 1), targets.flatten()).backward()
-    optim.step()
-    ema.update_parameters(model)
-    return {"model": model, "optim": optim, "ema": ema}
 
 
 def time_both(state: dict[str, Any], reps: int) -> dict[str, Any]:
@@ -91,7 +63,7 @@ def states() -> dict[str, dict[str, Any]]:
 
     torch.manual_seed(0)
     return {
-        "the realistic example (53 MB)": realistic_state(),
+        "the realistic example (53 MB)": realistic_state(trained=True),
         "an embedding 32000 x 512 (66 MB)": {"embedding": torch.randn(32000, 512)},
     }
 
@@ -106,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:
 
     torch.set_num_threads(1)
     results: dict[str, Any] = {}
-    with side_load.alongside([BUSY.format(s=60 + 10 * args.reps)] * args.busy):
+    with side_load.alongside([side_load.training_like(60 + 10 * args.reps)] * args.busy):
         for name, state in states().items():
             results[name] = time_both(state, args.reps)
     print(f"fingerprints, {args.reps} per sum and state, beside {args.busy} busy processes:")
@@ -120,8 +92,7 @@ def main(argv: list[str] | None = None) -> None:
         if not result["same_fingerprints"]:
             raise SystemExit(f"{name}: the two sums gave different fingerprints")
     if args.out is not None:
-        doc = {"date": time.strftime("%Y-%m-%dT%H:%M"), "args": vars(args) | {"out": None}}
-        args.out.write_text(json.dumps(doc | {"states": results}, indent=2) + "\n")
+        write_probe(args.out, args, {"states": results})
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from bench import side_load
 from bench.launchers.scripts import REPO
-from bench.report import middle_and_range
+from bench.report import middle_and_range, write_probe
 
 FIGURES = ("wall_s", "cpu_s", "faults")  # each step's, as train() measures them
 
@@ -134,8 +134,7 @@ def main(argv: list[str] | None = None) -> None:
         for label, rows in (("the step before", before), ("the step after", after)):
             print(f"  {name:8s} {label:16s} " + middle_and_range(rows, FIGURES))
     if args.out is not None:
-        doc = {"date": time.strftime("%Y-%m-%dT%H:%M"), "args": vars(args) | {"out": None}}
-        args.out.write_text(json.dumps(doc | {"cases": cases}, indent=2) + "\n")
+        write_probe(args.out, args, {"cases": cases})
 
 
 if __name__ == "__main__":

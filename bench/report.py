@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -129,3 +130,10 @@ def write(figures: Sequence[Figure], path: Path, extra: dict[str, Any] | None = 
     path.write_text(json.dumps(doc, indent=2) + "\n")
     path.with_suffix(".md").write_text(markdown_table(figures) + "\n")
     return path
+
+
+def write_probe(path: Path, args: Any, body: dict[str, Any]) -> None:
+    """A probe's results (``python -m bench.<probe> --out``): when, with what arguments
+    (``--out`` itself left out), and ``body``."""
+    doc = {"date": time.strftime("%Y-%m-%dT%H:%M"), "args": vars(args) | {"out": None}}
+    path.write_text(json.dumps(doc | body, indent=2) + "\n")

@@ -11,6 +11,19 @@ from collections.abc import Iterator, Sequence
 from bench.launchers.scripts import REPO
 
 
+def training_like(seconds: float) -> str:
+    """Code for :func:`alongside`: one thread of matrix products, as a rank's compute
+    takes its core, for ``seconds``."""
+    return (
+        "import torch, time\n"
+        "torch.set_num_threads(1)\n"
+        "a = torch.randn(512, 512)\n"
+        f"end = time.time() + {seconds}\n"
+        "while time.time() < end:\n"
+        "    a = (a @ a).tanh()\n"
+    )
+
+
 @contextlib.contextmanager
 def alongside(codes: Sequence[str]) -> Iterator[None]:
     """Run each of ``codes`` (``python -c``, bounded in time by its own code) in the repo

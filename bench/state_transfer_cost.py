@@ -19,7 +19,6 @@ the receiver's state is checked equal to the sender's after each move.
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import resource
@@ -30,9 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from bench import side_load
+from bench.gpt_state import realistic_state
 from bench.launchers.scripts import REPO
 from bench.ports import free_port
-from bench.report import middle_and_range
+from bench.report import middle_and_range, write_probe
 
 ONE_BUCKET = 1 << 26  # the bucket size before the pipelined plan
 
@@ -45,25 +45,11 @@ def side(rank: int, port: int, reps: int, bucket_bytes: int) -> list[dict[str, A
     """One rank's part: rank 0 sends, rank 1 (a new process, AdamW empty) receives."""
     import torch
     import torch.distributed as dist
-    from torch import nn
-    from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
     from elasticjob_runtime.checkpoints.state_broadcast import broadcast_state, map_tensors
 
     torch.set_num_threads(1)
-    gpt = importlib.import_module("elasticjob_examples.train_gpt")
-    a = gpt.parse_args([])  # the example's own sizes
-    torch.manual_seed(0)
-    model = gpt.GPT(a.vocab, a.seq, a.dim, a.layers, a.heads)
-    optim = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
-    ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(0.99))  # type: ignore[no-untyped-call]
-    if rank == 0:  # a survivor: AdamW holds its moments
-        data = gpt.Sequences(a.batch_size, a.seq, a.vocab)
-        inputs, targets = (torch.stack([data[i][j] for i in range(a.batch_size)]) for j in (0, 1))
-        nn.CrossEntropyLoss()(model(inputs).flatten(0, 1), targets.flatten()).backward()
-        optim.step()
-        ema.update_parameters(model)
-    objects = {"model": model, "optim": optim, "ema": ema}
+    objects = realistic_state(trained=rank == 0)  # rank 0 a survivor, rank 1 a new process
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     cpu = torch.device("cpu")
     rows: list[dict[str, Any]] = []
@@ -116,15 +102,6 @@ def run_case(reps: int, bucket_bytes: int) -> list[list[dict[str, Any]]]:
     return [json.loads(out.splitlines()[-1]) for out in outs]
 
 
-BUSY = """import torch, time
-torch.set_num_threads(1)
-a = torch.randn(512, 512)
-end = time.time() + {s}
-while time.time() < end:
-    a = (a @ a).tanh()
-"""
-
-
 def main(argv: list[str] | None = None) -> None:
     from elasticjob_runtime.checkpoints.state_broadcast import BUCKET_BYTES
 
@@ -137,7 +114,7 @@ def main(argv: list[str] | None = None) -> None:
     sizes = {"one 64 MiB bucket": ONE_BUCKET, f"{BUCKET_BYTES >> 20} MiB, pipelined": BUCKET_BYTES}
     seconds = 60 + 40 * args.cases * len(sizes)  # bounded: each stops by itself
     results: dict[str, list[list[list[dict[str, Any]]]]] = {name: [] for name in sizes}
-    with side_load.alongside([BUSY.format(s=seconds)] * args.busy):
+    with side_load.alongside([side_load.training_like(seconds)] * args.busy):
         for _ in range(args.cases):  # the sizes alternate, so drift hits both
             for name, size in sizes.items():
                 results[name].append(run_case(args.reps, size))
@@ -153,8 +130,7 @@ def main(argv: list[str] | None = None) -> None:
         if not all(row["equal"] for case in cases for row in case[1]):
             raise SystemExit(f"{name}: a receiver's state differs from the sender's")
     if args.out is not None:
-        doc = {"date": time.strftime("%Y-%m-%dT%H:%M"), "args": vars(args) | {"out": None}}
-        args.out.write_text(json.dumps(doc | {"cases": results}, indent=2) + "\n")
+        write_probe(args.out, args, {"cases": results})
 
 
 if __name__ == "__main__":
