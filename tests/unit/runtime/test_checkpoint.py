@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import errno
 import functools
+import io
 import logging
 import resource
 import signal
+import threading
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -325,6 +328,46 @@ def test_the_disk_and_node_memory_copies_are_the_bytes_torch_save_makes(tmp_path
     expected = serialize({"model": model.state_dict(), "note": "text"})
     assert read_verified(tmp_path / "ckpt", 3) == (expected, "")
     assert read_verified(tmp_path / "shm", 3) == (expected, "")
+
+
+def _zip_crcs(data: bytes) -> list[int]:
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        return [info.CRC for info in archive.infolist() if info.file_size]
+
+
+@pytest.mark.parametrize("scripts_own", [True, False])
+def test_our_saves_skip_torchs_zip_crc_and_leave_the_scripts_own_setting(
+    scripts_own: bool,
+) -> None:
+    tensors = {"w": torch.arange(4096, dtype=torch.float32)}
+    torch.serialization.set_crc32_options(scripts_own)
+    try:
+        ours = serialize(tensors)
+        assert torch.serialization.get_crc32_options() is scripts_own
+        plain = io.BytesIO()
+        torch.save(tensors, plain)
+    finally:
+        torch.serialization.set_crc32_options(True)
+    assert set(_zip_crcs(ours)) == {0}  # nothing computed: the marker's SHA-256 checks it
+    assert (0 not in _zip_crcs(plain.getvalue())) is scripts_own
+    assert torch.equal(deserialize(ours)["w"], tensors["w"])
+
+
+def test_saves_in_threads_leave_the_crc_setting_as_it_was(tmp_path: Path) -> None:
+    big = {"w": torch.arange(4 << 20, dtype=torch.float32)}  # 16 MiB: the saves overlap
+    saved: list[bytes] = []
+    threads = [threading.Thread(target=lambda: saved.append(serialize(big))) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert torch.serialization.get_crc32_options() is True
+    assert len(saved) == 4 and all(torch.equal(deserialize(d)["w"], big["w"]) for d in saved)
+    alone: list[bytes] = []  # as the checkpoint writer saves: in a thread of its own
+    writer = threading.Thread(target=lambda: alone.append(serialize(big)))
+    writer.start()
+    writer.join()
+    assert set(_zip_crcs(alone[0])) == {0}
 
 
 def test_a_write_that_fails_inside_torch_save_raises_its_own_os_error(tmp_path: Path) -> None:
