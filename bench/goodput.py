@@ -40,6 +40,10 @@ class LostTime:
     checkpoints: float  # the gaps ending at an interval save's step and the next one
     after_faults: float  # the gaps within AFTER_FAULT_S of a fault (a spare starting)
     other: float  # the rest: noise, both ways
+    # the part of ``pauses`` that was the step in flight at the kill, trained up to it
+    # and dropped (at most a steady step): synchronous training loses it whatever the
+    # recovery, so ``pauses - in_flight`` is the recovery's own time (0: older results)
+    in_flight: float = 0.0
 
 
 def lost_time(
@@ -55,13 +59,14 @@ def lost_time(
     for t, step in sorted(timeline):
         if not new or step > new[-1][1]:
             new.append((t, step))
-    lost = {"pauses": 0.0, "checkpoints": 0.0, "after_faults": 0.0, "other": 0.0}
+    lost = dict.fromkeys(("pauses", "checkpoints", "after_faults", "other", "in_flight"), 0.0)
     for (t0, s0), (t1, s1) in pairwise(new):
         if t0 < 0 or t1 > window:  # a gap across the window's edge is left out
             continue
         excess = t1 - t0 - step_time * (s1 - s0)
-        if any(t0 <= f < t1 for f in faults):
+        if kills := [f for f in faults if t0 <= f < t1]:
             lost["pauses"] += excess
+            lost["in_flight"] += min(kills[0] - t0, step_time)
         elif checkpoint_interval and any(s % checkpoint_interval == 0 for s in (s1, s1 - 1)):
             lost["checkpoints"] += excess
         elif any(0 <= t0 - f < AFTER_FAULT_S for f in faults):

@@ -165,4 +165,14 @@ def test_lost_time_charges_each_slow_gap_to_its_fault_save_or_spare() -> None:
     timeline += [(42.6, 38), (44.2, 39)]  # noise: -0.2, 0.6
     timeline += [(60.0, 40)]  # the last gap ends past the window
     lost = lost_time(timeline, [20.0], step, window=55.0, checkpoint_interval=12)
-    assert lost == LostTime(pauses=3.0, checkpoints=0.8, after_faults=1.0, other=0.4)
+    assert lost == LostTime(
+        pauses=3.0, checkpoints=0.8, after_faults=1.0, other=0.4, in_flight=1.0
+    )  # step 20, begun at 19.0 (rank 0's line), ran a whole steady step before the kill
+
+
+def test_the_step_in_flight_at_a_kill_counts_at_most_one_steady_step() -> None:
+    from bench.goodput import lost_time
+
+    timeline = [(0.0, 0), (1.0, 1), (4.0, 2), (5.0, 3)]  # a 2 s stall, then a kill at 3.5
+    lost = lost_time(timeline, [3.5], 1.0, window=10.0, checkpoint_interval=None)
+    assert (lost.pauses, lost.in_flight) == (2.0, 1.0)
