@@ -13,13 +13,14 @@ loads into an unwrapped model too; anything else must be picklable. Loading is d
 ``torch.serialization.add_safe_globals`` or the caller passes ``weights_only=False``.
 
 Our saves leave out the CRC-32 torch's zip writer computes for every record: torch's
-loader never checks it, and what we write is checked by our own SHA-256 (the commit
-marker) or by the process group that carries it. It was a third of a save's CPU (17 of
-about 50 ms for the realistic example's 53 MB), taken from training on a full node.
-torch has one switch for it (``torch.serialization.set_crc32_options``), per thread
-since torch 2.13 and per process before, so a save turns it off only while it runs and
-puts it back as it found it; before 2.13 a ``torch.save`` of the script's own in another
-thread at that moment also writes zeros there, which torch loads all the same.
+loader never checks it (bytes sent to a peer gained nothing from it), and a checkpoint
+file is checked by its commit marker's SHA-256. It was 18 of the 31 ms ``torch.save``
+took for the realistic example's 53 MB (``bench/save_cost.py``), CPU a full node takes
+from training. torch has one switch for it (``torch.serialization.set_crc32_options``),
+per thread since torch 2.13 and per process before, so a save turns it off only while
+it runs and puts it back as it found it; before 2.13 a ``torch.save`` of the script's
+own in another thread at that moment also writes zeros there, which torch loads all
+the same.
 """
 
 from __future__ import annotations
