@@ -66,7 +66,7 @@ def lost_time(
         excess = t1 - t0 - step_time * (s1 - s0)
         if kills := [f for f in faults if t0 <= f < t1]:
             lost["pauses"] += excess
-            lost["in_flight"] += min(kills[0] - t0, step_time)
+            lost["in_flight"] += min(min(kills) - t0, step_time)
         elif checkpoint_interval and any(s % checkpoint_interval == 0 for s in (s1, s1 - 1)):
             lost["checkpoints"] += excess
         elif any(0 <= t0 - f < AFTER_FAULT_S for f in faults):

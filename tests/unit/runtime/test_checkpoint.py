@@ -353,7 +353,7 @@ def test_our_saves_skip_torchs_zip_crc_and_leave_the_scripts_own_setting(
     assert torch.equal(deserialize(ours)["w"], tensors["w"])
 
 
-def test_saves_in_threads_leave_the_crc_setting_as_it_was(tmp_path: Path) -> None:
+def test_saves_in_threads_leave_the_crc_setting_as_it_was() -> None:
     big = {"w": torch.arange(4 << 20, dtype=torch.float32)}  # 16 MiB: the saves overlap
     saved: list[bytes] = []
     threads = [threading.Thread(target=lambda: saved.append(serialize(big))) for _ in range(4)]
